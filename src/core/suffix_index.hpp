@@ -1,0 +1,158 @@
+// dasrl suffix index: a weighted multi-sequence index of int32 token streams that proposes drafts.
+//
+// Structure (see docs/drafter.md): every sequence keeps its tokens; every position is threaded on two
+// occurrence chains, one per key order: the token itself (order 1) and the 4-gram ending there
+// (order 4). A chain is a singly linked list (newest first) through per-position `prev` refs; chain
+// heads live in open-addressing hash tables. Appends are O(1) per token and never touch other
+// sequences, so live sequences can grow interleaved. Removal marks a sequence dead; dead positions are
+// skipped and the chains are rebuilt once dead tokens outnumber live ones (amortised O(1) per token).
+//
+// Semantics (the pure-Python reference in dasrl/drafter/reference.py is the oracle):
+//  * match: m = the largest L <= max_match such that ctx[-L:] occurs in a live sequence at an
+//    occurrence that has a next token; occ = all such occurrences (by their last position).
+//  * draft: best-first expansion from occ. A node's children are the distinct next tokens over its
+//    occurrences that have a next token, weighted by their sequences' weights, ranked by (weight desc,
+//    token asc); the top `branching` become candidates with path probability parent * w / W. The
+//    candidate with the highest path probability (ties: earliest pushed) is taken next, until `budget`
+//    nodes or no candidate with probability >= min_prob remains.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace dasrl {
+
+using Token = int32_t;
+using Ref = uint64_t;  // (slot << 32) | offset
+constexpr Ref kNil = ~Ref(0);
+constexpr int kOrder = 4;
+
+// Open-addressing hash map uint64 key -> Ref (chain head). No erase: chains are rebuilt instead.
+class HeadTable {
+ public:
+  Ref get(uint64_t key) const;
+  // Replace the head for key with ref; returns the previous head (kNil if none).
+  Ref exchange(uint64_t key, Ref ref);
+  void clear();
+  size_t size() const { return size_; }
+  size_t bytes() const { return keys_.capacity() * (sizeof(uint64_t) + sizeof(Ref)); }
+  template <class F> void for_each(F f) const {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  void grow();
+  std::vector<uint64_t> keys_;
+  std::vector<Ref> vals_;
+  size_t size_ = 0;
+};
+
+struct Sequence {
+  int64_t id = -1;
+  double weight = 1.0;
+  bool alive = true;
+  std::vector<Token> tokens;
+  std::vector<Ref> prev1;  // previous position with the same token
+  std::vector<Ref> prevk;  // previous position with the same 4-gram ending there (kNil if off < 3)
+};
+
+struct DraftParams {
+  int max_match = 64;
+  double min_prob = 0.0;
+  int branching = 1;
+};
+
+struct DraftOut {
+  std::vector<Token> tokens;
+  std::vector<int32_t> parents;
+  std::vector<double> probs;
+  int32_t match_len = 0;
+};
+
+// The matched state of a context: the longest suffix length and its occurrences.
+struct Match {
+  int32_t len = 0;
+  std::vector<Ref> occ;
+};
+
+class SuffixIndex {
+ public:
+  void add(int64_t seq_id, const Token* toks, size_t n, double weight);
+  void append(int64_t seq_id, const Token* toks, size_t n);
+  void remove(int64_t seq_id);
+  void set_weight(int64_t seq_id, double weight);
+  void scale_weights(double factor);
+  bool contains(int64_t seq_id) const { return slot_of_.count(seq_id) != 0; }
+  size_t seq_len(int64_t seq_id) const;
+  std::vector<Token> tokens(int64_t seq_id) const;
+  double weight(int64_t seq_id) const;
+  std::vector<int64_t> ids() const;
+  size_t num_sequences() const { return slot_of_.size(); }
+  size_t num_tokens() const { return live_tokens_; }
+  size_t bytes_used() const;
+  uint64_t version() const { return version_; }
+  // Throws std::logic_error naming the first broken invariant.
+  void check_integrity() const;
+
+  // Longest match of ctx[0..n) (only its last max_match tokens matter).
+  Match match(const Token* ctx, size_t n, int max_match) const;
+  // Advance a match by one token (exact while len < max_match and the index is unchanged);
+  // returns false if no occurrence continues with tok.
+  bool advance(Match& m, Token tok) const;
+  // Drop occurrences without a next token; false if none is left.
+  bool keep_continued(Match& m) const;
+  void draft(const Match& m, int budget, const DraftParams& p, DraftOut& out) const;
+
+  mutable std::shared_mutex mutex;  // propose holds it shared, mutations exclusive
+
+ private:
+  Sequence& live(int64_t seq_id);
+  const Sequence& live(int64_t seq_id) const;
+  void thread_position(uint32_t slot, uint32_t off);
+  void maybe_compact();
+  void compact();
+  int backward_len(const Token* ctx, size_t n, const Sequence& s, uint32_t off, int cap) const;
+  void scan_chain(Ref head, bool order1, const Token* ctx, size_t n, int cap, Match& best) const;
+  Token at(Ref r) const { return slots_[r >> 32].tokens[uint32_t(r)]; }
+  bool has_next(Ref r) const {
+    const Sequence& s = slots_[r >> 32];
+    return s.alive && uint32_t(r) + 1 < s.tokens.size();
+  }
+
+  std::vector<Sequence> slots_;
+  std::unordered_map<int64_t, uint32_t> slot_of_;
+  HeadTable heads1_, headsk_;
+  size_t live_tokens_ = 0, dead_tokens_ = 0;
+  uint64_t version_ = 0;
+};
+
+// A request's view of an index: the tail of its context and the match carried across steps.
+class Cursor {
+ public:
+  Cursor(std::shared_ptr<SuffixIndex> index, int max_match);
+  void extend(const Token* toks, size_t n);
+  void reset() { ctx_.clear(); cached_ = false; }
+  size_t context_len() const { return total_; }
+  const std::shared_ptr<SuffixIndex>& index() const { return index_; }
+  int max_match() const { return max_match_; }
+  // Caller holds the index's mutex (shared).
+  void propose(int budget, const DraftParams& p, DraftOut& out);
+  uint64_t cache_hits = 0, cache_misses = 0;
+
+ private:
+  std::shared_ptr<SuffixIndex> index_;
+  int max_match_;
+  std::vector<Token> ctx_;  // the last <= 2*max_match tokens of the context
+  std::vector<Token> pending_;  // tokens appended since the cached match
+  size_t total_ = 0;
+  bool cached_ = false;
+  uint64_t cached_version_ = 0;
+  Match match_;
+};
+
+}  // namespace dasrl

@@ -1,0 +1,108 @@
+"""A brute-force reference suffix drafter: obviously correct and slow. The oracle for the native index.
+
+Semantics (the native index in src/core must agree draft for draft):
+
+* match: m is the largest L <= max_match such that context[-L:] occurs in some indexed sequence at an
+  occurrence that is followed by at least one more token; the occurrences are all such places.
+* draft: best-first expansion. A node's children are the distinct tokens that follow its occurrences,
+  each weighted by the sum of the weights of the sequences it comes from, ranked by (weight desc,
+  token asc); the top `branching` become candidates whose path probability is the parent's times
+  w / W (W = the weight of all continued occurrences). The candidate with the highest path probability
+  (ties: the one pushed first) becomes the next node, until `budget` nodes are taken or no candidate
+  with probability >= min_prob is left. With branching = 1 this is a chain of the most frequent
+  continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from dasrl.drafter.base import DraftParams
+
+
+@dataclass
+class ReferenceDraft:
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]
+    match_len: int
+
+
+@dataclass
+class ReferenceIndex:
+    seqs: dict[int, list[int]] = field(default_factory=dict)
+    weights: dict[int, float] = field(default_factory=dict)
+
+    def add(self, seq_id: int, tokens: Sequence[int], weight: float = 1.0) -> None:
+        assert seq_id not in self.seqs
+        self.seqs[seq_id] = list(tokens)
+        self.weights[seq_id] = weight
+
+    def append(self, seq_id: int, tokens: Sequence[int]) -> None:
+        self.seqs[seq_id].extend(tokens)
+
+    def remove(self, seq_id: int) -> None:
+        del self.seqs[seq_id]
+        del self.weights[seq_id]
+
+    def scale_weights(self, factor: float) -> None:
+        for k in self.weights:
+            self.weights[k] *= factor
+
+    def match(self, context: Sequence[int], max_match: int) -> tuple[int, list[tuple[int, int]]]:
+        """(m, occurrences as (seq_id, index of the last matched token))."""
+        ctx = list(context)
+        for L in range(min(max_match, len(ctx)), 0, -1):
+            pattern = ctx[-L:]
+            occ = [
+                (sid, end)
+                for sid, seq in self.seqs.items()
+                for end in range(L - 1, len(seq) - 1)  # end + 1 < len(seq): a continuation exists
+                if seq[end - L + 1 : end + 1] == pattern
+            ]
+            if occ:
+                return L, occ
+        return 0, []
+
+    def _children(self, occ: list[tuple[int, int]]) -> tuple[list[tuple[int, float]], float]:
+        weight_of: dict[int, float] = {}
+        for sid, end in occ:
+            seq = self.seqs[sid]
+            if end + 1 < len(seq):
+                weight_of[seq[end + 1]] = weight_of.get(seq[end + 1], 0.0) + self.weights[sid]
+        total = sum(weight_of.values())
+        ranked = sorted(weight_of.items(), key=lambda tw: (-tw[1], tw[0]))
+        return ranked, total
+
+    def propose(self, context: Sequence[int], budget: int, params: DraftParams = DraftParams()) -> ReferenceDraft:
+        m, occ = self.match(context, params.max_match)
+        out = ReferenceDraft([], [], [], m)
+        if budget <= 0 or not occ:
+            return out
+        frontier: list[tuple[float, int, int, int, list[tuple[int, int]]]] = []  # prob, order, parent, tok, occ
+        pushed = 0
+
+        def expand(node_occ: list[tuple[int, int]], parent: int, parent_prob: float) -> None:
+            nonlocal pushed
+            ranked, total = self._children(node_occ)
+            for tok, w in ranked[: params.branching]:
+                prob = parent_prob * (w / total)
+                if prob < params.min_prob:
+                    break
+                child_occ = [(sid, end + 1) for sid, end in node_occ
+                             if end + 1 < len(self.seqs[sid]) and self.seqs[sid][end + 1] == tok]
+                frontier.append((prob, pushed, parent, tok, child_occ))
+                pushed += 1
+
+        expand(occ, -1, 1.0)
+        while frontier and len(out.tokens) < budget:
+            best = max(frontier, key=lambda c: (c[0], -c[1]))
+            frontier.remove(best)
+            prob, _, parent, tok, child_occ = best
+            out.tokens.append(tok)
+            out.parents.append(parent)
+            out.probs.append(prob)
+            if len(out.tokens) < budget:
+                expand(child_occ, len(out.tokens) - 1, prob)
+        return out

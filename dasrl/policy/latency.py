@@ -1,0 +1,154 @@
+"""The cost model of one verification forward: `t = c_base + c_tok * n_tokens + c_other * kv_tokens`.
+
+`n_tokens` counts every token in the forward (one per live row plus its draft tokens); `kv_tokens` is the
+sum over rows of their context length (the KV-read term that matters on a CPU). The budget policy and
+the simulator stand on this model; `dasrl calibrate` fits it from measured forwards and saves JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+FORMAT = "dasrl.latency/1"
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Linear forward cost in seconds."""
+
+    c_base: float
+    """Fixed seconds per forward (weights read, kernel launches), independent of the tokens in it."""
+    c_tok: float
+    """Seconds per token in the forward (rows plus draft tokens)."""
+    c_other: float = 0.0
+    """Seconds per row-context token read from the KV cache (sum over rows of their context length)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"LatencyModel.{f.name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise ValueError(f"LatencyModel.{f.name} must be >= 0, got {v!r}")
+            object.__setattr__(self, f.name, float(v))
+
+    # --- prediction -------------------------------------------------------------------------------
+    def predict(self, n_tokens, kv_tokens=0):
+        """Predicted seconds of a forward with n_tokens tokens (scalars or arrays broadcast)."""
+        n = np.asarray(n_tokens, dtype=np.float64)
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        out = self.c_base + self.c_tok * n + self.c_other * kv
+        return float(out) if out.ndim == 0 else out
+
+    def mean_rel_error(self, n_tokens: Sequence[float], seconds: Sequence[float],
+                       kv_tokens: Sequence[float] | None = None) -> float:
+        """Mean of |predicted - measured| / measured over the samples."""
+        n, s, kv = _arrays(n_tokens, seconds, kv_tokens)
+        pred = self.predict(n, 0 if kv is None else kv)
+        return float(np.mean(np.abs(pred - s) / s))
+
+    # --- fitting ----------------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float],
+            kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
+        """Least-squares fit (relative error weighted: each sample counts by 1/seconds), coefficients
+        clipped at 0; c_other is fitted only when kv_tokens is given."""
+        n, s, kv = _arrays(n_tokens, seconds, kv_tokens)
+        cols = [np.ones_like(n), n] + ([] if kv is None else [kv])
+        if len(s) < len(cols):
+            raise ValueError(f"need at least {len(cols)} samples to fit {len(cols)} coefficients, got {len(s)}")
+        coef = _nnls(np.stack(cols, axis=1) / s[:, None], np.ones_like(s))
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]) if kv is not None else 0.0)
+
+    # --- persistence ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source: str = "latency model") -> "LatencyModel":
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        if d.get("format", FORMAT) != FORMAT:
+            raise ValueError(f"{source}: field 'format' is {d.get('format')!r}, expected {FORMAT!r}")
+        names = [f.name for f in fields(cls)]
+        missing = [k for k in ("c_base", "c_tok") if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing field(s) {', '.join(missing)}")
+        kw = {}
+        for k in names:
+            if k not in d:
+                continue
+            v = d[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{source}: field {k!r} must be a finite number >= 0, got {v!r}")
+            kw[k] = float(v)
+        return cls(**kw)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write JSON atomically (temporary file in the same folder, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = dict(self.to_dict())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f, indent=2)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LatencyModel":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source=str(path))
+
+
+def _arrays(n_tokens, seconds, kv_tokens):
+    n = np.asarray(n_tokens, dtype=np.float64).ravel()
+    s = np.asarray(seconds, dtype=np.float64).ravel()
+    kv = None if kv_tokens is None else np.asarray(kv_tokens, dtype=np.float64).ravel()
+    if len(n) != len(s) or (kv is not None and len(kv) != len(s)):
+        raise ValueError(f"sample arrays differ in length: n_tokens={len(n)}, seconds={len(s)}"
+                         + ("" if kv is None else f", kv_tokens={len(kv)}"))
+    if len(s) == 0:
+        raise ValueError("no samples")
+    for name, a in (("n_tokens", n), ("kv_tokens", kv)):
+        if a is not None and (not np.all(np.isfinite(a)) or np.any(a < 0)):
+            i = int(np.flatnonzero(~np.isfinite(a) | (a < 0))[0])
+            raise ValueError(f"{name}[{i}] = {a[i]!r} must be a finite number >= 0")
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        i = int(np.flatnonzero(~np.isfinite(s) | (s <= 0))[0])
+        raise ValueError(f"seconds[{i}] = {s[i]!r} must be a finite number > 0")
+    return n, s, kv
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0 (tiny problems: try every active set, keep the best)."""
+    k = a.shape[1]
+    best, best_res = np.zeros(k), float(np.sum(b * b))
+    for mask in range(1, 1 << k):
+        idx = [j for j in range(k) if mask >> j & 1]
+        x, *_ = np.linalg.lstsq(a[:, idx], b, rcond=None)
+        if np.any(x < 0):
+            continue
+        full = np.zeros(k)
+        full[idx] = x
+        res = float(np.sum((a @ full - b) ** 2))
+        if res < best_res - 1e-15:
+            best, best_res = full, res
+    return best

@@ -18,7 +18,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DraftParams, check_budgets, problem_key
+from dasrl.drafter.base import Draft, DraftParams, problem_key
 from dasrl.drafter.suffix import Cursor, SuffixIndex, as_tokens, propose_batch
 
 MODES = ("problem", "problem+request", "global")
@@ -127,8 +127,10 @@ class DraftStore:
         self._live[req_id] = live
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        check_budgets(req_ids, budgets)
-        cursors = [self._request(r).cursor for r in req_ids]
+        try:
+            cursors = [self._live[r].cursor for r in req_ids]
+        except KeyError:
+            cursors = [self._request(r).cursor for r in req_ids]  # raises, naming the unknown id
         p = self.config.params
         return propose_batch(cursors, budgets, min_prob=p.min_prob, branching=p.branching)
 
@@ -137,10 +139,10 @@ class DraftStore:
         if live.finished:
             raise ValueError(f"request {req_id!r} is finished; it cannot take more tokens")
         arr = self._tokens(tokens, "tokens")
-        live.cursor.extend(arr)
+        live.cursor._c.extend(arr)  # validated once above; the core calls need no second check
         live.output.extend(arr.tolist())
         if live.seq_id is not None:
-            self._shards[live.shard].append(live.seq_id, arr)
+            self._shards[live.shard]._ix.append(live.seq_id, arr)
 
     def finish(self, req_id: Hashable) -> None:
         live = self._request(req_id)

@@ -34,7 +34,8 @@ def as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> np
             raise TypeError(f"{what} must hold ints, got {bad!r} ({type(bad).__name__})")
         arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, np.int64)
     if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
+        small = arr.tolist() if arr.size <= 64 else None  # python min/max beat numpy's on a few tokens
+        lo, hi = (min(small), max(small)) if small is not None else (int(arr.min()), int(arr.max()))
         if lo < 0:
             raise ValueError(f"{what}: negative token id {lo} at position {int(np.argmin(arr))}")
         if hi > MAX_TOKEN:
@@ -151,13 +152,13 @@ def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob
     """One native call (GIL released) for the whole batch; drafts[i] is capped at budgets[i]."""
     if len(cursors) != len(budgets):
         raise ValueError(f"{len(cursors)} cursors but {len(budgets)} budgets")
-    b = np.asarray(budgets, dtype=np.int64)
-    if b.size and int(b.min()) < 0:
-        raise ValueError(f"draft budget must be >= 0, got {int(b.min())} at position {int(np.argmin(b))}")
+    b = [min(int(x), MAX_TOKEN) for x in budgets]
+    if b and min(b) < 0:
+        raise ValueError(f"draft budget must be >= 0, got {min(b)} at position {b.index(min(b))}")
     if branching < 1:
         raise ValueError(f"branching must be >= 1, got {branching}")
     toks, parents, probs, offsets, match_lens = _core.propose_batch(
-        [c._c for c in cursors], np.ascontiguousarray(np.minimum(b, MAX_TOKEN), dtype=np.int32), float(min_prob),
-        int(branching))
-    return [Draft(toks[s:e], parents[s:e], probs[s:e], int(m))
-            for s, e, m in zip(offsets[:-1].tolist(), offsets[1:].tolist(), match_lens.tolist())]
+        [c._c for c in cursors], np.array(b, dtype=np.int32), float(min_prob), int(branching))
+    bounds = offsets.tolist()
+    return [Draft(toks[s:e], parents[s:e], probs[s:e], m)
+            for s, e, m in zip(bounds[:-1], bounds[1:], match_lens.tolist())]

@@ -114,6 +114,7 @@ class SuffixIndex {
   Sequence& live(int64_t seq_id);
   const Sequence& live(int64_t seq_id) const;
   void thread_position(uint32_t slot, uint32_t off);
+  void draft_chain(const Match& m, int budget, const DraftParams& p, DraftOut& out) const;
   void maybe_compact();
   void compact();
   int backward_len(const Token* ctx, size_t n, const Sequence& s, uint32_t off, int cap) const;

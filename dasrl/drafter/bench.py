@@ -1,0 +1,175 @@
+"""`dasrl bench drafter`: the native history drafter vs arctic-inference on an RL-like workload.
+
+Workload: vocabulary 32,000; per problem a base response of 4,000 tokens after a 256-token prompt; 16
+rollouts per problem, each the base with 10% of positions mutated (`point`: scattered tokens; `span`: runs
+of 4-32 tokens). The corpus (window) is the first R rollouts, R = corpus_tokens / 4,256; then a fresh
+rollout per problem is decoded with exact-match verification (draft tokens accepted while they equal the
+truth, plus the one token the target emits) with a 64-token match context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from dasrl.drafter.base import DraftParams, Drafter
+from dasrl.drafter.suffix import SuffixIndex, propose_batch
+
+VOCAB, BASE_LEN, PROMPT_LEN, ROLLOUTS_PER_PROBLEM = 32_000, 4_000, 256, 16
+
+
+@dataclass(frozen=True)
+class DrafterBenchConfig:
+    """What `dasrl bench drafter` measures."""
+
+    corpus_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    """Indexed tokens per run (the window)."""
+    mutations: tuple[str, ...] = ("point", "span")
+    """How rollouts differ from their problem's base response."""
+    mutation_rate: float = 0.10
+    """Fraction of positions mutated in each rollout."""
+    budget: int = 16
+    """Draft budget per step while decoding."""
+    decode_tokens: int = 1_000
+    """Tokens decoded per fresh rollout (per problem)."""
+    batch: int = 256
+    """Requests in the batched propose call."""
+    seed: int = 0
+    """Workload seed."""
+
+
+def mutate(base: np.ndarray, *, kind: str, rate: float, rng: np.random.Generator) -> np.ndarray:
+    out = base.copy()
+    if kind == "point":
+        pos = rng.random(len(out)) < rate
+        out[pos] = rng.integers(0, VOCAB, int(pos.sum()))
+    elif kind == "span":
+        budget = int(rate * len(out))
+        while budget > 0:
+            n = min(int(rng.integers(4, 33)), budget)
+            at = int(rng.integers(0, len(out) - n))
+            out[at : at + n] = rng.integers(0, VOCAB, n)
+            budget -= n
+    else:
+        raise ValueError(f"unknown mutation {kind!r}; valid: point, span")
+    return out
+
+
+@dataclass
+class Problem:
+    prompt: np.ndarray
+    history: list[np.ndarray]
+    fresh: np.ndarray
+
+
+def make_workload(corpus_tokens: int, *, kind: str, rate: float, seed: int) -> list[Problem]:
+    rng = np.random.default_rng(seed)
+    n_rollouts = max(1, round(corpus_tokens / (BASE_LEN + PROMPT_LEN)))
+    problems = []
+    while n_rollouts > 0:
+        k = min(ROLLOUTS_PER_PROBLEM, n_rollouts)
+        n_rollouts -= k
+        prompt = rng.integers(0, VOCAB, PROMPT_LEN).astype(np.int32)
+        base = rng.integers(0, VOCAB, BASE_LEN).astype(np.int32)
+        history = [mutate(base, kind=kind, rate=rate, rng=rng) for _ in range(k)]
+        problems.append(Problem(prompt, history, mutate(base, kind=kind, rate=rate, rng=rng)))
+    return problems
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def decode(drafter: Drafter, problems: list[Problem], *, budget: int, tokens: int,
+           on_request: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Decode each problem's fresh rollout with exact-match verification; time propose and observe."""
+    spec_us, observe_s, observed, accepted, steps = [], 0.0, 0, 0, 0
+    for i, prob in enumerate(problems):
+        rid = f"fresh-{i}"
+        drafter.start(rid, i, prob.prompt)
+        truth, pos = prob.fresh[:tokens], 0
+        while pos < len(truth):
+            t0 = time.perf_counter()
+            draft = drafter.propose([rid], [budget])[0]
+            spec_us.append((time.perf_counter() - t0) * 1e6)
+            n = 0
+            while n < len(draft) and pos + n < len(truth) and draft.tokens[n] == truth[pos + n]:
+                n += 1  # chain drafts: accept while equal
+            emit = truth[pos : pos + n + 1]
+            observe_s += _timed(lambda: drafter.observe(rid, emit))
+            observed += len(emit)
+            accepted += n
+            steps += 1
+            pos += len(emit)
+        drafter.finish(rid)
+        on_request()
+    s = np.asarray(spec_us)
+    return {"speculate_us_mean": float(s.mean()), "speculate_us_p50": float(np.median(s)),
+            "speculate_us_p99": float(np.percentile(s, 99)), "append_us_per_token": observe_s / observed * 1e6,
+            "accepted_per_step": accepted / steps}
+
+
+def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budget: int) -> float:
+    """Microseconds per request of one propose call for `batch` requests spread over the problems,
+    each 500 tokens into its fresh rollout."""
+    rids = [f"batch-{j}" for j in range(batch)]
+    for j, rid in enumerate(rids):
+        prob = problems[j % len(problems)]
+        drafter.start(rid, j % len(problems), prob.prompt)
+        drafter.observe(rid, prob.fresh[: 500 + j % 7])
+    drafter.propose(rids, [budget] * batch)  # warm
+    best = min(_timed(lambda: drafter.propose(rids, [budget] * batch)) for _ in range(5))
+    for rid in rids:
+        drafter.finish(rid)
+    return best / batch * 1e6
+
+
+def index_costs(problems: list[Problem]) -> dict[str, float]:
+    """Build, add/remove and memory of the native index itself (one shard per problem)."""
+    seqs = [(i, np.concatenate([p.prompt, h])) for i, p in enumerate(problems) for h in p.history]
+    total = sum(len(s) for _, s in seqs)
+    shards: dict[int, SuffixIndex] = {}
+
+    def build() -> None:
+        for sid, (pi, s) in enumerate(seqs):
+            shards.setdefault(pi, SuffixIndex()).add(sid, s)
+
+    build_s = _timed(build)
+    mem = sum(ix.bytes_used() for ix in shards.values())
+    ix, extra = shards[0], np.concatenate([problems[0].prompt, problems[0].fresh])[:4000]
+    add_s = min(_timed(lambda: (ix.add(10**9, extra), ix.remove(10**9))) for _ in range(5))
+    remove_s = min(_remove_time(ix, extra) for _ in range(5))
+    return {"build_us_per_token": build_s / total * 1e6, "bytes_per_token": mem / total,
+            "add_4k_us": (add_s - remove_s) * 1e6, "remove_4k_us": remove_s * 1e6, "indexed_tokens": total}
+
+
+def _remove_time(ix: SuffixIndex, seq: np.ndarray) -> float:
+    ix.add(10**9 + 1, seq)
+    return _timed(lambda: ix.remove(10**9 + 1))
+
+
+def native_batched_us(problems: list[Problem], *, batch: int, budget: int) -> float:
+    """The core's batched call alone (no protocol layer): microseconds per request."""
+    shards = {}
+    for i, p in enumerate(problems):
+        shards[i] = SuffixIndex()
+        for k, h in enumerate(p.history):
+            shards[i].add(k, np.concatenate([p.prompt, h]))
+    cursors = []
+    for j in range(batch):
+        c = shards[j % len(problems)].cursor(DraftParams().max_match)
+        c.extend(np.concatenate([problems[j % len(problems)].prompt, problems[j % len(problems)].fresh[: 500 + j % 7]]))
+        cursors.append(c)
+    propose_batch(cursors, [budget] * batch)
+    return min(_timed(lambda: propose_batch(cursors, [budget] * batch)) for _ in range(5)) / batch * 1e6
+
+
+def runs(config: DrafterBenchConfig) -> Iterator[tuple[int, str, list[Problem]]]:
+    for size in config.corpus_sizes:
+        for kind in config.mutations:
+            yield size, kind, make_workload(size, kind=kind, rate=config.mutation_rate, seed=config.seed)

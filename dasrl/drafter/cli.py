@@ -1,0 +1,116 @@
+"""`dasrl bench drafter`: side-by-side figures for the native history drafter and arctic-inference."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dasrl.drafter import bench as B
+from dasrl.drafter.arctic import ArcticDrafter, arctic_available
+from dasrl.drafter.store import DraftStore, StoreConfig
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write JSON to a temporary file in the same folder, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], cfg: B.DrafterBenchConfig,
+             tick: Callable[[], None]) -> dict:
+    rss0 = _rss()
+    drafter = make()
+    tokens = sum(len(p.prompt) + len(h) for p in problems for h in p.history)
+    t0 = time.perf_counter()
+    for i, p in enumerate(problems):
+        for h in p.history:
+            drafter.add_rollout(i, p.prompt, h)
+    build_s = time.perf_counter() - t0
+    drafter.end_step()
+    row = {"drafter": name, "protocol_build_us_per_token": build_s / tokens * 1e6,
+           "rss_bytes_per_token": max(0, _rss() - rss0) / tokens}
+    row |= B.decode(drafter, problems, budget=cfg.budget, tokens=cfg.decode_tokens, on_request=tick)
+    row["batched_speculate_us_per_request"] = B.batched_call(drafter, problems, batch=cfg.batch, budget=cfg.budget)
+    return row
+
+
+def run_bench(cfg: B.DrafterBenchConfig, *, console: Console) -> list[dict]:
+    drafters: dict[str, Callable[[], object]] = {"dasrl": lambda: DraftStore(StoreConfig(mode="problem+request"))}
+    if arctic_available():
+        drafters["arctic"] = ArcticDrafter
+    else:
+        console.print("[yellow]arctic-inference not installed: dasrl rows only (pip install \"dasrl\\[arctic]\")")
+    rows = []
+    workloads = list(B.runs(cfg))
+    total = sum(len(w[2]) for w in workloads) * len(drafters)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("decoding fresh rollouts", total=total)
+        for size, kind, problems in workloads:
+            native = B.index_costs(problems)
+            native["native_batched_us_per_request"] = B.native_batched_us(problems, batch=cfg.batch, budget=cfg.budget)
+            for name, make in drafters.items():
+                row = {"mutation": kind, "corpus_tokens": size}
+                row |= _measure(name, make, problems, cfg, lambda: progress.advance(task))
+                if name == "dasrl":
+                    row |= native
+                else:  # arctic's own build cost is the protocol path; its memory is only visible as RSS
+                    row |= {"build_us_per_token": row["protocol_build_us_per_token"],
+                            "bytes_per_token": row["rss_bytes_per_token"], "indexed_tokens": native["indexed_tokens"]}
+                rows.append(row)
+    return rows
+
+
+COLUMNS = [("drafter", "drafter", "{}"), ("mutation", "mutation", "{}"), ("corpus_tokens", "corpus", "{:,}"),
+           ("speculate_us_p50", "spec p50 µs", "{:.2f}"), ("speculate_us_p99", "spec p99 µs", "{:.2f}"),
+           ("batched_speculate_us_per_request", "batched µs/req", "{:.2f}"),
+           ("append_us_per_token", "append µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
+           ("bytes_per_token", "bytes/tok", "{:.0f}"), ("accepted_per_step", "accepted/step", "{:.2f}")]
+
+
+def print_table(rows: list[dict], console: Console) -> None:
+    table = Table(title="dasrl bench drafter")
+    for _, title, _ in COLUMNS:
+        table.add_column(title, justify="right")
+    for r in rows:
+        table.add_row(*[fmt.format(r[k]) if r.get(k) is not None else "-" for k, _, fmt in COLUMNS])
+    console.print(table)
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @bench.command("drafter")
+    def bench_drafter(
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
+        quick: bool = typer.Option(False, help="Only the 100k-token corpus (under a minute)."),
+        budget: int = typer.Option(B.DrafterBenchConfig.budget, help="Draft budget per decoding step."),
+        seed: int = typer.Option(0, help="Workload seed."),
+    ) -> None:
+        """The history drafter vs arctic-inference on an RL-like workload (see docs/benchmarks.md)."""
+        if budget < 1:
+            raise typer.BadParameter(f"budget must be >= 1, got {budget}")
+        cfg = B.DrafterBenchConfig(budget=budget, seed=seed)
+        if quick:
+            cfg = dataclasses.replace(cfg, corpus_sizes=(100_000,))
+        console = Console()
+        rows = run_bench(cfg, console=console)
+        print_table(rows, console)
+        if json_out is not None:
+            write_json_atomic(json_out, rows)
+            console.print(f"wrote {json_out}")

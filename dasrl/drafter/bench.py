@@ -16,7 +16,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dasrl.drafter.base import DraftParams, Drafter
-from dasrl.drafter.suffix import SuffixIndex, propose_batch
+from dasrl import _core
+from dasrl.drafter.suffix import SuffixIndex
 
 VOCAB, BASE_LEN, PROMPT_LEN, ROLLOUTS_PER_PROBLEM = 32_000, 4_000, 256, 16
 
@@ -154,7 +155,7 @@ def _remove_time(ix: SuffixIndex, seq: np.ndarray) -> float:
 
 
 def native_batched_us(problems: list[Problem], *, batch: int, budget: int) -> float:
-    """The core's batched call alone (no protocol layer): microseconds per request."""
+    """The core's batched call alone (no protocol layer, no per-request Draft objects): µs per request."""
     shards = {}
     for i, p in enumerate(problems):
         shards[i] = SuffixIndex()
@@ -164,9 +165,10 @@ def native_batched_us(problems: list[Problem], *, batch: int, budget: int) -> fl
     for j in range(batch):
         c = shards[j % len(problems)].cursor(DraftParams().max_match)
         c.extend(np.concatenate([problems[j % len(problems)].prompt, problems[j % len(problems)].fresh[: 500 + j % 7]]))
-        cursors.append(c)
-    propose_batch(cursors, [budget] * batch)
-    return min(_timed(lambda: propose_batch(cursors, [budget] * batch)) for _ in range(5)) / batch * 1e6
+        cursors.append(c._c)
+    budgets = np.full(batch, budget, dtype=np.int32)
+    _core.propose_batch(cursors, budgets, 0.0, 1)
+    return min(_timed(lambda: _core.propose_batch(cursors, budgets, 0.0, 1)) for _ in range(5)) / batch * 1e6
 
 
 def runs(config: DrafterBenchConfig) -> Iterator[tuple[int, str, list[Problem]]]:

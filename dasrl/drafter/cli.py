@@ -81,6 +81,7 @@ def run_bench(cfg: B.DrafterBenchConfig, *, console: Console) -> list[dict]:
 COLUMNS = [("drafter", "drafter", "{}"), ("mutation", "mutation", "{}"), ("corpus_tokens", "corpus", "{:,}"),
            ("speculate_us_p50", "spec p50 µs", "{:.2f}"), ("speculate_us_p99", "spec p99 µs", "{:.2f}"),
            ("batched_speculate_us_per_request", "batched µs/req", "{:.2f}"),
+           ("native_batched_us_per_request", "core µs/req", "{:.2f}"),
            ("append_us_per_token", "append µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
            ("bytes_per_token", "bytes/tok", "{:.0f}"), ("accepted_per_step", "accepted/step", "{:.2f}")]
 

@@ -338,53 +338,38 @@ void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftO
 
 // The branching = 1 case of draft(): the same ranking without a frontier or per-node allocations.
 void SuffixIndex::draft_chain(const Match& m, int budget, const DraftParams& p, DraftOut& out) const {
-  std::vector<Ref> cur(m.occ), next;
+  std::vector<Ref> cur(m.occ);
+  std::vector<std::pair<Ref, Token>> cont;  // continued occurrences and their next tokens: memory read once
   std::vector<Group> groups;
   double prob = 1.0;
   while (int(out.tokens.size()) < budget) {
     groups.clear();
+    cont.clear();
     double total = 0.0;
-    Token first = 0;
-    bool uniform = true;  // every continued occurrence has the same next token: no ranking needed
     for (Ref r : cur) {
       if (!has_next(r)) continue;
       Token t = at(r + 1);
       double w = slots_[r >> 32].weight;
-      if (total == 0.0) first = t;
-      else if (t != first) uniform = false;
       total += w;
-      if (!uniform) break;
+      cont.emplace_back(r + 1, t);
+      auto it = std::find_if(groups.begin(), groups.end(), [t](const Group& g) { return g.tok == t; });
+      if (it == groups.end()) groups.push_back({t, w});
+      else it->weight += w;
     }
-    if (total == 0.0) return;
-    Token best = first;
-    double best_w = total;
-    if (!uniform) {
-      total = 0.0;
-      for (Ref r : cur) {
-        if (!has_next(r)) continue;
-        Token t = at(r + 1);
-        double w = slots_[r >> 32].weight;
-        total += w;
-        auto it = std::find_if(groups.begin(), groups.end(), [t](const Group& g) { return g.tok == t; });
-        if (it == groups.end()) groups.push_back({t, w});
-        else it->weight += w;
-      }
-      auto top = std::min_element(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
-        return a.weight != b.weight ? a.weight > b.weight : a.tok < b.tok;
-      });
-      best = top->tok;
-      best_w = top->weight;
-    }
-    double child = prob * (best_w / total);
+    if (groups.empty()) return;
+    auto top = std::min_element(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+      return a.weight != b.weight ? a.weight > b.weight : a.tok < b.tok;
+    });
+    double child = prob * (top->weight / total);
     if (child < p.min_prob) return;
     prob = child;
+    Token best = top->tok;
     out.tokens.push_back(best);
     out.parents.push_back(int32_t(out.tokens.size()) - 2);
     out.probs.push_back(prob);
-    next.clear();
-    for (Ref r : cur)
-      if (has_next(r) && at(r + 1) == best) next.push_back(r + 1);
-    cur.swap(next);
+    cur.clear();
+    for (auto& [r, t] : cont)
+      if (t == best) cur.push_back(r);
   }
 }
 

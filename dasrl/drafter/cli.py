@@ -109,7 +109,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         cfg = B.DrafterBenchConfig(budget=budget, seed=seed)
         if quick:
             cfg = dataclasses.replace(cfg, corpus_sizes=(100_000,))
-        console = Console()
+        console = Console(width=max(Console().width, 170))  # the table is wide; never truncate numbers
         rows = run_bench(cfg, console=console)
         print_table(rows, console)
         if json_out is not None:

@@ -126,3 +126,33 @@ def test_bad_input_names_the_value():
     with pytest.raises(KeyError, match="unknown request id 'r'"):
         store.finish("r")
     store.check_integrity()
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 3), max_size=20)), max_size=5),
+                      min_size=1, max_size=7),
+       window=st.integers(1, 4), query=st.lists(st.integers(0, 3), max_size=8), problem=st.integers(0, 2))
+def test_window_rolls_match_a_reference_of_the_window(steps, window, query, problem):
+    """After any sequence of steps, a problem's drafts are the reference's over exactly the rollouts of
+    that problem in the last `window` steps, weighted decay**age."""
+    params = DraftParams(max_match=6, branching=2)
+    store = DraftStore(StoreConfig(mode="problem", window=window, decay=0.5, params=params))
+    for rollouts in steps:
+        for pid, resp in rollouts:
+            store.add_rollout(pid, PROMPT_A, resp)
+        store.end_step()
+        store.check_integrity()
+    ref = ReferenceIndex()
+    for age, rollouts in enumerate(reversed(steps[-window:]), start=1):
+        for k, (pid, resp) in enumerate(rollouts):
+            if pid == problem:
+                ref.add(age * 100 + k, PROMPT_A + resp, 0.5**age)
+    store.start("q", problem, PROMPT_A)
+    store.observe("q", query)
+    got = store.propose(["q"], [10])[0]
+    want = ref.propose(PROMPT_A + query, 10, params)
+    assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == (want.match_len, want.tokens, want.parents)
+    np.testing.assert_allclose(got.probs, want.probs, atol=1e-9)

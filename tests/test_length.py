@@ -1,0 +1,77 @@
+import json
+
+import numpy as np
+import pytest
+
+from dasrl.policy.length import LengthClassifier, LengthConfig
+
+
+def make():
+    c = LengthClassifier(LengthConfig(q_short=0.5, q_long=0.9), max_len=1000)
+    rng = np.random.default_rng(0)
+    for L in rng.integers(10, 30, 20):
+        c.record("easy", int(L))
+    for L in rng.integers(200, 400, 20):
+        c.record("mid", int(L))
+    for L in [900] * 6:
+        c.record("hard", L)
+    return c
+
+
+def test_initial_class_from_problem_history():
+    c = make()
+    assert c.initial_class("easy") == "short"
+    assert c.initial_class("hard") == "long"
+    assert c.initial_class("mid") == "medium"
+
+
+def test_runtime_update_grows_with_partial_length():
+    c = make()
+    lo, hi = c.thresholds()
+    assert c.classify("easy", 0) == "short"
+    assert c.classify("easy", lo) != "short"  # cannot be short any more
+    assert c.classify("easy", hi) == "long"
+    assert c.classify("easy", 5000) == "long"  # past everything seen
+    # monotone: the class index never decreases as l grows
+    order = {"short": 0, "medium": 1, "long": 2}
+    seq = [order[c.classify("mid", g)] for g in range(0, 1000, 10)]
+    assert seq == sorted(seq)
+
+
+def test_probabilities_and_expected_length():
+    c = make()
+    p = c.probabilities("mid", 0)
+    assert p.sum() == pytest.approx(1) and np.argmax(p) == 1
+    assert c.expected_length("hard", 0) == pytest.approx(900)
+    assert 200 <= c.expected_length("mid", 250) <= 400
+    assert c.expected_length("mid", 250) > c.expected_length("mid", 0)
+
+
+def test_unseen_problem_uses_pooled_and_empty_history_uses_fallback():
+    c = make()
+    assert c.classify("never") in ("short", "medium", "long")
+    e = LengthClassifier(max_len=1000)
+    assert e.thresholds() == (250, 600)
+    assert e.classify("x", 0) == "medium" and e.classify("x", 700) == "long"
+    assert e.expected_length("x", 100) == 550
+
+
+def test_state_roundtrip_json_and_validation():
+    c = make()
+    c.record(17, 50)
+    s = json.loads(json.dumps(c.state_dict()))
+    d = LengthClassifier(max_len=1)
+    d.load_state_dict(s)
+    assert d.max_len == 1000 and list(d.lengths(17)) == [50]
+    assert d.thresholds() == c.thresholds()
+    with pytest.raises(ValueError, match=r"problems\[0\]"):
+        d.load_state_dict({"problems": [["p", [-1]]]})
+    with pytest.raises(ValueError, match="length"):
+        c.record("p", -3)
+
+
+def test_history_window():
+    c = LengthClassifier(LengthConfig(history=3), max_len=100)
+    for L in [1, 2, 3, 4, 5]:
+        c.record("p", L)
+    assert list(c.lengths("p")) == [3, 4, 5]

@@ -156,3 +156,25 @@ def test_window_rolls_match_a_reference_of_the_window(steps, window, query, prob
     want = ref.propose(PROMPT_A + query, 10, params)
     assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == (want.match_len, want.tokens, want.parents)
     np.testing.assert_allclose(got.probs, want.probs, atol=1e-9)
+
+
+def test_save_load_round_trip_keeps_the_window(tmp_path):
+    store = DraftStore(StoreConfig(mode="problem", window=3, decay=0.5))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        for pid in ("a", 7):
+            store.add_rollout(pid, PROMPT_A, rng.integers(0, 6, 40).tolist())
+        store.end_step()
+    store.save(tmp_path / "s")
+    back = DraftStore.load(tmp_path / "s")
+    assert back.step == store.step and back.num_tokens == store.num_tokens
+    for pid in ("a", 7):
+        store.start(("q", pid), pid, PROMPT_A)
+        back.start(("q", pid), pid, PROMPT_A)
+        a = store.propose([("q", pid)], [20])[0]
+        b = back.propose([("q", pid)], [20])[0]
+        assert a.tokens.tolist() == b.tokens.tolist() and np.allclose(a.probs, b.probs)
+    back.check_integrity()
+    (tmp_path / "s" / "store.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read a draft store"):
+        DraftStore.load(tmp_path / "s")

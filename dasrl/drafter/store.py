@@ -12,7 +12,11 @@ Weights: a rollout that finished k steps ago weighs decay**k; live sequences wei
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections import deque
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -22,6 +26,17 @@ from dasrl.drafter.base import Draft, DraftParams, problem_key
 from dasrl.drafter.suffix import Cursor, SuffixIndex, as_tokens, propose_batch
 
 MODES = ("problem", "problem+request", "global")
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 GLOBAL = "__global__"
 
 
@@ -184,6 +199,50 @@ class DraftStore:
                 if len(ix) == 0:
                     del self._shards[shard]
         self.step += 1
+
+    # -------------------------------------------------------------- persistence
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write the window (JSON + npz, no pickle) atomically into `folder`; live requests are not saved."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        meta, tokens, offsets = [], [], [0]
+        for age, step in enumerate(reversed(self._steps)):
+            for shard, sid in step:
+                if not isinstance(shard, (int, str)) or isinstance(shard, bool):
+                    raise TypeError(f"problem id {shard!r} cannot be saved: use int or str problem ids")
+                ix = self._shards[shard]
+                toks = ix.tokens(sid)
+                tokens.append(toks)
+                offsets.append(offsets[-1] + len(toks))
+                meta.append([age, shard, ix.weight(sid)])
+        arrays = {"tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
+                  "offsets": np.asarray(offsets, dtype=np.int64)}
+        doc = {"format": "dasrl-store/1", "step": self.step, "num_steps": len(self._steps),
+               "config": {"mode": self.config.mode, "window": self.config.window, "decay": self.config.decay},
+               "sequences": meta}
+        _atomic_write(folder / "store.npz", lambda f: np.savez(f, **arrays))
+        _atomic_write(folder / "store.json", lambda f: f.write(json.dumps(doc).encode()))
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":
+        folder = Path(folder)
+        try:
+            doc = json.loads((folder / "store.json").read_text())
+            with np.load(folder / "store.npz", allow_pickle=False) as z:
+                tokens, offsets = z["tokens"], z["offsets"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
+        if doc.get("format") != "dasrl-store/1":
+            raise ValueError(f"{folder / 'store.json'}: not a dasrl store (format {doc.get('format')!r})")
+        saved = doc["config"]
+        store = cls(config or StoreConfig(mode=saved["mode"], window=saved["window"], decay=saved["decay"]))
+        steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(doc["num_steps"])]
+        for i, (age, shard, weight) in enumerate(doc["sequences"]):
+            seq = tokens[offsets[i]: offsets[i + 1]]
+            steps[len(steps) - 1 - age].append((shard, store._index(shard, seq, weight)))
+        store._steps = deque(steps)
+        store.step = int(doc["step"])
+        return store
 
     # -------------------------------------------------------------------- stats
     def bytes_used(self) -> int:

@@ -1,0 +1,1 @@
+"""The RL-facing side: rollout sessions, traces, load balancing."""

@@ -1,0 +1,298 @@
+"""Rollout traces in Parquet: one row per response.
+
+Columns: step (int64), problem_id (int64 >= 0 or string), sample (int64 >= 0), prompt_ids (list<int32>),
+response_ids (list<int32>), reward (float64, may be null), finish_reason (string), and optionally
+logprobs (list<float32>, one per response token). Schema metadata may carry `vocab_size`.
+
+A trace is one Parquet file or a directory of them (`step-000012.parquet`, ...), read in name order.
+`TraceWriter` writes the directory form, one file per RL step, each atomically (temporary file, then
+os.replace): appending a step costs that step only, and a crash leaves complete step files and no
+partial one. `write_trace` writes a single file atomically.
+
+`read_trace` validates everything a simulator or trainer relies on and names the bad row and column.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+FORMAT = "dasrl.trace/1"
+REQUIRED = ("step", "problem_id", "sample", "prompt_ids", "response_ids", "reward", "finish_reason")
+OPTIONAL = ("logprobs",)
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used, with the file, row and column at fault."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """One recorded response."""
+
+    step: int
+    """RL step (epoch) it was generated in."""
+    problem_id: int | str
+    """Key of its prompt (same for GRPO siblings)."""
+    sample: int
+    """Index among the samples of the problem in this step."""
+    prompt_ids: np.ndarray
+    """[n] int32 prompt token ids."""
+    response_ids: np.ndarray
+    """[m] int32 generated token ids."""
+    reward: float | None = None
+    """Reward, if known."""
+    finish_reason: str = "stop"
+    """Why generation ended: stop (EOS) or length (hit the limit)."""
+    logprobs: np.ndarray | None = None
+    """[m] float32 logprob of each response token, if recorded."""
+
+
+def _schema(with_logprobs: bool, pid_type: pa.DataType, vocab_size: int | None) -> pa.Schema:
+    fields = [pa.field("step", pa.int64()), pa.field("problem_id", pid_type), pa.field("sample", pa.int64()),
+              pa.field("prompt_ids", pa.list_(pa.int32())), pa.field("response_ids", pa.list_(pa.int32())),
+              pa.field("reward", pa.float64()), pa.field("finish_reason", pa.string())]
+    if with_logprobs:
+        fields.append(pa.field("logprobs", pa.list_(pa.float32())))
+    meta = {"format": FORMAT}
+    if vocab_size is not None:
+        meta["vocab_size"] = str(int(vocab_size))
+    return pa.schema(fields, metadata=meta)
+
+
+def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) -> pa.Table:
+    if not responses:
+        raise TraceError("no responses to write")
+    with_lp = any(r.logprobs is not None for r in responses)
+    if with_lp and not all(r.logprobs is not None for r in responses):
+        raise TraceError("logprobs must be given for every response or for none")
+    pid_type = pa.string() if any(isinstance(r.problem_id, str) for r in responses) else pa.int64()
+    cols = {
+        "step": [int(r.step) for r in responses],
+        "problem_id": [r.problem_id if pid_type == pa.string() else int(r.problem_id) for r in responses],
+        "sample": [int(r.sample) for r in responses],
+        "prompt_ids": [np.asarray(r.prompt_ids, np.int32) for r in responses],
+        "response_ids": [np.asarray(r.response_ids, np.int32) for r in responses],
+        "reward": [None if r.reward is None else float(r.reward) for r in responses],
+        "finish_reason": [r.finish_reason for r in responses],
+    }
+    if with_lp:
+        cols["logprobs"] = [np.asarray(r.logprobs, np.float32) for r in responses]
+    table = pa.table(cols, schema=_schema(with_lp, pid_type, vocab_size))
+    validate(table, source="trace being written", vocab_size=vocab_size)
+    return table
+
+
+def _atomic_write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_trace(path: str | os.PathLike, responses: Sequence[Response], *, vocab_size: int | None = None) -> None:
+    """Write a whole trace as one Parquet file, atomically."""
+    _atomic_write(to_table(responses, vocab_size=vocab_size), Path(path))
+
+
+class TraceWriter:
+    """Appends RL steps to a trace directory: one atomically written file per step."""
+
+    def __init__(self, path: str | os.PathLike, *, vocab_size: int | None = None) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise TraceError(f"{self.path}: exists and is not a directory (TraceWriter writes one file per step)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.vocab_size = vocab_size
+        done = sorted(self.path.glob("step-*.parquet"))
+        self.last_step = int(done[-1].stem.split("-")[1]) if done else None
+
+    def write_step(self, responses: Sequence[Response]) -> Path:
+        steps = {int(r.step) for r in responses}
+        if len(steps) != 1:
+            raise TraceError(f"write_step takes the responses of one step, got steps {sorted(steps)}")
+        step = steps.pop()
+        if step < 0:
+            raise TraceError(f"step must be >= 0, got {step}")
+        if self.last_step is not None and step <= self.last_step:
+            raise TraceError(f"step {step} out of order: {self.path} already holds step {self.last_step}")
+        out = self.path / f"step-{step:06d}.parquet"
+        _atomic_write(to_table(responses, vocab_size=self.vocab_size), out)
+        self.last_step = step
+        return out
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("*.parquet"))
+        if not files:
+            raise TraceError(f"{path}: directory holds no .parquet files")
+        return files
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    return [path]
+
+
+def _read_one(f: Path) -> pa.Table:
+    try:
+        return pq.read_table(f)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TraceError(f"{f}: not a readable Parquet file ({e})") from None
+
+
+def _bad(source: str, row: int, col: str, msg: str) -> TraceError:
+    return TraceError(f"{source}: row {row}, column {col!r}: {msg}")
+
+
+def _check_ids(table: pa.Table, col: str, source: str, vocab_size: int | None, row0: int) -> None:
+    arr = table.column(col).combine_chunks()
+    if arr.null_count:
+        raise _bad(source, row0 + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0]), col, "null")
+    values = arr.flatten().to_numpy()
+    offsets = arr.offsets.to_numpy()
+    bad = values < 0 if vocab_size is None else (values < 0) | (values >= vocab_size)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        row = int(np.searchsorted(offsets, pos, "right") - 1)
+        what = "negative" if values[pos] < 0 else f"outside the vocabulary (size {vocab_size})"
+        raise _bad(source, row0 + row, col, f"token id {int(values[pos])} at position {pos - offsets[row]} is {what}")
+
+
+def validate(table: pa.Table, *, source: str, vocab_size: int | None = None, row0: int = 0) -> None:
+    """Raise TraceError naming the first bad row/column (row numbers count from row0)."""
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise TraceError(f"{source}: missing column(s) {', '.join(missing)} (has {', '.join(table.column_names)})")
+    expect = {"step": pa.types.is_integer, "sample": pa.types.is_integer, "reward": pa.types.is_floating,
+              "finish_reason": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+              "problem_id": lambda t: pa.types.is_integer(t) or pa.types.is_string(t),
+              "prompt_ids": lambda t: pa.types.is_list(t) and pa.types.is_integer(t.value_type),
+              "response_ids": lambda t: pa.types.is_list(t) and pa.types.is_integer(t.value_type),
+              "logprobs": lambda t: pa.types.is_list(t) and pa.types.is_floating(t.value_type)}
+    for c in REQUIRED + OPTIONAL:
+        if c in table.column_names and not expect[c](table.schema.field(c).type):
+            raise TraceError(f"{source}: column {c!r} has type {table.schema.field(c).type}")
+    for c in ("step", "problem_id", "sample", "finish_reason"):
+        col = table.column(c)
+        if col.null_count:
+            raise _bad(source, row0 + int(np.flatnonzero(col.is_null().to_numpy())[0]), c, "null")
+    for c in ("step", "sample") + (("problem_id",) if pa.types.is_integer(table.schema.field("problem_id").type) else ()):
+        v = table.column(c).to_numpy()
+        if (v < 0).any():
+            i = int(np.flatnonzero(v < 0)[0])
+            raise _bad(source, row0 + i, c, f"{int(v[i])} is negative")
+    steps = table.column("step").to_numpy()
+    if steps.size > 1 and (np.diff(steps) < 0).any():
+        i = int(np.flatnonzero(np.diff(steps) < 0)[0]) + 1
+        raise _bad(source, row0 + i, "step", f"step {int(steps[i])} after step {int(steps[i - 1])}: steps out of order")
+    _check_ids(table, "prompt_ids", source, vocab_size, row0)
+    _check_ids(table, "response_ids", source, vocab_size, row0)
+    plen = pc.list_value_length(table.column("prompt_ids")).to_numpy()
+    if (plen == 0).any():
+        raise _bad(source, row0 + int(np.flatnonzero(plen == 0)[0]), "prompt_ids", "empty prompt")
+    if "logprobs" in table.column_names:
+        lp = table.column("logprobs").combine_chunks()
+        rl = pc.list_value_length(table.column("response_ids")).to_numpy()
+        ll = pc.list_value_length(lp).to_numpy(zero_copy_only=False)
+        bad = (lp.is_null().to_numpy(zero_copy_only=False) == 0) & (ll != rl)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise _bad(source, row0 + i, "logprobs", f"{int(ll[i])} logprobs for {int(rl[i])} response tokens")
+
+
+class Trace:
+    """A validated trace: the Arrow table plus per-step access."""
+
+    def __init__(self, table: pa.Table, source: str = "trace") -> None:
+        self.table, self.source = table, source
+        meta = table.schema.metadata or {}
+        self.vocab_size = int(meta[b"vocab_size"]) if b"vocab_size" in meta else None
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(set(self.table.column("step").to_pylist()))
+
+    def lengths(self) -> np.ndarray:
+        return pc.list_value_length(self.table.column("response_ids")).to_numpy()
+
+    def responses(self) -> list[Response]:
+        t = self.table
+        cols = {c: t.column(c).to_pylist() for c in ("step", "problem_id", "sample", "reward", "finish_reason")}
+        lists = {}
+        for c in ("prompt_ids", "response_ids") + (("logprobs",) if "logprobs" in t.column_names else ()):
+            arr = t.column(c).combine_chunks()
+            vals = arr.flatten().to_numpy()
+            vals = vals.astype(np.float32 if c == "logprobs" else np.int32, copy=False)
+            off = arr.offsets.to_numpy()
+            lists[c] = [vals[off[i]:off[i + 1]] for i in range(len(arr))]
+        lp = lists.get("logprobs", [None] * t.num_rows)
+        return [Response(cols["step"][i], cols["problem_id"][i], cols["sample"][i], lists["prompt_ids"][i],
+                         lists["response_ids"][i], cols["reward"][i], cols["finish_reason"][i], lp[i])
+                for i in range(t.num_rows)]
+
+    def by_step(self) -> Iterator[tuple[int, list[Response]]]:
+        """(step, its responses) in step order."""
+        cur, buf = None, []
+        for r in self.responses():
+            if cur is not None and r.step != cur:
+                yield cur, buf
+                buf = []
+            cur = r.step
+            buf.append(r)
+        if buf:
+            yield cur, buf
+
+
+def read_trace(path: str | os.PathLike, *, vocab_size: int | None = None) -> Trace:
+    """Read and validate a trace file or directory; errors name the file, row and column."""
+    files = _files(Path(path))
+    tables, last_step = [], None
+    for f in files:
+        t = _read_one(f)
+        meta = t.schema.metadata or {}
+        vs = vocab_size if vocab_size is not None else (int(meta[b"vocab_size"]) if b"vocab_size" in meta else None)
+        validate(t, source=str(f), vocab_size=vs)
+        steps = t.column("step").to_numpy()
+        if last_step is not None and steps.size and steps[0] < last_step:
+            raise _bad(str(f), 0, "step", f"step {int(steps[0])} after step {last_step} of the previous file: "
+                       "steps out of order")
+        if steps.size:
+            last_step = int(steps[-1])
+        tables.append(t)
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    except pa.ArrowInvalid as e:
+        raise TraceError(f"{path}: step files have incompatible schemas ({e})") from None
+    return Trace(table, str(path))
+
+
+def summarize(trace: Trace) -> dict:
+    """Steps, problems, responses and the length distribution (mean, p50, p90, p99, max)."""
+    L = trace.lengths().astype(np.float64)
+    fr = trace.table.column("finish_reason").to_pylist()
+    return {"responses": len(trace), "steps": len(trace.steps),
+            "problems": len(set(trace.table.column("problem_id").to_pylist())),
+            "tokens": int(L.sum()), "mean": float(L.mean()), "p50": float(np.percentile(L, 50)),
+            "p90": float(np.percentile(L, 90)), "p99": float(np.percentile(L, 99)), "max": int(L.max()),
+            "hit_length": sum(1 for x in fr if x == "length")}
+

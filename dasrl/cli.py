@@ -18,6 +18,7 @@ app.add_typer(bench, name="bench")
 # Modules with a `register(app, bench)`; each adds its commands.
 REGISTRARS = [
     "dasrl.drafter.cli",
+    "dasrl.engine.cli",
 ]
 
 for _name in REGISTRARS:

@@ -19,6 +19,7 @@ app.add_typer(bench, name="bench")
 REGISTRARS = [
     "dasrl.drafter.cli",
     "dasrl.engine.cli",
+    "dasrl.demo.cli",
 ]
 
 for _name in REGISTRARS:

@@ -1,0 +1,1 @@
+"""`dasrl demo`: GRPO on the embedded model, baseline and DAS rollouts side by side."""

@@ -1,0 +1,80 @@
+"""The demo's report folder: summary.json, PNG plots and report.md."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from dasrl.rollout.session import RolloutSession  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSession) -> None:
+    from dasrl.demo.run import atomic_json, rows_json
+
+    later = [r for r in rows if r.step > 0]
+    summary = {"config": asdict(cfg), "steps": rows_json(rows), "identical_every_step": all(r.identical for r in rows),
+               "baseline_s": sum(r.baseline_s for r in rows), "das_s": sum(r.das_s for r in rows),
+               "speedup_from_second_visit": (sum(r.baseline_s for r in later) / sum(r.das_s for r in later))
+               if later else None, "das_stats": das.stats(), "baseline_stats": base.stats()}
+    atomic_json(out / "summary.json", summary)
+    if not rows:
+        (out / "report.md").write_text("# dasrl demo\n\nNo step finished.\n")
+        return
+    steps = [r.step for r in rows]
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r.baseline_s for r in rows], "o-", label="baseline (no speculation)")
+    ax.plot(steps, [r.das_s for r in rows], "s-", label="DAS")
+    ax.set(xlabel="RL step", ylabel="rollout seconds", title="Rollout time per step")
+    ax.legend()
+    _save(fig, out / "rollout_time.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r.mean_reward_baseline for r in rows], "o-", lw=3, alpha=0.5, label="baseline")
+    ax.plot(steps, [r.mean_reward_das for r in rows], "s--", label="DAS")
+    ax.set(xlabel="RL step", ylabel="mean reward", title="Reward per step (the curves coincide)")
+    ax.legend()
+    _save(fig, out / "reward.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r.accepted_per_forward for r in rows], "s-")
+    ax.set(xlabel="RL step", ylabel="tokens per forward (DAS)", title="Emitted tokens per verification forward")
+    _save(fig, out / "accepted_per_forward.png")
+
+    k = len(rows) - 1  # the last step: history is warm
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for sess, label in ((base, "baseline"), (das, "DAS")):
+        curve = sess.history[k].batch_curve
+        ax.step([t for t, _ in curve], [b for _, b in curve], where="post", label=label)
+    ax.set(xlabel="seconds into the rollout", ylabel="live rows", title=f"Effective batch size, step {k}")
+    ax.legend()
+    _save(fig, out / "batch_collapse.png")
+
+    lines = ["# dasrl demo report", "",
+             f"GRPO (dasrl's minimal loop) on `{cfg.model}`: {cfg.prompts} prompts x {cfg.samples} samples, "
+             f"{len(rows)} steps, <= {cfg.max_new_tokens} new tokens, T={cfg.temperature}, top-p={cfg.top_p}. "
+             "Baseline and DAS roll out the same prompts from the same weights with the same seeds.", "",
+             "| step | baseline s | DAS s | speedup | tokens/forward | reward (baseline) | reward (DAS) | identical |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.step} | {r.baseline_s:.1f} | {r.das_s:.1f} | {r.speedup:.2f}x | "
+                     f"{r.accepted_per_forward:.2f} | {r.mean_reward_baseline:.3f} | {r.mean_reward_das:.3f} | "
+                     f"{'yes' if r.identical else 'NO'} |")
+    if summary["speedup_from_second_visit"]:
+        lines += ["", f"From the second visit of each prompt on: {summary['speedup_from_second_visit']:.2f}x "
+                      "(baseline seconds / DAS seconds)."]
+    lines += ["", "![rollout time](rollout_time.png)", "![reward](reward.png)",
+              "![batch collapse](batch_collapse.png)", "![tokens per forward](accepted_per_forward.png)", ""]
+    (out / "report.md").write_text("\n".join(lines))

@@ -1,0 +1,51 @@
+"""RolloutSession on the real model: spec-on == spec-off across RL steps, history drafts get accepted,
+state survives save/load, seeds depend only on (run, step, problem, sample)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dasrl.engine.sampling import SamplingParams
+from dasrl.rollout.session import RolloutSession, SessionConfig, sample_seed
+
+pytestmark = pytest.mark.slow
+
+
+def test_seeds_depend_only_on_their_key():
+    assert sample_seed(0, 3, 17, 2) == sample_seed(0, 3, 17, 2)
+    assert len({sample_seed(0, s, p, k) for s in range(3) for p in (1, 2) for k in range(4)}) == 24
+
+
+def test_spec_on_equals_spec_off_over_steps(smollm, chat_prompts, tmp_path):
+    model, tok = smollm
+    prompts = [chat_prompts[0]] * 3 + [chat_prompts[6]] * 3
+    sp = SamplingParams(temperature=0.7, top_p=0.95)
+    on = RolloutSession(model, tok, SessionConfig(speculate=True, policy="das"))
+    off = RolloutSession(model, tok, SessionConfig(speculate=False))
+    for step in range(2):
+        a = on.generate(prompts, sampling=sp, max_new_tokens=24)
+        b = off.generate(prompts, sampling=sp, max_new_tokens=24)
+        assert [x.completion_ids for x in a] == [y.completion_ids for y in b]
+        assert [x.sample for x in a] == [0, 1, 2, 0, 1, 2]
+        on.end_step()
+        off.end_step()
+    assert on.history[1].accepted > 0  # step 2 drafts from step 1's rollouts of the same prompts
+    assert on.stats()["store_tokens"] > 0 and off.stats()["drafted"] == 0
+    on.save(tmp_path / "sess")
+    back = RolloutSession(model, tok, SessionConfig(speculate=True))
+    back.load(tmp_path / "sess")
+    assert back.step == 2 and back.store.num_tokens == on.store.num_tokens
+    c = back.generate(prompts, sampling=sp, max_new_tokens=24)
+    d = off.generate(prompts, sampling=sp, max_new_tokens=24)
+    assert [x.completion_ids for x in c] == [y.completion_ids for y in d]
+
+
+def test_bad_input(smollm):
+    model, tok = smollm
+    s = RolloutSession(model, tok, SessionConfig(speculate=False))
+    with pytest.raises(ValueError, match="at least one prompt"):
+        s.generate([])
+    with pytest.raises(ValueError, match="problem ids"):
+        s.generate([[1, 2]], problem_ids=[1, 2])
+    with pytest.raises(ValueError, match="not a dasrl session|cannot read"):
+        s.load("/nonexistent/folder")

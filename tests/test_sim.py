@@ -1,0 +1,114 @@
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dasrl.drafter.base import Draft
+from dasrl.policy import LatencyModel
+from dasrl.rollout.trace import Response
+from dasrl.sim import SimConfig, generate, get_workload, simulate
+from dasrl.sim.simulator import DRAFTERS, accepted_length, compare
+from dasrl.sim.workloads import WorkloadConfig
+
+LAT = LatencyModel(0.02, 1e-3)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return generate(get_workload("tiny").config)
+
+
+def test_workload_is_long_tailed_and_deterministic(tiny):
+    again = generate(get_workload("tiny").config)
+    assert all(np.array_equal(a.response_ids, b.response_ids) for a, b in zip(tiny, again))
+    cfg = WorkloadConfig(problems=20, samples=8, steps=1, max_len=1000, median_len=80, runaway=0.05)
+    L = np.array([len(r.response_ids) for r in generate(cfg)])
+    assert L.max() == 1000 and np.percentile(L, 99) > 3 * np.median(L)
+    assert {r.finish_reason for r in generate(cfg) if len(r.response_ids) == 1000} == {"length"}
+    with pytest.raises(ValueError, match="valid workloads"):
+        get_workload("nope")
+
+
+def test_oracle_with_budget_b_needs_ceil_len_over_b_plus_1(tiny):
+    for b in (1, 3, 7):
+        r = simulate(tiny, drafter="oracle", policy="fixed", policy_kw={"k": b},
+                     config=SimConfig(latency=LAT, batch_mode="continuous", max_batch=1,
+                                      max_new_tokens=10**6))
+        lens = [len(x.response_ids) for x in tiny]
+        assert r.total.row_forwards == sum(math.ceil(n / (b + 1)) for n in lens)
+        assert r.total.forwards == r.total.row_forwards  # one row per forward
+        assert sum(lens) - r.total.row_forwards <= r.total.accepted <= sum(lens)  # bonus token unless at the end
+
+
+def test_none_needs_len_forwards_and_static_makespan(tiny):
+    r = simulate(tiny, drafter="none", policy="none", config=SimConfig(latency=LAT))
+    steps = {}
+    for x in tiny:
+        steps.setdefault(x.step, []).append(len(x.response_ids))
+    assert [s.forwards for s in r.steps] == [max(v) for v in steps.values()]
+    assert r.total.row_forwards == sum(len(x.response_ids) for x in tiny)
+    # makespan = sum over forwards of c_base + c_tok*rows (no kv term)
+    exp = sum(sum(0.02 + 1e-3 * sum(n > t for n in v) for t in range(max(v))) for v in steps.values())
+    assert r.total.makespan == pytest.approx(exp)
+
+
+def test_continuous_batching_counts(tiny):
+    r = simulate(tiny, drafter="none", policy="none",
+                 config=SimConfig(latency=LAT, batch_mode="continuous", max_batch=4))
+    assert r.total.row_forwards == sum(len(x.response_ids) for x in tiny)
+    assert max(n for s in r.steps for _, n in s.timeline) <= 4
+
+
+def test_ngram_drafter_runs_and_is_not_worse_than_none(tiny):
+    cfg = SimConfig(latency=LAT)
+    ng = simulate(tiny, drafter="ngram", policy="fixed", policy_kw={"k": 4}, config=cfg).total
+    none = simulate(tiny, drafter="none", policy="none", config=cfg).total
+    assert ng.accepted > 0 and ng.row_forwards < none.row_forwards
+
+
+def test_tree_verification_follows_matching_child():
+    d = Draft(np.array([5, 6, 7, 8], np.int32), np.array([-1, -1, 1, 2], np.int32), np.ones(4), 1)
+    assert accepted_length(d, np.array([6, 7, 8, 9])) == 3
+    assert accepted_length(d, np.array([5, 1])) == 1
+    assert accepted_length(d, np.array([9])) == 0
+    assert accepted_length(Draft.chain([1, 2, 3]), np.array([1, 2])) == 2
+
+
+def test_bad_names_list_valid_ones(tiny):
+    with pytest.raises(ValueError, match="valid drafters: " + ", ".join(DRAFTERS)):
+        simulate(tiny, drafter="eagle")
+    with pytest.raises(ValueError, match="valid policies"):
+        simulate(tiny, policy="eagle")
+    with pytest.raises(ValueError, match="valid modes"):
+        SimConfig(batch_mode="dynamic")
+
+
+@pytest.fixture(scope="module")
+def drifting():
+    w = get_workload("drift")
+    return generate(replace(w.config, problems=8, steps=4)), w.latency
+
+
+def test_das_beats_none_and_history_without_siblings(drifting):
+    rs, lat = drifting
+    cfg = SimConfig(latency=lat)
+    das = simulate(rs, drafter="das", policy="das", config=cfg).total
+    none = simulate(rs, drafter="none", policy="none", config=cfg).total
+    hist = simulate(rs, drafter="problem", policy="das", config=cfg).total
+    assert das.makespan < 0.7 * none.makespan
+    assert das.makespan < hist.makespan
+    oracle = simulate(rs, drafter="oracle", policy="das", config=cfg).total
+    assert oracle.makespan <= das.makespan
+    res = compare(rs, drafter="das", policy="das", config=cfg)
+    assert list(res) == ["das/das", "none", "oracle/das"]
+
+
+def test_ablation_direction_distribution_aware_beats_unbounded():
+    w = get_workload("drift")
+    rs = generate(replace(w.config, problems=8, steps=3, runaway=0.05))
+    cfg = SimConfig(latency=w.latency, warmup=1)
+    unb = simulate(rs, drafter="das", policy="unbounded", config=cfg).total
+    das = simulate(rs, drafter="das", policy="das", config=cfg).total
+    assert das.makespan < unb.makespan
+    assert das.proposed < unb.proposed

@@ -20,6 +20,7 @@ REGISTRARS = [
     "dasrl.drafter.cli",
     "dasrl.engine.cli",
     "dasrl.demo.cli",
+    "dasrl.sim.cli",
 ]
 
 for _name in REGISTRARS:

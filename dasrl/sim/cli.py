@@ -1,0 +1,183 @@
+"""`dasrl simulate`, `dasrl trace info|synth` and `dasrl bench ablation` (the paper's Figure 12)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dasrl.policy.budget import POLICIES
+from dasrl.policy.latency import LatencyModel
+from dasrl.rollout.trace import Response, TraceError, read_trace, summarize, write_trace
+from dasrl.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
+from dasrl.sim.workloads import WORKLOADS, generate, get_workload
+
+console = Console()
+PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, makespan
+
+
+def _write_json(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _load_responses(trace: Optional[Path], workload: Optional[str], scale: float,
+                    steps: Optional[int]) -> tuple[list[Response], LatencyModel | None, str]:
+    if (trace is None) == (workload is None):
+        raise typer.BadParameter("give a TRACE file or --workload NAME (one of them)")
+    try:
+        if trace is not None:
+            return read_trace(trace).responses(), None, str(trace)
+        w = get_workload(workload)
+    except (TraceError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    cfg = w.config.scaled(scale) if scale != 1.0 else w.config
+    if steps:
+        cfg = replace(cfg, steps=steps)
+    with console.status(f"generating workload {workload}"):
+        return generate(cfg), w.latency, f"workload {workload} (scale {scale})"
+
+
+def _check(name: str, valid, what: str) -> None:
+    if name not in valid:
+        raise typer.BadParameter(f"unknown {what} {name!r}; valid {what}s: {', '.join(valid)}")
+
+
+def _run_all(runs: dict[str, tuple[str, str]], responses, cfg: SimConfig, k: int) -> dict[str, SimResult]:
+    """Simulate each (drafter, policy) run with a progress bar over steps."""
+    n_steps = len(group_steps(responses))
+    out = {}
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("simulating", total=n_steps * len(runs))
+        for label, (d, p) in runs.items():
+            prog.update(task, description=f"simulating {label}")
+            out[label] = simulate(responses, drafter=d, policy=p, config=cfg,
+                                  policy_kw={"k": k} if p == "fixed" else None,
+                                  progress=lambda i: prog.advance(task))
+    return out
+
+
+def _table(title: str, results: dict[str, SimResult], baseline: str) -> Table:
+    t = Table(title=title)
+    for c in ("run", "makespan s", "speedup", "forwards", "proposed", "accepted", "acc/row-fwd", "eff. batch"):
+        t.add_column(c, justify="left" if c == "run" else "right")
+    base = results[baseline].total.makespan
+    for label, r in results.items():
+        T = r.total
+        t.add_row(label, f"{T.makespan:.2f}", f"{base / T.makespan:.2f}x" if T.makespan else "-", str(T.forwards),
+                  str(T.proposed), str(T.accepted), f"{T.accepted_per_forward:.2f}", f"{T.effective_batch:.1f}")
+    return t
+
+
+def _steps_table(r: SimResult) -> Table:
+    t = Table(title=f"per step: {r.drafter}/{r.policy}")
+    for c in ("step", "makespan s", "forwards", "proposed", "accepted", "acc/row-fwd", "eff. batch"):
+        t.add_column(c, justify="right")
+    for s in r.steps:
+        t.add_row(str(s.step), f"{s.makespan:.2f}", str(s.forwards), str(s.proposed), str(s.accepted),
+                  f"{s.accepted_per_forward:.2f}", f"{s.effective_batch:.1f}")
+    return t
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    trace_app = typer.Typer(help="Rollout traces (Parquet): summarise or synthesise.", no_args_is_help=True)
+    app.add_typer(trace_app, name="trace")
+
+    @app.command("simulate")
+    def simulate_cmd(
+        trace: Optional[Path] = typer.Argument(None, help="Trace file or directory (or use --workload)."),
+        workload: Optional[str] = typer.Option(None, help=f"Synthetic workload: {', '.join(WORKLOADS)}."),
+        drafter: str = typer.Option("das", help=f"Drafter: {', '.join(DRAFTERS)}."),
+        policy: str = typer.Option("das", help=f"Budget policy: {', '.join(POLICIES)}."),
+        k: int = typer.Option(4, help="Cap of the fixed policy."),
+        latency: Optional[Path] = typer.Option(None, help="LatencyModel JSON (dasrl calibrate); default: the "
+                                                          "workload's assumption, else SimConfig's."),
+        batch_mode: str = typer.Option("static", help=f"{' | '.join(BATCH_MODES)}: static waves or refill freed rows."),
+        max_batch: int = typer.Option(0, help="Rows per forward at most (0 = the whole step)."),
+        window: int = typer.Option(16, help="History window (steps) of the windowed drafters."),
+        warmup: int = typer.Option(0, help="Leading steps replayed but left out of the totals."),
+        scale: float = typer.Option(1.0, help="Scale a workload's lengths (quick what-ifs)."),
+        steps: Optional[int] = typer.Option(None, help="Override a workload's number of steps."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON."),
+    ) -> None:
+        """Replay a trace (or a synthetic workload) with a drafter and policy, against no speculation and
+        the oracle drafter under the same policy."""
+        _check(drafter, DRAFTERS, "drafter")
+        _check(policy, POLICIES, "policy")
+        responses, wl_lat, source = _load_responses(trace, workload, scale, steps)
+        try:
+            lat = LatencyModel.load(latency) if latency else (wl_lat or SimConfig().latency)
+            cfg = SimConfig(latency=lat, batch_mode=batch_mode, max_batch=max_batch, window=window, warmup=warmup)
+        except (ValueError, OSError) as e:
+            raise typer.BadParameter(str(e)) from None
+        runs = {f"{drafter}/{policy}": (drafter, policy), "none": ("none", "none"),
+                f"oracle/{policy}": ("oracle", policy)}
+        results = _run_all(runs, responses, cfg, k)
+        main = results[f"{drafter}/{policy}"]
+        console.print(_steps_table(main))
+        console.print(_table(f"{source}: {len(responses)} responses, latency {lat}", results, "none"))
+        if json_out:
+            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "config": {
+                "batch_mode": batch_mode, "max_batch": max_batch, "window": window, "warmup": warmup},
+                "runs": {k2: r.to_dict() for k2, r in results.items()}})
+            console.print(f"wrote {json_out}")
+
+    @trace_app.command("info")
+    def info_cmd(file: Path = typer.Argument(..., help="Trace file or directory.")) -> None:
+        """Steps, problems and the response-length distribution of a trace."""
+        try:
+            s = summarize(read_trace(file))
+        except TraceError as e:
+            raise typer.BadParameter(str(e)) from None
+        t = Table(title=str(file))
+        t.add_column("field")
+        t.add_column("value", justify="right")
+        for key, v in s.items():
+            t.add_row(key, f"{v:.1f}" if isinstance(v, float) else str(v))
+        console.print(t)
+
+    @trace_app.command("synth")
+    def synth_cmd(out: Path = typer.Argument(..., help="Parquet file to write."),
+                  workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
+                  scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
+                  steps: Optional[int] = typer.Option(None, help="Override the number of steps.")) -> None:
+        """Write a synthetic workload as a trace."""
+        responses, _, source = _load_responses(None, workload, scale, steps)
+        write_trace(out, responses, vocab_size=get_workload(workload).config.vocab)
+        console.print(f"wrote {out}: {len(responses)} responses from {source}")
+
+    @bench.command("ablation")
+    def ablation_cmd(workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
+                     drafter: str = typer.Option("das", help=f"Drafter: {', '.join(DRAFTERS)}."),
+                     scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
+                     steps: Optional[int] = typer.Option(None, help="Override the number of steps."),
+                     warmup: int = typer.Option(1, help="Leading steps that only fill the history."),
+                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON.")) -> None:
+        """Figure 12 of the paper: unbounded drafting vs the distribution-aware policy (and the closed-form
+        optimum, fixed and no speculation) on a long-tail workload."""
+        _check(drafter, DRAFTERS, "drafter")
+        responses, lat, source = _load_responses(None, workload, scale, steps)
+        cfg = SimConfig(latency=lat, warmup=warmup)
+        runs = {"unbounded": (drafter, "unbounded"), "das": (drafter, "das"), "optimal": (drafter, "optimal"),
+                "fixed(4)": (drafter, "fixed"), "none": ("none", "none")}
+        results = _run_all(runs, responses, cfg, 4)
+        console.print(_table(f"ablation on {source} (drafter {drafter})", results, "unbounded"))
+        gain = 1 - results["das"].total.makespan / results["unbounded"].total.makespan
+        console.print(f"distribution-aware vs unbounded: {gain:+.1%} makespan (paper, Figure 12: "
+                      f"{PAPER_ABLATION:+.0%})")
+        if json_out:
+            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter,
+                                   "das_vs_unbounded": gain, "paper": PAPER_ABLATION,
+                                   "runs": {k2: r.to_dict() for k2, r in results.items()}})
+            console.print(f"wrote {json_out}")

@@ -6,15 +6,13 @@ import pytest
 
 CHAT_PROMPTS = [
     "What is 2+2?",
-    "Write a haiku about the sea.",
     "List three prime numbers.",
     "Explain gravity to a child in two sentences.",
     "Hi",
-    "Translate 'good morning' into French, Spanish and German, one per line.",
+    "Translate 'good morning' into French and German.",
     "What is the capital of France? Answer in one word.",
-    "Write a Python function that returns the square of a number.",
-    "Name the planets of the solar system in order from the sun, separated by commas.",
-    "Continue the sequence: 1, 2, 4, 8, 16,",
+    "Write a Python function that returns the square of a number, with a docstring.",
+    "Name the planets of the solar system in order from the sun, separated by commas, and add one fact.",
 ]
 
 
@@ -31,11 +29,11 @@ def smollm():
 
 @pytest.fixture(scope="session")
 def chat_prompts(smollm):
-    """Ten chat-formatted prompts of different lengths, as token-id lists."""
+    """Eight chat-formatted prompts of different lengths, as token-id lists."""
     _, tok = smollm
     out = []
     for text in CHAT_PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    assert len({len(p) for p in out}) >= 8
+    assert len(out) == 8 and len({len(p) for p in out}) == 8
     return out

@@ -1,0 +1,1 @@
+"""Integrations with RL frameworks; each imports its framework lazily (optional extras)."""

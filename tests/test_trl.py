@@ -1,0 +1,44 @@
+"""A real trl.GRPOTrainer for 2 steps on SmolLM2 with dasrl rollouts: DAS completions (and rewards) are
+identical to the same run with speculation off."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path, smollm, *, speculate: bool) -> list[list[int]]:
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import copy
+
+    from dasrl.integrations.trl import dasrl_rollout
+
+    model, tok = smollm
+    model = copy.deepcopy(model)  # each run trains its own copy from the same weights
+    seen: list[list[int]] = []
+
+    def reward(completions, completion_ids, **kw):
+        seen.extend(list(c) for c in completion_ids)
+        return [float(len(c) % 7) / 7 for c in completion_ids]  # varied, so GRPO has a signal
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    ds = datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in
+                                                ("What is 3+4?", "Name a color.", "Say hi.", "Count to 5.")]})
+    args = trl.GRPOConfig(output_dir=str(tmp_path / f"out-{speculate}"), per_device_train_batch_size=4,
+                          num_generations=4, max_completion_length=20, max_steps=2, learning_rate=1e-5,
+                          bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", seed=0,
+                          logging_steps=1, save_strategy="no", temperature=0.8, dataloader_num_workers=0)
+    trainer = trl.GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=args,
+                              train_dataset=ds, rollout_func=dasrl_rollout(speculate=speculate, policy="das"))
+    trainer.train()
+    return seen
+
+
+def test_grpo_trainer_das_equals_plain(tmp_path, smollm):
+    plain = _run(tmp_path, smollm, speculate=False)
+    das = _run(tmp_path, smollm, speculate=True)
+    assert len(plain) == 8 and das == plain

@@ -354,3 +354,24 @@ def test_bad_drafts_are_refused(engine, chat_prompts):
 
     with pytest.raises(EngineStepError, match="outside"):
         engine.generate(chat_prompts[:2], drafter=Garbage(), policy=FixedBudget(2), max_new_tokens=4)
+
+
+# ---------------------------------------------------------------- calibration and bench helpers
+def test_calibration_fits_a_latency_model(engine):
+    from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
+
+    grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
+    samples = calibrate(engine, grid)
+    assert len(samples) == 8 and all(s["seconds"] > 0 for s in samples)
+    assert {(s["n_tokens"], s["kv_tokens"]) for s in samples} >= {(1, 16), (16, 256)}
+    model, err = fit_latency(samples)
+    assert model.c_base > 0 and np.isfinite(err)
+
+
+def test_goal_lines():
+    from dasrl.engine.cli import goals
+
+    rows = [{"drafter": d, "wall_s": w} for d, w in
+            [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]
+    text = "\n".join(goals(rows))
+    assert "0.40" in text and "2.00x" in text and "62%" in text and "1.20x" in text

@@ -20,7 +20,7 @@ import torch
 
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.engine.cache import RowCache
-from dasrl.engine.engine import Completion, SpecEngine, StepInfo
+from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import FixedBudget
 
@@ -66,6 +66,8 @@ class EngineBenchConfig:
     """Fixed draft budget of the speculative rows."""
     temperature: float = 0.6
     """Sampling temperature of both epochs."""
+    threads: int | None = None
+    """torch threads for every row (HF generate included); None = the cores this process may use."""
 
     @staticmethod
     def quick() -> "EngineBenchConfig":
@@ -93,7 +95,7 @@ def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list
 def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
                      progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """Rows of the side-by-side run. progress(name, total_tokens) returns an on_step callback."""
-    engine = SpecEngine(model, tokenizer)
+    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
     base = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(cfg.problems)])
     prompts = [p for p in base for _ in range(cfg.group)]
     problem_ids = [i for i in range(cfg.problems) for _ in range(cfg.group)]

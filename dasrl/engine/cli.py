@@ -64,6 +64,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         problems: Optional[int] = typer.Option(None, help="Distinct prompts."),
         group: Optional[int] = typer.Option(None, help="Rollouts per prompt per epoch."),
         max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length."),
+        threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available)."),
     ) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
         from dasrl.engine.bench import EngineBenchConfig, run_engine_bench
@@ -71,7 +72,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         cfg = EngineBenchConfig.quick() if quick else EngineBenchConfig()
         overrides = {k: v for k, v in dict(budget=budget, problems=problems, group=group,
-                                           max_new_tokens=max_new_tokens).items() if v is not None}
+                                           max_new_tokens=max_new_tokens, threads=threads).items()
+                     if v is not None}
         for k, v in overrides.items():
             if v < 1:
                 raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
@@ -79,7 +81,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console = Console(width=max(Console().width, 140))
         lm, tok = load_model(model)
         console.print(f"{model}: {cfg.problems} problems x {cfg.group} rollouts, <= {cfg.max_new_tokens} new "
-                      f"tokens, T={cfg.temperature}, budget {cfg.budget}")
+                      f"tokens, T={cfg.temperature}, budget {cfg.budget}, threads {cfg.threads or 'all'}")
         with Progress(TextColumn("{task.description:>20}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("batch {task.fields[batch]:>3}"), TimeElapsedColumn(), console=console) as prog:
             def progress(name: str, total: int):

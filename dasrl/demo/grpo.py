@@ -75,7 +75,7 @@ class GRPOTrainer:
                 lp = logp[j, p - 1 : p - 1 + c].gather(-1, target[:, None]).squeeze(-1)  # [c]
                 loss = loss - float(adv[i]) * lp.sum() / n_tokens
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         self.opt.step()
         self.model.eval()
         return total

@@ -36,9 +36,9 @@ class DemoConfig:
     """Distinct problems."""
     samples: int = 8
     """Samples per problem (GRPO group size)."""
-    max_new_tokens: int = 160
+    max_new_tokens: int = 128
     """Generation limit per sample."""
-    temperature: float = 0.7
+    temperature: float = 0.6
     """Sampling temperature."""
     top_p: float = 0.95
     """Nucleus sampling mass."""

@@ -28,7 +28,12 @@ from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
+from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.budget import make_policy
+from dasrl.policy.latency import LatencyModel
+
+CPU_LATENCY = LatencyModel(c_base=0.05, c_tok=0.0025)
+"""SmolLM2-135M fp32 forwards on this project's 2-core machine (DESIGN.md); `dasrl calibrate` measures yours."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,10 @@ class SessionConfig:
     """Run end_step's drafter upkeep in a background thread (joined by the next generate)."""
     engine: EngineConfig = EngineConfig()
     """Engine settings (context limit, threads)."""
+    latency: str | None = None
+    """latency.json from `dasrl calibrate`; None = the CPU figures measured here (50 ms + 2.5 ms/token)."""
+    draft_allowance: int | None = None
+    """Draft tokens per forward for the whole batch; None = c_base / c_tok of the latency model."""
 
 
 @dataclass
@@ -75,6 +84,8 @@ class StepSummary:
     upkeep_s: float = 0.0
     """Seconds the previous end_step's upkeep took in all."""
     forwards: int = 0
+    row_forwards: int = 0
+    """Forwards summed over requests (a forward with 8 live rows counts 8)."""
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -83,7 +94,8 @@ class StepSummary:
 
     @property
     def accepted_per_forward(self) -> float:
-        return self.new_tokens / max(self.forwards, 1)
+        """Tokens a request gets per verification forward it takes part in (1.0 without speculation)."""
+        return self.new_tokens / max(self.row_forwards, 1)
 
 
 def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> int:
@@ -97,7 +109,11 @@ class RolloutSession:
         self.config = config
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.store = DraftStore(config.store) if config.speculate else None
-        self.policy = make_policy(config.policy) if config.speculate else NoSpeculation()
+        self.policy = NoSpeculation()
+        if config.speculate:
+            latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
+            allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
+            self.policy = ForwardAllowance(make_policy(config.policy), allowance)
         self.step = 0
         self.history: list[StepSummary] = []
         self._upkeep: threading.Thread | None = None
@@ -137,7 +153,7 @@ class RolloutSession:
         run = self.engine.last_run
         self.history.append(StepSummary(
             step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
-            forwards=run.forwards, new_tokens=run.new_tokens, drafted=run.drafted, accepted=run.accepted,
+            forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens, drafted=run.drafted, accepted=run.accepted,
             batch_curve=curve))
         return [Rollout(problem_id=pid, sample=k, seed=int(seed), prompt_ids=list(c.prompt_ids),
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,

@@ -103,9 +103,8 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
     write_trace(p, [resp(0, 1, 0)])
     before = p.read_bytes()
 
-    def boom(table, where, **kw):
-        with open(where, "wb") as f:
-            f.write(b"partial")
+    def boom(table, where, **kw):  # `where` is the open temporary file
+        where.write(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(pq, "write_table", boom)

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from dasrl.atomic import write_json  # noqa: E402
 from dasrl.rollout.session import RolloutSession  # noqa: E402
 
 
@@ -21,14 +22,14 @@ def _save(fig, path: Path) -> None:
 
 
 def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSession) -> None:
-    from dasrl.demo.run import atomic_json, rows_json
+    from dasrl.demo.run import rows_json
 
     later = [r for r in rows if r.step > 0]
     summary = {"config": asdict(cfg), "steps": rows_json(rows), "identical_every_step": all(r.identical for r in rows),
                "baseline_s": sum(r.baseline_s for r in rows), "das_s": sum(r.das_s for r in rows),
                "speedup_from_second_visit": (sum(r.baseline_s for r in later) / sum(r.das_s for r in later))
                if later else None, "das_stats": das.stats(), "baseline_stats": base.stats()}
-    atomic_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     if not rows:
         (out / "report.md").write_text("# dasrl demo\n\nNo step finished.\n")
         return

@@ -5,8 +5,6 @@ identical; the policy is updated once with GRPO on them; both sessions roll thei
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -186,8 +184,3 @@ def _final_table(rows: list[StepRow], console: Console) -> None:
 def rows_json(rows: list[StepRow]) -> list[dict]:
     return [asdict(r) for r in rows]
 
-
-def atomic_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -15,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dasrl.atomic import write_json
 from dasrl.drafter import bench as B
 from dasrl.drafter.arctic import ArcticDrafter, arctic_available
 from dasrl.drafter.store import DraftStore, StoreConfig
@@ -25,13 +24,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def write_json_atomic(path: Path, obj: object) -> None:
-    """Write JSON to a temporary file in the same folder, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
 
 
 def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], cfg: B.DrafterBenchConfig,
@@ -113,5 +105,5 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         rows = run_bench(cfg, console=console)
         print_table(rows, console)
         if json_out is not None:
-            write_json_atomic(json_out, rows)
+            write_json(json_out, rows)
             console.print(f"wrote {json_out}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -22,21 +21,12 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from dasrl.atomic import atomic_write, write_json
 from dasrl.drafter.base import Draft, DraftParams, problem_key
 from dasrl.drafter.suffix import Cursor, SuffixIndex, as_tokens, propose_batch
 
 MODES = ("problem", "problem+request", "global")
 
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 GLOBAL = "__global__"
 
 
@@ -220,8 +210,8 @@ class DraftStore:
         doc = {"format": "dasrl-store/1", "step": self.step, "num_steps": len(self._steps),
                "config": {"mode": self.config.mode, "window": self.config.window, "decay": self.config.decay},
                "sequences": meta}
-        _atomic_write(folder / "store.npz", lambda f: np.savez(f, **arrays))
-        _atomic_write(folder / "store.json", lambda f: f.write(json.dumps(doc).encode()))
+        atomic_write(folder / "store.npz", lambda f: np.savez(f, **arrays))
+        write_json(folder / "store.json", doc, indent=None)
 
     @classmethod
     def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from dasrl.atomic import write_json
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -22,12 +21,7 @@ ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
 
 
 def _write_json(path: Path, obj: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(path, obj)
 
 
 def _table(title: str, rows: list[dict], columns) -> Table:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from dasrl.atomic import write_json
 
 FORMAT = "dasrl.latency/1"
 
@@ -95,18 +96,7 @@ class LatencyModel:
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically (temporary file in the same folder, then rename)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = dict(self.to_dict())
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, indent=2)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_json(path, dict(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyModel":

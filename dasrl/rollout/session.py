@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Hashable, Sequence
 
+from dasrl.atomic import write_json
 from dasrl.drafter.base import problem_key
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
@@ -213,9 +214,7 @@ class RolloutSession:
             part = getattr(self.policy, name, None)
             if part is not None:
                 state[name] = part.state_dict()
-        tmp = folder / ".session.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, folder / "session.json")
+        write_json(folder / "session.json", state)
 
     def load(self, folder: str | os.PathLike) -> None:
         """Restore what save() wrote into this session (same model; the config may differ)."""

@@ -15,7 +15,6 @@ partial one. `write_trace` writes a single file atomically.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -24,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from dasrl.atomic import atomic_write
 
 FORMAT = "dasrl.trace/1"
 REQUIRED = ("step", "problem_id", "sample", "prompt_ids", "response_ids", "reward", "finish_reason")
@@ -92,16 +93,7 @@ def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) ->
 
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 def write_trace(path: str | os.PathLike, responses: Sequence[Response], *, vocab_size: int | None = None) -> None:

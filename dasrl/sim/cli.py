@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from dasrl.atomic import write_json
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -25,11 +24,7 @@ PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, ma
 
 
 def _write_json(path: Path, obj: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    write_json(path, obj)
 
 
 def _load_responses(trace: Optional[Path], workload: Optional[str], scale: float,

@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 demo: $(STAMP)
-	.venv/bin/dasrl bench drafter
+	.venv/bin/dasrl demo
 
 bench: $(STAMP)
 	.venv/bin/dasrl bench drafter --json benchmarks/drafter.json

@@ -21,6 +21,7 @@ REGISTRARS = [
     "dasrl.engine.cli",
     "dasrl.demo.cli",
     "dasrl.sim.cli",
+    "dasrl.experiments.cli",
 ]
 
 for _name in REGISTRARS:

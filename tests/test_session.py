@@ -49,3 +49,31 @@ def test_bad_input(smollm):
         s.generate([[1, 2]], problem_ids=[1, 2])
     with pytest.raises(ValueError, match="not a dasrl session|cannot read"):
         s.load("/nonexistent/folder")
+
+
+def test_drafter_override_and_record(smollm, chat_prompts):
+    """A session with another drafter (n-gram) stays exact; record() + end_step() gives a session the
+    history of a step it did not generate, so it drafts from it on the next step."""
+    from dasrl.drafter.baselines import NGramDrafter
+
+    model, tok = smollm
+    prompts = [chat_prompts[0]] * 2 + [chat_prompts[6]] * 2
+    sp = SamplingParams(temperature=0.7, top_p=0.95)
+    off = RolloutSession(model, tok, SessionConfig(speculate=False))
+    ngram = RolloutSession(model, tok, SessionConfig(speculate=True, policy="fixed"), drafter=NGramDrafter())
+    late = RolloutSession(model, tok, SessionConfig(speculate=True, policy="das"))
+    assert ngram.store is None and isinstance(ngram.drafter, NGramDrafter) and late.store is not None
+    with pytest.raises(ValueError, match="speculate is False"):
+        RolloutSession(model, tok, SessionConfig(speculate=False), drafter=NGramDrafter())
+    ref = off.generate(prompts, sampling=sp, max_new_tokens=20)
+    got = ngram.generate(prompts, sampling=sp, max_new_tokens=20)
+    assert [x.completion_ids for x in got] == [y.completion_ids for y in ref]
+    late.record(ref)  # step 0 taken from the baseline, not generated
+    assert late.store.num_tokens > 0 and late.history == []
+    for s in (off, ngram, late):
+        s.end_step()
+    ref1 = off.generate(prompts, sampling=sp, max_new_tokens=20)
+    got1 = late.generate(prompts, sampling=sp, max_new_tokens=20)
+    assert [x.completion_ids for x in got1] == [y.completion_ids for y in ref1]
+    assert [x.seed for x in got1] == [y.seed for y in ref1]
+    assert late.history[-1].step == 1

@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from rich.console import Console
@@ -16,9 +17,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl.demo.tasks import SYSTEM, make_tasks, reward
+from dasrl.demo.tasks import SYSTEM, Task, make_tasks, reward
 from dasrl.engine.sampling import SamplingParams
-from dasrl.rollout.session import RolloutSession, SessionConfig
+from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig
 from dasrl.rollout.trace import Response, TraceWriter
 
 
@@ -74,6 +75,36 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def step_batch(tokenizer, tasks: Sequence[Task], samples: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """One RL step's batch: (prompt ids, answers, problem ids), each task repeated `samples` times."""
+    prompts = [chat_ids(tokenizer, t.question) for t in tasks for _ in range(samples)]
+    answers = [t.answer for t in tasks for _ in range(samples)]
+    pids = [i for i in range(len(tasks)) for _ in range(samples)]
+    return prompts, answers, pids
+
+
+def score(tokenizer, outs: Sequence[Rollout], answers: Sequence[int], *, step: int) -> list[float]:
+    """The reward of each rollout; a reward function that raises is reported with the sample it broke on."""
+    rs = []
+    for o, ans in zip(outs, answers):
+        text = tokenizer.decode(o.completion_ids, skip_special_tokens=True)
+        try:
+            rs.append(float(reward(text, ans)))
+        except Exception as e:  # a user's reward function: say which sample broke it
+            raise RuntimeError(f"reward function raised on step {step}, problem {o.problem_id}, sample "
+                               f"{o.sample}: {type(e).__name__}: {e}") from e
+    return rs
+
+
+def trace_rows(step: int, outs: Sequence[Rollout], rewards: Sequence[float]) -> list[Response]:
+    """The step's rollouts as trace rows (TraceWriter.write_step)."""
+    return [Response(step=step, problem_id=o.problem_id, sample=o.sample,
+                     prompt_ids=np.asarray(o.prompt_ids, np.int32),
+                     response_ids=np.asarray(o.completion_ids, np.int32), reward=r,
+                     finish_reason=o.finish_reason or "length", logprobs=np.asarray(o.logprobs, np.float32))
+            for o, r in zip(outs, rewards)]
+
+
 def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     import torch
 
@@ -92,9 +123,7 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     base = RolloutSession(model, tok, SessionConfig(speculate=False, seed=cfg.seed))
     das = RolloutSession(model, tok, SessionConfig(speculate=True, policy=cfg.policy, seed=cfg.seed))
     trainer = GRPOTrainer(model, cfg.grpo)
-    prompts = [chat_ids(tok, t.question) for t in tasks for _ in range(cfg.samples)]
-    answers = [t.answer for t in tasks for _ in range(cfg.samples)]
-    pids = [i for i in range(len(tasks)) for _ in range(cfg.samples)]
+    prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
     trace = TraceWriter(out / "trace")
     rows: list[StepRow] = []
     console.print(f"GRPO demo: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.steps} steps, "
@@ -136,26 +165,11 @@ def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutS
                              time.perf_counter() - t0)
     (b_out, b_s), (d_out, d_s) = results["baseline"], results["DAS"]
     identical = all(x.completion_ids == y.completion_ids for x, y in zip(b_out, d_out))
-    rewards = {}
-    for name, outs in (("baseline", b_out), ("DAS", d_out)):
-        rs = []
-        for o, ans in zip(outs, answers):
-            text = tok.decode(o.completion_ids, skip_special_tokens=True)
-            try:
-                rs.append(float(reward(text, ans)))
-            except Exception as e:  # a user's reward function: say which sample broke it
-                raise RuntimeError(f"reward function raised on step {step}, problem {o.problem_id}, sample "
-                                   f"{o.sample}: {type(e).__name__}: {e}") from e
-        rewards[name] = rs
+    rewards = {name: score(tok, outs, answers, step=step) for name, outs in (("baseline", b_out), ("DAS", d_out))}
     t0 = time.perf_counter()
     loss = trainer.step(prompts, [o.completion_ids for o in d_out], advantages(rewards["DAS"], pids))
     train_s = time.perf_counter() - t0
-    trace.write_step([Response(step=step, problem_id=o.problem_id, sample=o.sample,
-                               prompt_ids=np.asarray(o.prompt_ids, np.int32),
-                               response_ids=np.asarray(o.completion_ids, np.int32), reward=r,
-                               finish_reason=o.finish_reason or "length",
-                               logprobs=np.asarray(o.logprobs, np.float32))
-                      for o, r in zip(d_out, rewards["DAS"])])
+    trace.write_step(trace_rows(step, d_out, rewards["DAS"]))
     base.end_step()
     das.end_step()
     h = das.history[-1]

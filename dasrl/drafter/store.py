@@ -190,6 +190,21 @@ class DraftStore:
                     del self._shards[shard]
         self.step += 1
 
+    def discard_step(self) -> None:
+        """End the step without learning from it: this step's rollouts (finished or not) are dropped, the
+        window, weights and step counter stay as they were. A store fed with some steps and then only
+        discarding is a static drafter: a fixed index of those steps."""
+        for req_id in list(self._live):
+            live = self._live.pop(req_id)
+            if live.seq_id is not None:
+                self._shards[live.shard].remove(live.seq_id)
+        for shard, sid in self._current:
+            ix = self._shards[shard]
+            ix.remove(sid)
+            if len(ix) == 0:
+                del self._shards[shard]
+        self._current, self._pending = [], []
+
     # -------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
         """Write the window (JSON + npz, no pickle) atomically into `folder`; live requests are not saved."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Hashable, Sequence
 
 from dasrl.atomic import write_json
-from dasrl.drafter.base import problem_key
+from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
@@ -45,6 +45,8 @@ class SessionConfig:
     """Draft from history and verify (False = plain decoding, the baseline)."""
     policy: str = "das"
     """Budget policy: none | fixed | unbounded | das | optimal | confidence."""
+    policy_kw: tuple[tuple[str, object], ...] = ()
+    """Keyword arguments of the policy's constructor as (name, value) pairs, e.g. (("limit", 24),)."""
     store: StoreConfig = StoreConfig()
     """The history drafter's scope, window and decay."""
     seed: int = 0
@@ -106,15 +108,24 @@ def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> 
 
 
 class RolloutSession:
-    def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig()) -> None:
+    """See the module docstring. `drafter` (optional) replaces the DraftStore that `config.store`
+    describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
+    be reassigned between steps (`session.drafter = ...`, e.g. a fresh oracle per step). Only a DraftStore
+    is saved by save() and counted in stats()."""
+
+    def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig(), *,
+                 drafter: Drafter | None = None) -> None:
+        if drafter is not None and not config.speculate:
+            raise ValueError("a drafter was given but config.speculate is False: nothing would use it")
         self.config = config
         self.engine = SpecEngine(model, tokenizer, config.engine)
-        self.store = DraftStore(config.store) if config.speculate else None
+        self.drafter: Drafter | None = drafter if drafter is not None else (
+            DraftStore(config.store) if config.speculate else None)
         self.policy = NoSpeculation()
         if config.speculate:
             latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
             allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
-            self.policy = ForwardAllowance(make_policy(config.policy), allowance)
+            self.policy = ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance)
         self.step = 0
         self.history: list[StepSummary] = []
         self._upkeep: threading.Thread | None = None
@@ -148,7 +159,7 @@ class RolloutSession:
                 on_step(info)
 
         outs: list[Completion] = self.engine.generate(
-            prompts, seeds=seeds, sampling=sampling, drafter=self.store, policy=self.policy,
+            prompts, seeds=seeds, sampling=sampling, drafter=self.drafter, policy=self.policy,
             max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, problem_ids=pids,
             req_ids=[(self.step, i) for i in range(len(prompts))], on_step=record)
         run = self.engine.last_run
@@ -161,6 +172,30 @@ class RolloutSession:
                         forwards=c.forwards, drafted=c.drafted, accepted=c.accepted)
                 for pid, k, seed, c in zip(pids, samples, seeds, outs)]
 
+    @property
+    def store(self) -> DraftStore | None:
+        """The history drafter when it is a DraftStore (None for other drafters and without speculation)."""
+        return self.drafter if isinstance(self.drafter, DraftStore) else None
+
+    @store.setter
+    def store(self, value: DraftStore | None) -> None:
+        self.drafter = value
+
+    def record(self, rollouts: Sequence[Rollout]) -> None:
+        """Take this step's rollouts as if this session had generated them, without generating: a
+        DraftStore indexes them and the policy's length history counts them (its acceptance statistics do
+        not: nothing was drafted); then call end_step(). For
+        loops that run a session only on some steps but keep its history complete. Its drafter must have
+        no live requests."""
+        self._join_upkeep()
+        store = self.store
+        lengths = getattr(self.policy, "lengths", None)
+        for r in rollouts:
+            if store is not None:
+                store.add_rollout(r.problem_id, r.prompt_ids, r.completion_ids)
+            if lengths is not None:
+                lengths.record(r.problem_id, len(r.completion_ids))
+
     def end_step(self) -> None:
         """The step's rollouts are final: fold them into the window and roll it (in the background)."""
         self._join_upkeep()
@@ -168,8 +203,8 @@ class RolloutSession:
 
         def upkeep() -> None:
             t = time.perf_counter()
-            if self.store is not None:
-                self.store.end_step()
+            if self.drafter is not None:
+                self.drafter.end_step()
             end = getattr(self.policy, "end_step", None)
             if end is not None:
                 end()

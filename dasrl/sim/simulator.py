@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DraftParams
+from dasrl.drafter.base import Draft, DraftParams, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.policy.base import RequestState
 from dasrl.policy.budget import make_policy
@@ -207,10 +207,16 @@ def _downsample(points: list[tuple[float, int]], n: int = 200) -> list[tuple[flo
 class Simulator:
     """Replays steps of responses with one drafter and one policy (both persist across steps)."""
 
-    def __init__(self, *, drafter: str = "das", policy: str = "das", config: SimConfig = SimConfig(),
-                 policy_kw: dict | None = None) -> None:
-        self.config, self.drafter_name, self.policy_name = config, drafter, policy
-        self.drafters = make_drafter(drafter, config)
+    def __init__(self, *, drafter: str | Drafter = "das", policy: str = "das", config: SimConfig = SimConfig(),
+                 policy_kw: dict | None = None, label: str | None = None) -> None:
+        """`drafter`: a name from DRAFTERS, or any Drafter object, used for every step (its own window and
+        history rules apply; SimConfig's window/decay/min_prob/max_match do not). `label` names it in
+        the result (default: the name, or the object's class name)."""
+        self.config, self.policy_name = config, policy
+        if isinstance(drafter, str):
+            self.drafter_name, self.drafters = label or drafter, make_drafter(drafter, config)
+        else:
+            self.drafter_name, self.drafters = label or type(drafter).__name__, _Persistent(drafter)
         kw = dict(policy_kw or {})
         if policy == "optimal":
             kw.setdefault("latency", config.latency)

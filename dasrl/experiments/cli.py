@@ -1,0 +1,64 @@
+"""`dasrl experiments [NAME ...] [--quick] [--out DIR] [--results FILE]`: reproduce the paper's figures."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    from dasrl.experiments.registry import EXPERIMENTS
+
+    @app.command("experiments")
+    def experiments_cmd(
+        names: Optional[List[str]] = typer.Argument(None, help=f"Experiments to run (default: all): "
+                                                               f"{', '.join(EXPERIMENTS)}."),
+        quick: bool = typer.Option(False, help="Small sizes: the whole set in a few minutes (a smoke test)."),
+        out: Path = typer.Option(Path("runs/experiments"), "--out", help="Folder for figures, numbers and the "
+                                                                         "cached collection run."),
+        results: Optional[Path] = typer.Option(Path("docs/results.md"), "--results",
+                                               help="Markdown to (re)generate from everything under --out."),
+        no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
+        model: str = typer.Option("smollm2-135m", help="Model of the real rollouts."),
+    ) -> None:
+        """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
+        the simulator where a figure needs paper scale."""
+        from dasrl.experiments.base import Context, RunOptions, run_experiment
+        from dasrl.experiments.registry import select
+        from dasrl.experiments.report import write_results
+
+        try:
+            chosen = select(list(names or []))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="NAME") from None
+        console = Console()
+        command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command), console)
+        done, t0 = [], time.perf_counter()
+        for i, exp in enumerate(chosen):
+            console.rule(f"[{i + 1}/{len(chosen)}] {exp.name}: {exp.title} ({exp.paper})")
+            try:
+                done.append(run_experiment(exp, ctx))
+            except (ValueError, RuntimeError, FileNotFoundError) as e:
+                typer.secho(f"error in experiment {exp.name!r}: {e}", fg="red", err=True)
+                raise typer.Exit(2) from None
+            console.print(f"{exp.name}: {done[-1]['comparison']}")
+        table = Table(title=f"dasrl experiments{' (quick)' if quick else ''}: {time.perf_counter() - t0:.0f} s")
+        for c in ("experiment", "paper", "headline numbers", "s"):
+            table.add_column(c, justify="right" if c == "s" else "left")
+        for d in done:
+            head = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in list(d["summary"].items())[:4])
+            table.add_row(d["name"], d["paper"], head, f"{d['seconds']:.0f}")
+        console.print(table)
+        console.print(f"figures and numbers: {out}/<name>/")
+        if results is not None and not no_results:
+            write_results(out, results)
+            console.print(f"wrote {results}")

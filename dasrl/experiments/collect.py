@@ -1,0 +1,245 @@
+"""The shared collection run: a GRPO loop on the embedded model (the demo's pieces) that records every
+step's rollouts to a Parquet trace and, on some steps, rolls the same prompts out again with each engine
+variant (same weights, same seeds): the numbers behind experiments 1, 8 and 9. Every variant must
+reproduce the baseline's tokens exactly (lossless speculation); a mismatch stops the run.
+
+On steps without variants, each variant session takes the baseline's rollouts into its history
+(RolloutSession.record), so its drafter and length statistics are those of a session that ran every
+step. Cached under <out>/collect-<key>/ (key = hash of the config): reruns and later experiments reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from dasrl.atomic import write_json
+from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
+from dasrl.demo.run import score, step_batch, trace_rows
+from dasrl.demo.tasks import make_tasks
+from dasrl.drafter.base import DraftParams, Drafter
+from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
+from dasrl.drafter.store import StoreConfig
+from dasrl.engine.sampling import SamplingParams
+from dasrl.policy.budget import ClassCaps
+from dasrl.experiments.base import load_avg
+from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
+from dasrl.rollout.trace import Trace, TraceWriter, read_trace
+
+FORMAT = "dasrl-experiments-collect/1"
+UNBOUNDED_CAP = ClassCaps().long
+"""Draft cap of the unbounded variant: the most DAS ever gives a request (its long class)."""
+NO_ALLOWANCE = 1 << 20
+"""draft_allowance that never binds (the paper's unbounded drafting has no per-forward cap)."""
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """The GRPO run the experiments share."""
+
+    model: str = "smollm2-135m"
+    """Model: the embedded default, a local HF folder, or a hub id (online only)."""
+    steps: int = 32
+    """GRPO steps (every prompt comes back each step)."""
+    prompts: int = 6
+    """Distinct problems."""
+    samples: int = 6
+    """Samples per problem (GRPO group size)."""
+    max_new_tokens: int = 128
+    """Generation limit per sample."""
+    temperature: float = 0.6
+    """Sampling temperature."""
+    top_p: float = 0.95
+    """Nucleus sampling mass."""
+    seed: int = 0
+    """Run seed (tasks, sample seeds)."""
+    variant_every: int = 8
+    """The engine variants run on steps every-1, 2*every-1, ... (each with history before it)."""
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=2e-5))
+    """Policy update after each step."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts", "samples", "max_new_tokens", "variant_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"collect {name} must be >= 1, got {getattr(self, name)}")
+        if self.variant_every > self.steps:
+            raise ValueError(f"variant_every ({self.variant_every}) > steps ({self.steps}): no variant step")
+
+    @staticmethod
+    def quick(model: str = "smollm2-135m") -> "CollectConfig":
+        return CollectConfig(model=model, steps=4, prompts=4, samples=4, max_new_tokens=64, variant_every=4)
+
+    @property
+    def variant_steps(self) -> list[int]:
+        return [s for s in range(self.steps) if (s + 1) % self.variant_every == 0]
+
+    def key(self) -> str:
+        return hashlib.blake2b(json.dumps(asdict(self), sort_keys=True).encode(), digest_size=6).hexdigest()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine configuration rolled out next to the baseline."""
+
+    name: str
+    """Short name (figures, JSON)."""
+    description: str
+    """One line for docs/results.md."""
+    policy: str = "das"
+    """Budget policy (make_policy name)."""
+    policy_kw: tuple[tuple[str, object], ...] = ()
+    """Its keyword arguments."""
+    store: StoreConfig = StoreConfig()
+    """History drafter (used when `drafter` is None)."""
+    drafter: Callable[[], Drafter] | None = None
+    """Another drafter instead of the DraftStore."""
+    allowance: bool = True
+    """Keep the session's per-forward draft allowance (False: drafts are never clipped by it)."""
+    oracle: bool = False
+    """A fresh OracleDrafter per step, told the baseline's outputs of that step."""
+
+    def session(self, model, tokenizer, seed: int) -> RolloutSession:
+        cfg = SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store, seed=seed,
+                            draft_allowance=None if self.allowance else NO_ALLOWANCE)
+        drafter = self.drafter() if self.drafter else (OracleDrafter({}) if self.oracle else None)
+        return RolloutSession(model, tokenizer, cfg, drafter=drafter)
+
+
+ARCTIC_STORE = StoreConfig(mode="global", window=0, decay=1.0, params=DraftParams(max_match=24, min_prob=0.1))
+"""ArcticInference / vLLM `suffix`: one global tree of every past response (never evicted, full weight)
+plus the live requests, matching <= 24 tokens, branches cut below path probability 0.1 (its defaults)."""
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("unbounded", f"DAS drafter, every request drafts as far as its match goes up to {UNBOUNDED_CAP} "
+            "tokens (DAS's long-class cap) from the first token, no per-forward allowance",
+            policy="unbounded", policy_kw=(("limit", UNBOUNDED_CAP),), allowance=False),
+    Variant("das", "DAS: per-problem history drafter (problem+request, window 16) + length-aware budgets"),
+    Variant("global", "ArcticInference-style global suffix tree (all history, one tree), DAS budgets",
+            store=ARCTIC_STORE),
+    Variant("ngram", "n-gram prompt lookup (vLLM `ngram`), DAS budgets", drafter=NGramDrafter),
+    Variant("oracle", "oracle drafter (knows the step's outputs), DAS budgets", oracle=True),
+)
+BASELINE = "none"
+
+
+def summary_dict(s: StepSummary, points: int = 300) -> dict:
+    curve = s.batch_curve
+    if len(curve) > points:
+        idx = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
+        curve = [curve[i] for i in idx]
+    return {"rollout_s": round(s.rollout_s, 4), "forwards": s.forwards, "row_forwards": s.row_forwards,
+            "new_tokens": s.new_tokens, "drafted": s.drafted, "accepted": s.accepted,
+            "accepted_per_forward": round(s.accepted_per_forward, 4),
+            "batch_curve": [[round(t, 4), int(b)] for t, b in curve]}
+
+
+@dataclass
+class Collection:
+    """A finished collection run: its config, folder, per-step records and the trace."""
+
+    config: CollectConfig
+    folder: Path
+    steps: list[dict]
+    """One record per step: step, train_s, loss, mean_reward, load, baseline, variants {name: summary}."""
+    wall_s: float
+
+    @property
+    def trace_path(self) -> Path:
+        return self.folder / "trace"
+
+    def trace(self) -> Trace:
+        return read_trace(self.trace_path)
+
+    def variant_steps(self) -> list[dict]:
+        return [s for s in self.steps if s["variants"]]
+
+
+def _check_identical(name: str, step: int, ref: list[Rollout], out: list[Rollout]) -> None:
+    for i, (a, b) in enumerate(zip(ref, out)):
+        if a.completion_ids != b.completion_ids:
+            raise RuntimeError(f"variant {name!r} changed the output of sample {i} (problem {a.problem_id}, "
+                               f"sample {a.sample}) on step {step}: speculation must be lossless")
+
+
+def ensure_collection(cfg: CollectConfig, ctx) -> Collection:
+    """The cached collection for cfg under ctx.options.out, running it when there is none."""
+    folder = Path(ctx.options.out) / f"collect-{cfg.key()}"
+    meta = folder / "collect.json"
+    if meta.exists():
+        doc = json.loads(meta.read_text())
+        if doc.get("format") == FORMAT and doc.get("key") == cfg.key():
+            ctx.console.print(f"collection: reusing {folder}")
+            return Collection(cfg, folder, doc["steps"], doc["wall_s"])
+    if folder.exists():  # an interrupted run of ours: start over
+        shutil.rmtree(folder)
+    return run_collection(cfg, ctx, folder)
+
+
+def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
+    import torch
+
+    model, tok = ctx.model()
+    torch.manual_seed(cfg.seed)
+    t_start = time.perf_counter()
+    prompts, answers, pids = step_batch(tok, make_tasks(cfg.prompts, seed=cfg.seed), cfg.samples)
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
+    base = RolloutSession(model, tok, SessionConfig(speculate=False, seed=cfg.seed))
+    sessions = {v.name: v.session(model, tok, cfg.seed) for v in VARIANTS}
+    trainer = GRPOTrainer(model, cfg.grpo)
+    trace = TraceWriter(folder / "trace", vocab_size=int(model.get_output_embeddings().weight.shape[0]))
+    records: list[dict] = []
+    n_var = len(cfg.variant_steps)
+    total = (cfg.steps + n_var * len(VARIANTS)) * len(prompts)
+    ctx.console.print(f"collection: {cfg.steps} GRPO steps of {cfg.prompts} prompts x {cfg.samples} samples "
+                      f"(<= {cfg.max_new_tokens} tokens); engine variants on steps {cfg.variant_steps}")
+    with ctx.progress("collecting rollouts", total) as advance:
+        for step in range(cfg.steps):
+            def roll(name: str, sess: RolloutSession, seeds=None) -> tuple[list[Rollout], StepSummary]:
+                seen = [0]
+
+                def tick(info) -> None:
+                    advance(info.finished, note=f"step {step} {name}: {info.batch_size} live")
+                    seen[0] += info.finished
+
+                out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,
+                                    max_new_tokens=cfg.max_new_tokens, on_step=tick)
+                advance(len(prompts) - seen[0])
+                return out, sess.history[-1]
+
+            rec = {"step": step, "load": load_avg()}
+            ref, summ = roll(BASELINE, base)
+            rec["baseline"] = summary_dict(summ)
+            rec["variants"] = {}
+            seeds = [r.seed for r in ref]
+            for v in VARIANTS:
+                sess = sessions[v.name]
+                if step in cfg.variant_steps:
+                    if v.oracle:
+                        sess.drafter = OracleDrafter({(sess.step, i): r.completion_ids for i, r in enumerate(ref)})
+                    out, s = roll(v.name, sess, seeds)
+                    _check_identical(v.name, step, ref, out)
+                    rec["variants"][v.name] = summary_dict(s)
+                else:
+                    sess.record(ref)
+            rewards = score(tok, ref, answers, step=step)
+            t0 = time.perf_counter()
+            rec["loss"] = trainer.step(prompts, [r.completion_ids for r in ref], advantages(rewards, pids))
+            rec["train_s"] = round(time.perf_counter() - t0, 3)
+            rec["mean_reward"] = sum(rewards) / len(rewards)
+            rec["load_after"] = load_avg()
+            trace.write_step(trace_rows(step, ref, rewards))
+            base.end_step()
+            for sess in sessions.values():
+                sess.end_step()
+            records.append(rec)
+    wall = time.perf_counter() - t_start
+    write_json(folder / "collect.json", {"format": FORMAT, "key": cfg.key(), "config": asdict(cfg),
+                                         "variants": {v.name: v.description for v in VARIANTS},
+                                         "steps": records, "wall_s": round(wall, 1)}, indent=None)
+    ctx.console.print(f"collection: {cfg.steps} steps in {wall / 60:.1f} min -> {folder}")
+    return Collection(cfg, folder, records, wall)

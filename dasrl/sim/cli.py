@@ -17,7 +17,7 @@ from dasrl.policy.budget import POLICIES
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import Response, TraceError, read_trace, summarize, write_trace
 from dasrl.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
-from dasrl.sim.workloads import WORKLOADS, generate, get_workload
+from dasrl.sim.workloads import CPU_LATENCY, WORKLOADS, generate, get_workload
 
 console = Console()
 PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, makespan
@@ -176,3 +176,80 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                    "das_vs_unbounded": gain, "paper": PAPER_ABLATION,
                                    "runs": {k2: r.to_dict() for k2, r in results.items()}})
             console.print(f"wrote {json_out}")
+
+    @bench.command("routing")
+    def routing_cmd(workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
+                    workers: str = typer.Option("2,4,8,16", help="Worker counts to try, comma-separated."),
+                    drafter: str = typer.Option("das", help=f"Drafter on each worker: {', '.join(DRAFTERS)}."),
+                    policy: str = typer.Option("das", help=f"Budget policy on each worker: {', '.join(POLICIES)}."),
+                    scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
+                    steps: Optional[int] = typer.Option(None, help="Override the number of steps."),
+                    warmup: int = typer.Option(1, help="Leading steps that only fill the length history."),
+                    seed: int = typer.Option(0, help="Seed of the random router."),
+                    latency: str = typer.Option("workload", help="Forward cost: workload (its assumption) | cpu "
+                                                                 "(this project's CPU engine) | a latency JSON."),
+                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON."),
+                    plot: Optional[Path] = typer.Option(None, help="Write a PNG of makespan vs workers.")) -> None:
+        """Many rollout workers: length-aware routing (LPT on the predicted makespan) vs round-robin vs
+        random, each problem's samples kept on one worker, simulated step makespan."""
+        from dasrl.rollout.routing import ROUTERS
+        from dasrl.sim.workers import simulate_routed
+
+        _check(drafter, DRAFTERS, "drafter")
+        _check(policy, POLICIES, "policy")
+        try:
+            counts = [int(x) for x in workers.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"--workers must be comma-separated integers, got {workers!r}") from None
+        if not counts or min(counts) < 1:
+            raise typer.BadParameter(f"--workers needs counts >= 1, got {workers!r}")
+        responses, lat, source = _load_responses(None, workload, scale, steps)
+        try:
+            lat = {"workload": lat, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
+        except (ValueError, OSError) as e:
+            raise typer.BadParameter(f"--latency {latency!r}: {e}") from None
+        cfg = SimConfig(latency=lat, warmup=warmup)
+        results: dict[int, dict] = {}
+        with Progress(console=console, transient=True) as prog:
+            task = prog.add_task("simulating", total=len(counts) * len(ROUTERS))
+            for n in counts:
+                for name in ROUTERS:
+                    prog.update(task, description=f"{n} workers, {name}")
+                    results.setdefault(n, {})[name] = simulate_routed(
+                        responses, workers=n, router=name, drafter=drafter, policy=policy, config=cfg, seed=seed)
+                    prog.advance(task)
+        t = Table(title=f"routing on {source} ({drafter}/{policy} on each worker; makespan after warmup)")
+        for c in ("workers", *(f"{r} s" for r in ROUTERS), "length vs round_robin", "length vs random",
+                  "imbalance (length / rr / random)"):
+            t.add_column(c, justify="right")
+        for n, rs in results.items():
+            m = {k2: r.makespan for k2, r in rs.items()}
+            imb = " / ".join(f"{r.to_dict()['mean_imbalance']:.2f}" for r in rs.values())
+            t.add_row(str(n), *(f"{m[r]:.1f}" for r in ROUTERS), f"{1 - m['length'] / m['round_robin']:+.1%}",
+                      f"{1 - m['length'] / m['random']:+.1%}", imb)
+        console.print(t)
+        if json_out:
+            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter, "policy": policy,
+                                   "warmup": warmup, "workers": {str(n): {k2: r.to_dict() for k2, r in rs.items()}
+                                                                 for n, rs in results.items()}})
+            console.print(f"wrote {json_out}")
+        if plot:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            from dasrl.atomic import atomic_write
+
+            fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+            for name in ROUTERS:
+                ax.plot(counts, [results[n][name].makespan for n in counts], marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("rollout workers")
+            ax.set_ylabel("simulated makespan (s, after warmup)")
+            ax.set_title(f"routing on {workload}")
+            ax.legend()
+            fig.tight_layout()
+            atomic_write(plot, lambda f: fig.savefig(f, format="png"))
+            plt.close(fig)
+            console.print(f"wrote {plot}")

@@ -1,0 +1,302 @@
+"""Rollout workers on a Ray cluster: `DistributedRolloutSession`, RolloutSession's interface over N actors.
+
+    import ray
+    ray.init()                                              # or an existing cluster
+    session = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=4))
+    for step in range(steps):
+        rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.8), max_new_tokens=512)
+        ...                                                 # rewards, policy update
+        session.set_weights(model.state_dict())             # the new policy, to every worker
+        session.end_step()
+
+Each actor holds an engine and the drafter shards of the problems routed to it; all samples of a problem
+go to one worker (dasrl.rollout.routing), so there is no shared draft server. The driver draws every
+sample's seed from (run seed, step, problem, sample index), so a request gives the same tokens on any
+worker: when a worker dies mid-step, its requests are re-run on the survivors and the step completes
+with the outputs it would have had, each request exactly once. A replacement actor takes the dead one's
+place for the next step (with the latest weights; the history of its problems is rebuilt as they run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Hashable, Sequence
+
+from dasrl.atomic import write_json
+from dasrl.drafter.base import problem_key
+from dasrl.engine.sampling import SamplingParams
+from dasrl.policy.latency import LatencyModel
+from dasrl.rollout.routing import ROUTERS, groups_of, make_router
+from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, sample_seed
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("distributed rollouts need Ray: pip install 'dasrl[ray]'") from e
+    return ray
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How a DistributedRolloutSession spreads a step over Ray actors."""
+
+    workers: int = 2
+    """Rollout actors (each holds one engine and its problems' drafter history)."""
+    router: str = "length"
+    """Problem routing: length (predicted-makespan LPT) | round_robin | random."""
+    cpus_per_worker: float = 1.0
+    """Ray CPUs each actor reserves (also its torch threads, at least 1)."""
+    gpus_per_worker: float = 0.0
+    """Ray GPUs each actor reserves."""
+    affinity_slack: float = 0.05
+    """A problem stays on the worker holding its history unless moving saves more than this fraction."""
+    replace_dead: bool = True
+    """Start a fresh actor in a dead one's place after the step."""
+    session: SessionConfig = SessionConfig()
+    """What each worker's RolloutSession does (speculation, policy, store, seed)."""
+    latency: LatencyModel = CPU_LATENCY
+    """Forward cost the router predicts worker time with."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; valid routers: {', '.join(ROUTERS)}")
+        if self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
+            raise ValueError(f"cpus_per_worker must be > 0 and gpus_per_worker >= 0, got "
+                             f"{self.cpus_per_worker} and {self.gpus_per_worker}")
+
+
+class RolloutWorker:
+    """The actor body: one RolloutSession on its own model copy (wrapped with ray.remote at runtime)."""
+
+    def __init__(self, model: str, config: SessionConfig, dtype: str = "float32") -> None:
+        import torch
+
+        from dasrl.models import load_model
+        from dasrl.rollout.session import RolloutSession
+
+        m, tok = load_model(model, dtype=getattr(torch, dtype))
+        self.session = RolloutSession(m, tok, config)
+
+    def generate(self, prompts, *, problem_ids, seeds, sampling, max_new_tokens, stop_token_ids):
+        rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, sampling=sampling,
+                                         max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+        return rollouts, asdict(self.session.history[-1])
+
+    def end_step(self) -> None:
+        self.session.end_step()
+
+    def set_weights(self, state_dict) -> None:
+        self.session.engine.model.load_state_dict(state_dict, strict=False)
+
+    def stats(self) -> dict:
+        return self.session.stats()
+
+    def save(self, folder: str) -> None:
+        self.session.save(folder)
+
+    def load(self, folder: str) -> None:
+        self.session.load(folder)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@dataclass
+class DistributedStep:
+    step: int
+    rollout_s: float
+    """Wall seconds of generate() (the step's makespan across workers)."""
+    worker_s: dict[int, float] = field(default_factory=dict)
+    """Each worker's own rollout seconds for its share."""
+    worker_rows: dict[int, int] = field(default_factory=dict)
+    """Requests each worker ran (re-runs included)."""
+    rerun: int = 0
+    """Requests re-run on another worker because theirs died."""
+    dead: list[int] = field(default_factory=list)
+    """Workers that died during the step."""
+    new_tokens: int = 0
+    accepted: int = 0
+    drafted: int = 0
+
+
+class DistributedRolloutSession:
+    """RolloutSession's interface (generate / end_step / stats / save / load) over Ray actors."""
+
+    def __init__(self, model: str, config: DistributedConfig = DistributedConfig(), *,
+                 dtype: str = "float32") -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")  # local: loopback only
+        self.model, self.config, self.dtype = str(model), config, dtype
+        threads = max(1, int(config.cpus_per_worker))
+        self._worker_session = replace(config.session, engine=replace(config.session.engine, num_threads=threads))
+        self._actor_cls = ray.remote(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
+                                     max_restarts=0)(RolloutWorker)
+        self.workers: dict[int, object] = {}
+        self._dead: set[int] = set()
+        self._weights = None
+        for w in range(config.workers):
+            self.workers[w] = self._spawn()
+        ray.get([a.pid.remote() for a in self.workers.values()])  # fail here, not mid-step, if they can't start
+        self.router = make_router(config.router, latency=config.latency, max_len=4096, seed=config.session.seed,
+                                  affinity_slack=config.affinity_slack)
+        self.step = 0
+        self.history: list[DistributedStep] = []
+
+    def _spawn(self):
+        actor = self._actor_cls.remote(self.model, self._worker_session, self.dtype)
+        if self._weights is not None:
+            actor.set_weights.remote(self._weights)
+        return actor
+
+    @property
+    def live_workers(self) -> list[int]:
+        return [w for w in self.workers if w not in self._dead]
+
+    # ------------------------------------------------------------------ the step
+    def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
+                 seeds: Sequence[int] | None = None, sampling: SamplingParams = SamplingParams(),
+                 max_new_tokens: int = 256, stop_token_ids: Sequence[int] | None = None,
+                 on_dispatch: Callable[[dict[int, list[int]]], None] | None = None) -> list[Rollout]:
+        """Generate one step's batch across the workers; rollouts come back in the order of `prompts`.
+        `on_dispatch(worker -> request indices)` is called each time shares are sent out."""
+        ray = _ray()
+        if len(prompts) == 0:
+            raise ValueError("generate() needs at least one prompt")
+        prompts = [list(map(int, p)) for p in prompts]
+        pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
+        if len(pids) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
+        if seeds is None:
+            counter: Counter = Counter()
+            seeds = []
+            for pid in pids:
+                seeds.append(sample_seed(self.config.session.seed, self.step, pid, counter[pid]))
+                counter[pid] += 1
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        t0 = time.perf_counter()
+        info = DistributedStep(step=self.step, rollout_s=0.0)
+        results: list[Rollout | None] = [None] * len(prompts)
+        kw = dict(sampling=sampling, max_new_tokens=max_new_tokens,
+                  stop_token_ids=list(stop_token_ids) if stop_token_ids is not None else None)
+        pending: dict = {}  # ObjectRef -> (worker, request indices)
+
+        def dispatch(todo: list[int]) -> None:
+            live = self.live_workers
+            if not live:
+                raise RuntimeError(f"every rollout worker died during step {self.step}; "
+                                   f"{len(todo)} of {len(prompts)} requests are unfinished")
+            where = self.router.assign(groups_of([pids[i] for i in todo]), live)
+            shares: dict[int, list[int]] = {}
+            for i in todo:
+                shares.setdefault(where[pids[i]], []).append(i)
+            for w, idx in shares.items():
+                ref = self.workers[w].generate.remote([prompts[i] for i in idx], problem_ids=[pids[i] for i in idx],
+                                                      seeds=[int(seeds[i]) for i in idx], **kw)
+                pending[ref] = (w, idx)
+            if on_dispatch is not None:
+                on_dispatch({w: list(idx) for w, idx in shares.items()})
+
+        dispatch(list(range(len(prompts))))
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            w, idx = pending.pop(ref)
+            try:
+                outs, summary = ray.get(ref)
+            except ray.exceptions.RayActorError:  # the worker died: its share runs again elsewhere, now
+                self._dead.add(w)
+                info.dead.append(w)
+                info.rerun += len(idx)
+                dispatch(idx)
+                continue
+            for i, r in zip(idx, outs):
+                results[i] = r
+            info.worker_s[w] = info.worker_s.get(w, 0.0) + summary["rollout_s"]
+            info.worker_rows[w] = info.worker_rows.get(w, 0) + len(outs)
+            info.new_tokens += summary["new_tokens"]
+            info.accepted += summary["accepted"]
+            info.drafted += summary["drafted"]
+        info.rollout_s = time.perf_counter() - t0
+        self.history.append(info)
+        lengths: dict[Hashable, list[int]] = {}
+        for pid, r in zip(pids, results):
+            lengths.setdefault(pid, []).append(len(r.completion_ids))
+        for pid, ls in lengths.items():
+            self.router.observe(pid, ls)
+        return results  # type: ignore[return-value]
+
+    def set_weights(self, state_dict) -> None:
+        """Load new policy weights into every worker (also kept for replacement workers)."""
+        ray = _ray()
+        self._weights = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        ray.get([self.workers[w].set_weights.remote(self._weights) for w in self.live_workers])
+
+    def end_step(self) -> None:
+        """The step's rollouts are final: every worker rolls its window; dead workers are replaced."""
+        ray = _ray()
+        for w in self.live_workers:
+            try:
+                ray.get(self.workers[w].end_step.remote())
+            except ray.exceptions.RayActorError:
+                self._dead.add(w)
+        if self.config.replace_dead:
+            for w in sorted(self._dead):
+                self.workers[w] = self._spawn()
+            self._dead.clear()
+        self.step += 1
+
+    # ----------------------------------------------------------------- reporting
+    def stats(self) -> dict:
+        ray = _ray()
+        per = ray.get([self.workers[w].stats.remote() for w in self.live_workers])
+        keys = ("forwards", "new_tokens", "drafted", "accepted", "store_tokens", "store_bytes")
+        out = {k: sum(p[k] for p in per) for k in keys}
+        out.update(steps=len(self.history), rollout_s=sum(h.rollout_s for h in self.history),
+                   rerun=sum(h.rerun for h in self.history), workers=len(self.live_workers))
+        return out
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, folder: str | os.PathLike) -> None:
+        """Each worker's session under worker-<i>/ (the folder must be visible to the workers: one node
+        or a shared filesystem) and the driver's step and routing state in distributed.json."""
+        ray = _ray()
+        folder = Path(folder).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        ray.get([self.workers[w].save.remote(str(folder / f"worker-{w}")) for w in self.live_workers])
+        write_json(folder / "distributed.json", {"format": "dasrl-distributed/1", "step": self.step,
+                                                  "workers": len(self.workers), "router": self.config.router,
+                                                  "routing": self.router.state_dict()})
+
+    def load(self, folder: str | os.PathLike) -> None:
+        import json
+
+        ray = _ray()
+        folder = Path(folder).resolve()
+        try:
+            state = json.loads((folder / "distributed.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read a distributed session from {folder}: {e}") from None
+        if state.get("format") != "dasrl-distributed/1":
+            raise ValueError(f"{folder / 'distributed.json'}: not a dasrl distributed session "
+                             f"(format {state.get('format')!r})")
+        self.step = int(state["step"])
+        if state.get("router") == self.config.router:
+            self.router.load_state_dict(state["routing"])
+        ray.get([self.workers[w].load.remote(str(folder / f"worker-{w}")) for w in self.live_workers
+                 if (folder / f"worker-{w}").is_dir()])
+
+    def shutdown(self) -> None:
+        """Stop the actors (the Ray runtime stays up)."""
+        ray = _ray()
+        for a in self.workers.values():
+            ray.kill(a)
+        self.workers.clear()

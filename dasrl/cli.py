@@ -21,6 +21,7 @@ REGISTRARS = [
     "dasrl.engine.cli",
     "dasrl.demo.cli",
     "dasrl.sim.cli",
+    "dasrl.integrations.vllm.cli",
     "dasrl.experiments.cli",
 ]
 

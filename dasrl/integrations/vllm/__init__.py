@@ -1,0 +1,17 @@
+"""vLLM integration: the DAS drafter serving vLLM's V1 speculative decoding (vLLM 0.24-0.33).
+
+    from vllm import LLM
+    llm = LLM(model, speculative_config={"method": "custom_class",
+                                         "model": "dasrl.integrations.vllm.DASProposer",
+                                         "num_speculative_tokens": 8},
+              additional_config={"dasrl": {"window": 8, "policy": "das"}})   # optional
+
+See docs/vllm.md. Importing this package does not import vLLM.
+"""
+
+from dasrl.integrations.vllm.config import VLLMDrafterConfig
+from dasrl.integrations.vllm.proposer import DASProposer, DASWorkerExtension, install_runner_hook
+from dasrl.integrations.vllm.tracker import BatchDrafter, DrafterStats
+
+__all__ = ["BatchDrafter", "DASProposer", "DASWorkerExtension", "DrafterStats", "VLLMDrafterConfig",
+           "install_runner_hook"]

@@ -1,0 +1,106 @@
+"""One method of `dasrl bench vllm`, in its own process (vLLM's engine and KV cache are per process):
+
+    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json
+
+Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
+sampled `samples` times, every step; seeds fixed per (step, prompt, sample) so every method sees the same
+random numbers), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
+token ids to OUT.json. The parent (bench.py) compares methods.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("none", "ngram", "suffix", "das", "das-fixed")
+
+_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+
+
+def speculative_config(method: str, k: int) -> dict | None:
+    """vLLM's speculative_config of a bench method (None = no speculation)."""
+    if method == "none":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    if method in ("das", "das-fixed"):
+        return {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer", "num_speculative_tokens": k}
+    raise ValueError(f"unknown vLLM bench method {method!r}; valid: {', '.join(METHODS)}")
+
+
+def _counters(llm) -> dict[str, int]:
+    out = dict.fromkeys(_COUNTERS.values(), 0)
+    for m in llm.get_metrics():
+        if m.name in _COUNTERS:
+            out[_COUNTERS[m.name]] = int(getattr(m, "value", 0) or 0)
+    return out
+
+
+def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
+    ids = []
+    for q in questions:
+        t = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          return_dict=False)
+        ids.append([int(x) for x in t])
+    return ids
+
+
+def run(cfg: dict, method: str) -> dict:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    from dasrl.integrations.vllm.bench import bench_questions
+    from dasrl.models import ensure_hf_folder
+
+    model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
+    das = method.startswith("das")
+    extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"]}} if das else {}
+    t0 = time.perf_counter()
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
+              speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,
+              additional_config=extra, worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension" if das else "")
+    init_s = time.perf_counter() - t0
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = chat_prompts(tok, bench_questions(cfg["prompts"]))
+    steps = []
+    for step in range(cfg["steps"]):
+        reqs, params = [], []
+        for p, ids in enumerate(prompts):
+            for s in range(cfg["samples"]):
+                reqs.append({"prompt_token_ids": ids})
+                params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
+                                             seed=cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s))
+        before = _counters(llm)
+        t = time.perf_counter()
+        outs = llm.generate(reqs, params, use_tqdm=False)
+        wall = time.perf_counter() - t
+        after = _counters(llm)
+        tokens = [list(map(int, o.outputs[0].token_ids)) for o in outs]
+        row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
+               **{k: after[k] - before[k] for k in after}, "outputs": tokens}
+        row["tokens_per_s"] = row["gen_tokens"] / wall if wall > 0 else 0.0
+        steps.append(row)
+        print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "
+              f"accepted {row['accepted']}", file=sys.stderr, flush=True)
+    result = {"method": method, "init_s": init_s, "speculative_config": speculative_config(method, cfg["k"]),
+              "steps": steps}
+    if das:
+        result["dasrl_stats"] = llm.collective_rpc("dasrl_stats")[0]
+    return result
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3:
+        raise SystemExit("usage: python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json")
+    cfg = json.loads(Path(argv[0]).read_text())
+    Path(argv[2]).write_text(json.dumps(run(cfg, argv[1])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,135 @@
+"""DASProposer: the DAS drafter as a vLLM V1 speculative proposer (vLLM 0.24-0.33).
+
+    LLM(model, speculative_config={"method": "custom_class",
+                                   "model": "dasrl.integrations.vllm.DASProposer",
+                                   "num_speculative_tokens": 8},
+        additional_config={"dasrl": {"window": 8}})            # optional, see VLLMDrafterConfig
+
+vLLM builds it inside each worker's model runner (`create_custom_proposer(vllm_config)`) and calls
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` after every step:
+row-indexed arrays with no request ids and no prompt lengths, which a per-problem, per-request drafter
+cannot do without. So the constructor also wraps the runner's `propose_draft_token_ids` (once per
+process, a pass-through for every other drafter) to hand this proposer its runner just before the
+call; `propose` then reads the runner's input batch -- the same view vLLM's own `suffix` proposer gets:
+request ids, prompt lengths, token rows -- after checking that the token buffer it was given *is* that
+batch's buffer. If the hook is missing (a runner class that overrides the method), `propose` raises
+an error saying so instead of drafting from the wrong rows.
+
+Nothing of vLLM is imported at module level; the hook imports vLLM's runner module when installed, in a
+process that has already imported it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from dasrl.integrations.vllm.config import VLLMDrafterConfig
+from dasrl.integrations.vllm.tracker import BatchDrafter
+
+_HOOK_MARK = "_dasrl_binds_proposer"
+
+
+def install_runner_hook() -> bool:
+    """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) so that a DASProposer
+    drafter is bound to its runner before each call. Idempotent; returns True if it was installed now."""
+    from vllm.v1.worker import gpu_model_runner
+
+    cls = gpu_model_runner.GPUModelRunner
+    original = cls.propose_draft_token_ids
+    if getattr(original, _HOOK_MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, DASProposer):
+            drafter.bind(self)
+        return original(self, *args, **kwargs)
+
+    setattr(propose_draft_token_ids, _HOOK_MARK, True)
+    cls.propose_draft_token_ids = propose_draft_token_ids
+    return True
+
+
+class DASProposer:
+    """vLLM `custom_class` proposer backed by a BatchDrafter (DraftStore + length-aware caps)."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        spec = vllm_config.speculative_config
+        if spec is None or not spec.num_speculative_tokens:
+            raise ValueError("DASProposer needs speculative_config with num_speculative_tokens >= 1, got "
+                             f"{spec!r}")
+        extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+        self.config = VLLMDrafterConfig.from_dict(extra.get("dasrl"))
+        model = vllm_config.model_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
+                                    max_model_len=int(model.max_model_len), vocab_size=int(model.get_vocab_size()))
+        self._runner: Any = None
+        install_runner_hook()
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM calls this with the target model; the drafter has no model of its own."""
+
+    def bind(self, runner: Any) -> None:
+        self._runner = runner
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any = None,
+                token_ids_cpu: Any = None, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
+        batch = getattr(self._runner, "input_batch", None)
+        if batch is None or token_ids_cpu is not getattr(batch, "token_ids_cpu", None):
+            runner = type(self._runner).__name__ if self._runner is not None else "none"
+            raise RuntimeError(
+                "DASProposer.propose was called without its runner's input batch (bound runner: "
+                f"{runner}); the hook on GPUModelRunner.propose_draft_token_ids did not run -- this vLLM "
+                "version's runner calls custom proposers differently (dasrl supports vLLM 0.24-0.33)")
+        return self.propose_batch(batch, sampled_token_ids)
+
+    def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
+        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row."""
+        n = len(sampled_token_ids)
+        req_ids = list(input_batch.req_ids[:n])
+        return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
+                                    token_rows=input_batch.token_ids_cpu, num_tokens=input_batch.num_tokens_no_spec[:n],
+                                    sampled=sampled_token_ids, max_new_tokens=self._max_new_tokens(req_ids))
+
+    def _max_new_tokens(self, req_ids: list[str]) -> list[int] | None:
+        requests = getattr(self._runner, "requests", None)
+        if requests is None:
+            return None
+        out = []
+        for rid in req_ids:
+            params = getattr(requests.get(rid), "sampling_params", None)
+            mt = getattr(params, "max_tokens", None)
+            out.append(int(mt) if mt else self.drafter.max_model_len)
+        return out
+
+    def end_step(self) -> None:
+        self.drafter.end_step()
+
+    def stats(self) -> dict:
+        d = self.drafter.stats.as_dict()
+        d.update(live=self.drafter.num_live, indexed_tokens=self.drafter.store.num_tokens,
+                 shards=self.drafter.store.num_shards, store_step=self.drafter.store.step)
+        return d
+
+
+class DASWorkerExtension:
+    """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: lets the
+    caller reach the proposer in the worker processes through `llm.collective_rpc(name)`:
+    `dasrl_end_step` (close the RL step explicitly) and `dasrl_stats` (the drafter's counters)."""
+
+    def _das_proposer(self) -> DASProposer:
+        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
+        if not isinstance(drafter, DASProposer):
+            raise RuntimeError(f"this worker's drafter is {type(drafter).__name__}, not DASProposer: set "
+                               'speculative_config={"method": "custom_class", '
+                               '"model": "dasrl.integrations.vllm.DASProposer", ...}')
+        return drafter
+
+    def dasrl_end_step(self) -> None:
+        self._das_proposer().end_step()
+
+    def dasrl_stats(self) -> dict:
+        return self._das_proposer().stats()

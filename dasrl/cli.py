@@ -23,6 +23,7 @@ REGISTRARS = [
     "dasrl.sim.cli",
     "dasrl.integrations.vllm.cli",
     "dasrl.experiments.cli",
+    "dasrl.integrations.cli",
 ]
 
 for _name in REGISTRARS:

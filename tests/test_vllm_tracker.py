@@ -46,7 +46,8 @@ class Batch:
 
 def drafter(**kw) -> BatchDrafter:
     k = kw.pop("k", 8)
-    return BatchDrafter(VLLMDrafterConfig(**{"policy": "fixed", **kw}), num_speculative_tokens=k, max_model_len=64)
+    return BatchDrafter(VLLMDrafterConfig(**{"policy": "fixed", "max_spec_factor": 0.0, **kw}),
+                        num_speculative_tokens=k, max_model_len=64)
 
 
 def run_to_end(d: BatchDrafter, b: Batch, rid: str, response: list[int]) -> None:
@@ -129,7 +130,7 @@ def test_caps_by_k_and_by_the_context_limit():
     b.drop("a")
     b.add("b", P)
     assert b.step(d, {"b": R1[:1]})["b"] == R1[1:4]
-    tight = BatchDrafter(VLLMDrafterConfig(policy="fixed"), num_speculative_tokens=8, max_model_len=len(P) + 4)
+    tight = BatchDrafter(VLLMDrafterConfig(policy="fixed", max_spec_factor=0.0), num_speculative_tokens=8, max_model_len=len(P) + 4)
     b2 = Batch()
     b2.add("a", P)
     b2.step(tight, {"a": R1[:3]})
@@ -137,6 +138,23 @@ def test_caps_by_k_and_by_the_context_limit():
     b2.add("b", P)
     # 4 tokens in the row, limit 8: room for 3 more positions, minus the target's own token
     assert b2.step(tight, {"b": R1[:1]})["b"] == R1[1:3]
+
+
+def test_drafts_are_capped_by_the_match_length():
+    d, b = drafter(max_spec_factor=1.0), Batch()
+    b.add("a", P)
+    b.step(d, {"a": R1})
+    b.drop("a")
+    b.add("b", Q)  # another prompt whose output happens to start like a's: a 1-token match
+    b.add("c", P)  # a's problem: the whole context (5 tokens) matches
+    d2 = b.step(d, {"b": [R1[0]], "c": [R1[0]]})
+    assert d2["b"] == [] and d2["c"] == R1[1:6]
+    g, b3 = drafter(max_spec_factor=1.0, mode="global"), Batch()
+    b3.add("a", P)
+    b3.step(g, {"a": R1})
+    b3.drop("a")
+    b3.add("b", Q)
+    assert b3.step(g, {"b": [R1[0]]})["b"] == R1[1:2]  # a 1-token match drafts 1 token
 
 
 def test_das_policy_caps_by_length_class():

@@ -31,6 +31,9 @@ class VLLMDrafterConfig:
     """Longest context suffix matched against the index."""
     min_prob: float = 0.0
     """Stop a draft once its path probability falls below this."""
+    max_spec_factor: float = 1.0
+    """A draft is at most max_spec_factor x its match length (0 = no such cap); vLLM's suffix method
+    uses the same rule (1.0): weak matches -- a request with no history yet -- draft little."""
     policy: str = "das"
     """Draft cap per request: das (length-class caps, clipped to num_speculative_tokens) | fixed
     (num_speculative_tokens for every request, like vLLM's own suffix method)."""
@@ -43,6 +46,8 @@ class VLLMDrafterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown dasrl vLLM policy {self.policy!r}; valid: {', '.join(POLICIES)}")
+        if not self.max_spec_factor >= 0:
+            raise ValueError(f"max_spec_factor must be >= 0 (0 = off), got {self.max_spec_factor}")
         if self.step_requests < 0:
             raise ValueError(f"step_requests must be >= 0 (0 = step ends when the batch drains), got "
                              f"{self.step_requests}")

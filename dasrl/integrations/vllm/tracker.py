@@ -16,8 +16,9 @@ This class turns that view into the Drafter protocol of a DraftStore:
   every N departures instead (servers whose batch never drains); requests in flight across such a
   boundary are re-started from their current row.
 
-Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len). The das policy
-classifies each request by its problem's past lengths and its length so far (DASPolicy).
+Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
+max_spec_factor x the draft's match length. The das policy classifies each request by its problem's
+past lengths and its length so far (DASPolicy).
 
 Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 """
@@ -166,8 +167,11 @@ class BatchDrafter:
             req.draft = []
         if live:
             out = self.store.propose([req_ids[i] for i, _ in live], [c for _, c in live])
+            factor = self.config.max_spec_factor
             for (i, _), d in zip(live, out):
                 toks = d.tokens.tolist()
+                if factor > 0:
+                    toks = toks[:int(factor * d.match_len)]
                 drafts[i] = toks
                 self._reqs[req_ids[i]].draft = toks
                 if toks:

@@ -101,6 +101,11 @@ class StepInfo:
     """Seconds in the policy and drafter."""
     verify_s: float
     """Seconds in the forward, sampling and verification."""
+    width: int = 1
+    """Positions per row the forward computed: 1 + the longest draft, padding included (prefill: the
+    longest prompt). The forward's cost follows batch_size x width, not `tokens`."""
+    kv_tokens: int = 0
+    """Cached context tokens the forward read, summed over rows (0 at prefill)."""
 
 
 @dataclass
@@ -239,7 +244,7 @@ class SpecEngine:
         finished = self._retire(cache, live, done, drafter)
         return StepInfo(step=0, batch_size=batch, tokens=int(lens.sum()), new_tokens=new, drafted=0, accepted=0,
                         finished=finished, elapsed_s=time.perf_counter() - t_start, draft_s=0.0,
-                        verify_s=t1 - t0)
+                        verify_s=t1 - t0, width=int(lens.max()), kv_tokens=0)
 
     def _step(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
               policy: BudgetPolicy, step: int, t_start: float) -> StepInfo:
@@ -312,7 +317,8 @@ class SpecEngine:
         t3 = time.perf_counter()
         return StepInfo(step=step, batch_size=batch, tokens=int((1 + n).sum()), new_tokens=new,
                         drafted=int(n.sum()), accepted=acc, finished=finished,
-                        elapsed_s=t3 - t_start, draft_s=t1 - t0, verify_s=t2 - t1 + (t3 - t2))
+                        elapsed_s=t3 - t_start, draft_s=t1 - t0, verify_s=t2 - t1 + (t3 - t2), width=int(q),
+                        kv_tokens=int(lengths.sum()))
 
     # ------------------------------------------------------------------ helpers
     def _drafts(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> list[Draft]:

@@ -8,7 +8,7 @@ import io
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -33,6 +33,8 @@ class RunOptions:
     """Model of the real rollouts: the embedded default, a local HF folder, or a hub id (online only)."""
     command: str = "dasrl experiments"
     """The command line as given (recorded with every result)."""
+    collect: tuple[tuple[str, int], ...] = ()
+    """Overrides of the collection run's CollectConfig fields, as (name, value) pairs."""
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Context:
 
             cfg = CollectConfig.quick(self.options.model) if self.options.quick else CollectConfig(
                 model=self.options.model)
-            self._collection = ensure_collection(cfg, self)
+            self._collection = ensure_collection(replace(cfg, **dict(self.options.collect)), self)
         return self._collection
 
     @contextmanager
@@ -162,10 +164,23 @@ def run_experiment(exp: Experiment, ctx: Context) -> dict:
     outcome.figure(png)
     doc = {"format": "dasrl-experiment/1", "name": exp.name, "title": exp.title, "paper": exp.paper,
            "source": outcome.source, "quick": ctx.options.quick, "command": ctx.options.command,
-           "rerun": f"dasrl experiments {exp.name} --out {ctx.options.out}" + (" --quick" if ctx.options.quick else ""),
+           "rerun": " ".join([f"dasrl experiments {exp.name} --out {ctx.options.out}"] + (["--quick"] if ctx.options.quick else [])
+                             + [f"--{k.replace('_', '-')} {v}" for k, v in ctx.options.collect]),
+           "collect": dict(ctx.options.collect),
+           "collection": _collection_note(ctx),
            "summary": outcome.summary, "comparison": outcome.comparison, "table": outcome.table,
            "details": outcome.details, "figure": png.name, "seconds": round(time.perf_counter() - t0, 1),
            "load_before": load0, "load_after": load_avg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(folder / f"{exp.name}.json", doc)
     write_csv(folder / f"{exp.name}.csv", outcome.rows)
     return doc
+
+
+def _collection_note(ctx: Context) -> str | None:
+    """One line on the collection run the experiment used (None if it used none)."""
+    col = ctx._collection
+    if col is None:
+        return None
+    c = col.config
+    return (f"GRPO collection run: {c.steps} steps x {c.prompts} prompts x {c.samples} samples, <= {c.max_new_tokens} "
+            f"tokens, T={c.temperature}, engine variants on steps {c.variant_steps} ({col.wall_s / 60:.1f} min)")

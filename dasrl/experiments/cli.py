@@ -27,6 +27,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = typer.Option("smollm2-135m", help="Model of the real rollouts."),
+        steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 32; quick 3)."),
+        prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3)."),
+        samples: Optional[int] = typer.Option(None, help="Collection run: samples per problem (default 6; quick 3)."),
+        max_new_tokens: Optional[int] = typer.Option(None, help="Collection run: tokens per sample (default 128; "
+                                                                "quick 48)."),
+        variant_every: Optional[int] = typer.Option(None, help="Collection run: engine variants every N steps "
+                                                               "(default 8; quick 3)."),
     ) -> None:
         """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
         the simulator where a figure needs paper scale."""
@@ -38,9 +45,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             chosen = select(list(names or []))
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="NAME") from None
+        collect = tuple((k, v) for k, v in dict(steps=steps, prompts=prompts, samples=samples,
+                                                 max_new_tokens=max_new_tokens, variant_every=variant_every).items()
+                        if v is not None)
+        for k, v in collect:
+            if v < 1:
+                raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command), console)
+        ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect), console)
         done, t0 = [], time.perf_counter()
         for i, exp in enumerate(chosen):
             console.rule(f"[{i + 1}/{len(chosen)}] {exp.name}: {exp.title} ({exp.paper})")

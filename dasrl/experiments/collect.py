@@ -31,7 +31,7 @@ from dasrl.experiments.base import load_avg
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
 from dasrl.rollout.trace import Trace, TraceWriter, read_trace
 
-FORMAT = "dasrl-experiments-collect/1"
+FORMAT = "dasrl-experiments-collect/2"
 UNBOUNDED_CAP = ClassCaps().long
 """Draft cap of the unbounded variant: the most DAS ever gives a request (its long class)."""
 NO_ALLOWANCE = 1 << 20
@@ -72,7 +72,7 @@ class CollectConfig:
 
     @staticmethod
     def quick(model: str = "smollm2-135m") -> "CollectConfig":
-        return CollectConfig(model=model, steps=4, prompts=4, samples=4, max_new_tokens=64, variant_every=4)
+        return CollectConfig(model=model, steps=3, prompts=3, samples=3, max_new_tokens=48, variant_every=3)
 
     @property
     def variant_steps(self) -> list[int]:
@@ -127,7 +127,9 @@ VARIANTS: tuple[Variant, ...] = (
 BASELINE = "none"
 
 
-def summary_dict(s: StepSummary, points: int = 300) -> dict:
+def summary_dict(s: StepSummary, shapes: list[list[int]], draft_s: float, points: int = 300) -> dict:
+    """What the experiments keep of one rollout: totals, the batch curve, and each forward's shape
+    [rows, positions per row (padding included), cached context tokens read] for the latency model."""
     curve = s.batch_curve
     if len(curve) > points:
         idx = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
@@ -135,7 +137,8 @@ def summary_dict(s: StepSummary, points: int = 300) -> dict:
     return {"rollout_s": round(s.rollout_s, 4), "forwards": s.forwards, "row_forwards": s.row_forwards,
             "new_tokens": s.new_tokens, "drafted": s.drafted, "accepted": s.accepted,
             "accepted_per_forward": round(s.accepted_per_forward, 4),
-            "batch_curve": [[round(t, 4), int(b)] for t, b in curve]}
+            "batch_curve": [[round(t, 4), int(b)] for t, b in curve], "shapes": shapes,
+            "draft_s": round(draft_s, 4)}
 
 
 @dataclass
@@ -199,21 +202,21 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                       f"(<= {cfg.max_new_tokens} tokens); engine variants on steps {cfg.variant_steps}")
     with ctx.progress("collecting rollouts", total) as advance:
         for step in range(cfg.steps):
-            def roll(name: str, sess: RolloutSession, seeds=None) -> tuple[list[Rollout], StepSummary]:
-                seen = [0]
+            def roll(name: str, sess: RolloutSession, seeds=None) -> tuple[list[Rollout], dict]:
+                seen, shapes = [0], []
 
                 def tick(info) -> None:
                     advance(info.finished, note=f"step {step} {name}: {info.batch_size} live")
                     seen[0] += info.finished
+                    shapes.append([info.batch_size, info.width, info.kv_tokens])
 
                 out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,
                                     max_new_tokens=cfg.max_new_tokens, on_step=tick)
                 advance(len(prompts) - seen[0])
-                return out, sess.history[-1]
+                return out, summary_dict(sess.history[-1], shapes, sess.engine.last_run.draft_s)
 
             rec = {"step": step, "load": load_avg()}
-            ref, summ = roll(BASELINE, base)
-            rec["baseline"] = summary_dict(summ)
+            ref, rec["baseline"] = roll(BASELINE, base)
             rec["variants"] = {}
             seeds = [r.seed for r in ref]
             for v in VARIANTS:
@@ -221,9 +224,8 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                 if step in cfg.variant_steps:
                     if v.oracle:
                         sess.drafter = OracleDrafter({(sess.step, i): r.completion_ids for i, r in enumerate(ref)})
-                    out, s = roll(v.name, sess, seeds)
+                    out, rec["variants"][v.name] = roll(v.name, sess, seeds)
                     _check_identical(v.name, step, ref, out)
-                    rec["variants"][v.name] = summary_dict(s)
                 else:
                     sess.record(ref)
             rewards = score(tok, ref, answers, step=step)
@@ -237,6 +239,9 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
             for sess in sessions.values():
                 sess.end_step()
             records.append(rec)
+            var = "  ".join(f"{k} {v['rollout_s']:.1f}s" for k, v in rec["variants"].items())
+            ctx.console.print(f"step {step}: baseline {rec['baseline']['rollout_s']:.1f}s, train {rec['train_s']:.1f}s"
+                              f"{'  ' + var if var else ''}  (load {rec['load'][0] if rec['load'] else '?'})")
     wall = time.perf_counter() - t_start
     write_json(folder / "collect.json", {"format": FORMAT, "key": cfg.key(), "config": asdict(cfg),
                                          "variants": {v.name: v.description for v in VARIANTS},

@@ -62,12 +62,12 @@ def run(ctx: Context) -> Outcome:
     comparison = (
         f"Paper Fig. 8: forward time on a GPU is linear in the tokens of the forward with a large fixed "
         f"part, and the fit's relative error is small. Here (CPU, real engine forwards, {len(samples)} shapes, "
-        f"median of {grid.repeats}): the linear fit gives c_base = {linear.c_base * 1e3:.1f} ms and c_tok = "
+        f"median of {grid.repeats}, on a shared machine): the linear fit gives c_base = {linear.c_base * 1e3:.1f} ms and c_tok = "
         f"{linear.c_tok * 1e3:.2f} ms/token, mean relative error {lin_err:.1%} (max {lin_rel.max():.0%}); adding "
         f"the KV-read term (c_other = {full.c_other * 1e6:.2f} µs per row-context token) brings it to "
         f"{full_err:.1%} (max {full_rel.max():.0%}). The form holds; the ratio does not: on 2 CPU cores a token "
-        f"costs {linear.c_tok / max(linear.c_base, 1e-12):.1%} of a forward's base (the paper's GPU: about "
-        f"0.1%), so draft tokens are far from free here and the per-forward allowance keeps drafts to the "
+        f"costs {linear.c_tok / max(linear.c_base, 1e-12):.1%} of a forward's base (the simulator's assumed "
+        f"7B-on-GPU model: 0.1%), so draft tokens are far from free here and the per-forward allowance keeps drafts to the "
         f"collapsed tail.")
     return Outcome(summary={"c_base_ms": round(linear.c_base * 1e3, 2), "c_tok_ms": round(linear.c_tok * 1e3, 4),
                             "linear_rel_error": round(lin_err, 4), "kv_fit_rel_error": round(full_err, 4)},

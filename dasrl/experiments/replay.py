@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+import numpy as np
+
 from dasrl.drafter.base import Draft, Drafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.rollout.trace import Response
@@ -128,12 +130,13 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
 
 
 def totals(steps: Sequence[ReplayStep], *, skip_first: bool = True) -> dict:
-    """Token-weighted means over the steps (step 0 left out by default: no history yet)."""
+    """Over the steps (step 0 left out by default: no history yet): acceptance pooled over all rounds;
+    propose times as the median over steps (the machine is shared: a median resists load spikes)."""
     use = list(steps[1:] if skip_first and len(steps) > 1 else steps)
     tokens = sum(s.tokens for s in use)
     rounds = sum(s.tokens / s.tokens_per_round for s in use if s.tokens_per_round)
     return {"accepted_per_round": round(sum(s.accepted for s in use) / max(rounds, 1), 4),
             "tokens_per_round": round(tokens / max(rounds, 1), 4),
-            "propose_us_per_token": round(sum(s.propose_us_per_token * s.tokens for s in use) / max(tokens, 1), 3),
-            "propose_us_per_row": round(sum(s.propose_us_per_row for s in use) / max(len(use), 1), 3),
+            "propose_us_per_token": round(float(np.median([s.propose_us_per_token for s in use])), 3) if use else 0.0,
+            "propose_us_per_row": round(float(np.median([s.propose_us_per_row for s in use])), 3) if use else 0.0,
             "steps": len(use)}

@@ -1,0 +1,35 @@
+"""Rollout time two ways. Measured: wall seconds of the rollout (the machine is shared, so this carries
+other jobs' load). Modeled: the fitted forward-latency model (experiment 6) applied to every forward the
+rollout actually ran (rows x positions per row, padding included, and the context it read), plus the
+measured drafting time: what the same forwards cost on this machine unloaded. Both are reported."""
+
+from __future__ import annotations
+
+import json
+
+from dasrl.policy.latency import LatencyModel
+from dasrl.rollout.session import CPU_LATENCY
+
+
+def latency_model(ctx) -> tuple[LatencyModel, str]:
+    """Experiment 6's fit (with the KV term) when it ran under this out folder, else the default CPU model."""
+    f = ctx.options.out / "latency" / "latency.json"
+    if f.exists():
+        d = json.loads(f.read_text())
+        return LatencyModel.from_dict(d["details"]["with_kv"], source=str(f)), "fitted in experiment 6"
+    return CPU_LATENCY, "dasrl's default CPU model (experiment 6 not run yet)"
+
+
+def modeled_s(summary: dict, latency: LatencyModel) -> float:
+    """Modeled seconds of one recorded rollout (see the module docstring)."""
+    fwd = sum(float(latency.predict(rows * width, kv)) for rows, width, kv in summary["shapes"])
+    return fwd + summary.get("draft_s", 0.0)
+
+
+def modeled_curve(summary: dict, latency: LatencyModel) -> list[list[float]]:
+    """[(modeled end time of forward k, live rows)]: the batch curve on the modeled clock."""
+    t, out = 0.0, []
+    for rows, width, kv in summary["shapes"]:
+        t += float(latency.predict(rows * width, kv))
+        out.append([round(t, 4), rows])
+    return out

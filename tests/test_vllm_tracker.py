@@ -130,7 +130,8 @@ def test_caps_by_k_and_by_the_context_limit():
     b.drop("a")
     b.add("b", P)
     assert b.step(d, {"b": R1[:1]})["b"] == R1[1:4]
-    tight = BatchDrafter(VLLMDrafterConfig(policy="fixed", max_spec_factor=0.0), num_speculative_tokens=8, max_model_len=len(P) + 4)
+    tight = BatchDrafter(VLLMDrafterConfig(policy="fixed", max_spec_factor=0.0), num_speculative_tokens=8,
+                         max_model_len=len(P) + 4)
     b2 = Batch()
     b2.add("a", P)
     b2.step(tight, {"a": R1[:3]})

@@ -132,7 +132,8 @@ def summarise(result: dict, baseline: dict | None) -> dict:
     if "dasrl_stats" in result:
         row["dasrl_stats"] = result["dasrl_stats"]
     if baseline is not None:
-        pairs = [(a, b) for sa, sb in zip(result["steps"], baseline["steps"]) for a, b in zip(sa["outputs"], sb["outputs"])]
+        pairs = [(a, b) for sa, sb in zip(result["steps"], baseline["steps"])
+                 for a, b in zip(sa["outputs"], sb["outputs"])]
         row["outputs_compared"] = len(pairs)
         row["outputs_identical_to_none"] = sum(a == b for a, b in pairs)
         base = summarise(baseline, None)["tokens_per_s_median_later_steps"]

@@ -20,7 +20,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("vllm")
     def bench_vllm(
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, uptime and rows as JSON here."),
-        methods: str = typer.Option("none,ngram,suffix,das", help="Comma-separated: none, ngram, suffix, das, das-fixed."),
+        methods: str = typer.Option("none,ngram,suffix,das",
+                                    help="Comma-separated: none, ngram, suffix, das, das-fixed."),
         model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder."),
         prompts: int = typer.Option(6, help="Distinct prompts."),
         samples: int = typer.Option(4, help="Samples per prompt per step."),

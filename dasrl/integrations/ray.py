@@ -54,8 +54,9 @@ class DistributedConfig:
     """Ray CPUs each actor reserves (also its torch threads, at least 1)."""
     gpus_per_worker: float = 0.0
     """Ray GPUs each actor reserves."""
-    affinity_slack: float = 0.05
-    """A problem stays on the worker holding its history unless moving saves more than this fraction."""
+    affinity_slack: float = 1.0
+    """A problem stays on the worker holding its history unless that worker's predicted time exceeds the
+    best placement's by more than this fraction (history locality beats fine balance: docs/distributed.md)."""
     replace_dead: bool = True
     """Start a fresh actor in a dead one's place after the step."""
     session: SessionConfig = SessionConfig()

@@ -6,7 +6,9 @@ set by its longest request (the long tail), the per-token term by everything it 
 length-aware router predicts both from each problem's length history and places problems
 longest-first on the worker whose predicted time grows least (LPT), so predicted-long problems are
 interleaved across workers, as DAS does across GPUs. A problem stays on the worker that holds its
-history unless moving it saves more than `affinity_slack` of that worker's predicted time.
+history unless that worker's predicted time exceeds the best placement's by more than `affinity_slack`
+(default 1.0: losing a problem's drafter history costs more than a fine balance gains, measured in
+the simulator, docs/distributed.md).
 
 Round-robin and random routing (also problem-grouped) are the baselines.
 """
@@ -120,7 +122,7 @@ class LengthAwareRouter:
 
     name = "length"
 
-    def __init__(self, *, latency: LatencyModel, max_len: int, affinity_slack: float = 0.05, prior: float = 4.0,
+    def __init__(self, *, latency: LatencyModel, max_len: int, affinity_slack: float = 1.0, prior: float = 4.0,
                  grid: int = 128, lengths: LengthConfig = LengthConfig()) -> None:
         if affinity_slack < 0 or prior < 0 or grid < 2:
             raise ValueError(f"need affinity_slack >= 0, prior >= 0, grid >= 2; got {affinity_slack}, {prior}, "
@@ -199,7 +201,7 @@ ROUTERS = ("length", "round_robin", "random")
 
 
 def make_router(name: str, *, latency: LatencyModel, max_len: int, seed: int = 0,
-                affinity_slack: float = 0.05) -> Router:
+                affinity_slack: float = 1.0) -> Router:
     """A router by name: length | round_robin | random."""
     makers = {
         "length": lambda: LengthAwareRouter(latency=latency, max_len=max_len, affinity_slack=affinity_slack),

@@ -60,7 +60,8 @@ def test_drafter_override_and_record(smollm, chat_prompts):
     prompts = [chat_prompts[0]] * 2 + [chat_prompts[6]] * 2
     sp = SamplingParams(temperature=0.7, top_p=0.95)
     off = RolloutSession(model, tok, SessionConfig(speculate=False))
-    ngram = RolloutSession(model, tok, SessionConfig(speculate=True, policy="fixed"), drafter=NGramDrafter())
+    ngram = RolloutSession(model, tok, SessionConfig(speculate=True, policy="fixed", policy_kw=(("k", 4),)),
+                           drafter=NGramDrafter())
     late = RolloutSession(model, tok, SessionConfig(speculate=True, policy="das"))
     assert ngram.store is None and isinstance(ngram.drafter, NGramDrafter) and late.store is not None
     with pytest.raises(ValueError, match="speculate is False"):

@@ -65,11 +65,11 @@ def run(ctx: Context) -> Outcome:
                   label=k, color=colors[k])
         a.set_xticks(range(len(real_rows)), [f"step {r['step']}" for r in real_rows])
         a.set_ylabel("modeled rollout time (s)")
-        a.set_title("real engine, SmolLM2-135M (latency model x forwards run)")
+        a.set_title("real engine, SmolLM2-135M (modeled)", fontsize=10)
         a.legend(fontsize=8)
         b.bar(names, [sim_t[k] for k in names], color=[colors[k] for k in names])
         b.set_ylabel("simulated makespan (s)")
-        b.set_title(f"simulator: long-tail x{scale}, 7B-on-GPU latency")
+        b.set_title(f"simulator: long-tail x{scale}, 7B-on-GPU latency", fontsize=10)
         for ax in (a, b):
             ax.grid(alpha=0.3, axis="y")
         save_figure(fig, path)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dasrl.atomic import atomic_write, write_json
 
 REAL = "real rollouts (SmolLM2-135M, this machine)"
+REAL_FORWARDS = "real engine forwards (SmolLM2-135M, this machine)"
 SIM = "simulator (synthetic workload, assumed 7B-on-GPU latency)"
 
 

@@ -44,7 +44,7 @@ class CollectConfig:
 
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
-    steps: int = 32
+    steps: int = 24
     """GRPO steps (every prompt comes back each step)."""
     prompts: int = 6
     """Distinct problems."""

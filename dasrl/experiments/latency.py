@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
-from dasrl.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
+from dasrl.experiments.base import REAL_FORWARDS, Context, Experiment, Outcome, pyplot, save_figure
 from dasrl.policy.latency import LatencyModel
 
 
@@ -71,7 +71,7 @@ def run(ctx: Context) -> Outcome:
         f"collapsed tail.")
     return Outcome(summary={"c_base_ms": round(linear.c_base * 1e3, 2), "c_tok_ms": round(linear.c_tok * 1e3, 4),
                             "linear_rel_error": round(lin_err, 4), "kv_fit_rel_error": round(full_err, 4)},
-                   rows=rows, figure=figure, comparison=comparison,
+                   rows=rows, figure=figure, comparison=comparison, source=REAL_FORWARDS,
                    details={"linear": linear.to_dict(), "with_kv": full.to_dict(), "grid": {
                        "batch_sizes": grid.batch_sizes, "tokens_per_row": grid.tokens_per_row,
                        "contexts": grid.contexts, "repeats": grid.repeats}},

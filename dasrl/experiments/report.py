@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from dasrl.atomic import atomic_write
+from dasrl.experiments.ablation import sim_scale
+from dasrl.experiments.collect import CollectConfig
 from dasrl.experiments.registry import EXPERIMENTS
 
 
@@ -56,8 +58,21 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
              "average recorded in each JSON) in a GRPO loop like `dasrl demo`'s; **simulator** numbers are "
              "predictions of `dasrl.sim` on a synthetic workload with an assumed 7B-on-GPU latency, used where a "
              "figure needs paper scale.", "",
+             "Rollout times are given two ways. *Measured*: wall seconds. *Modeled*: the forward-latency model "
+             "applied to every forward the engine actually ran (rows x positions per row, padding included, and "
+             "the context read) plus the measured drafting time — what the same forwards cost on a quiet machine "
+             "(experiment 6's fit when it fits within 15%, else the unloaded CPU figures of DESIGN.md). On a "
+             "machine shared with other jobs the wall clock swings by several x between runs minutes apart "
+             "(compare the baseline and oracle wall times of the same step in section 9), so comparisons lean on "
+             "the modeled times; both are in every table and JSON.", "",
              "Figures, numbers (JSON, CSV) and the cached collection run live under the out folder; the PNGs "
              "below are copies.", ""]
+    if kinds == ["quick"]:
+        full = CollectConfig()
+        lines += [f"**This is the quick run.** The full set is `dasrl experiments --out runs/experiments` (collection: "
+                  f"{full.steps} GRPO steps x {full.prompts} prompts x {full.samples} samples, <= {full.max_new_tokens} "
+                  f"tokens, variants every {full.variant_every} steps; calibrate's full grid; the simulator at scale "
+                  f"{sim_scale(False)[0]}).", ""]
     number = {name: i + 1 for i, name in enumerate(EXPERIMENTS)}
     lines += md_table([{"#": number[d["name"]], "experiment": d["name"], "paper": d["paper"], "source": d["source"],
                         "seconds": d["seconds"]} for d in docs])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
@@ -31,7 +30,7 @@ from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, sample_seed
+from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, sample_indices, sample_seed
 
 
 def _ray():
@@ -177,11 +176,8 @@ class DistributedRolloutSession:
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
         if seeds is None:
-            counter: Counter = Counter()
-            seeds = []
-            for pid in pids:
-                seeds.append(sample_seed(self.config.session.seed, self.step, pid, counter[pid]))
-                counter[pid] += 1
+            seeds = [sample_seed(self.config.session.seed, self.step, pid, k)
+                     for pid, k in zip(pids, sample_indices(pids))]
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         t0 = time.perf_counter()

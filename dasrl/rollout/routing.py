@@ -156,9 +156,10 @@ class LengthAwareRouter:
         return float(np.sum(1.0 - np.exp(samples * log_f)) * dx), samples * mean
 
     def _grid(self) -> tuple[np.ndarray, float, np.ndarray]:
-        top = max(self.lengths.max_len, int(self.lengths.pooled().max(initial=0)))
+        pooled = np.sort(self.lengths.pooled())
+        top = max(self.lengths.max_len, int(pooled[-1]) if pooled.size else 0)
         xs = np.linspace(0.0, top, self.grid + 1)[:-1]  # left edges: P(max > x) over [x, x + dx)
-        return xs, top / self.grid, np.sort(self.lengths.pooled())
+        return xs, top / self.grid, pooled
 
     def assign(self, groups: Sequence[Group], workers: Sequence[int]) -> dict[Hashable, int]:
         _check(groups, workers)

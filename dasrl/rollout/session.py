@@ -107,6 +107,16 @@ def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> 
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
+def sample_indices(problem_ids: Sequence[Hashable]) -> list[int]:
+    """Each request's index among the samples of its problem, in order: [a, a, b, a] -> [0, 1, 0, 2]."""
+    counter: Counter = Counter()
+    out = []
+    for pid in problem_ids:
+        out.append(counter[pid])
+        counter[pid] += 1
+    return out
+
+
 class RolloutSession:
     """See the module docstring. `drafter` (optional) replaces the DraftStore that `config.store`
     describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
@@ -142,11 +152,7 @@ class RolloutSession:
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
-        counter: Counter = Counter()
-        samples = []
-        for pid in pids:
-            samples.append(counter[pid])
-            counter[pid] += 1
+        samples = sample_indices(pids)
         if seeds is None:
             seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         t0 = time.perf_counter()

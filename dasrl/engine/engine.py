@@ -32,7 +32,7 @@ import torch
 from dasrl.drafter.base import EMPTY_DRAFT, Draft, Drafter, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
-from dasrl.engine.sampling import SamplingParams, sample, uniforms
+from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import depths, verify
 from dasrl.engine.rows import Job, Row, validate_job
 from dasrl.policy.base import BudgetPolicy, NoSpeculation
@@ -230,8 +230,8 @@ class SpecEngine:
         last = torch.as_tensor(lens - 1)  # [B]
         logits = self._forward(cache, ids=torch.as_tensor(ids), pos=pos, slots=pos.clone(),
                                mask=mask, view_len=width, rows=torch.arange(batch), cols=last)  # [B, V]
-        u = uniforms(np.array([r.seed for r in live]), np.zeros(batch, dtype=np.int64))
-        tokens, logps = sample(logits, job.sampling, u)
+        tokens, logps = draw(logits, job.sampling, seeds=np.array([r.seed for r in live]),
+                             positions=np.zeros(batch, dtype=np.int64))
         cache.lengths[:batch] = lens
         new = 0
         for b, r in enumerate(live):
@@ -291,7 +291,7 @@ class SpecEngine:
         # Targets at every real input position, with the uniforms of their output positions.
         seeds = np.concatenate([np.full(1 + len(d), r.seed) for r, d in zip(live, drafts)])
         outpos = np.concatenate([len(r.out) + np.concatenate([[0], 1 + dep]) for r, dep in zip(live, node_depth)])
-        tokens, logps = sample(logits, job.sampling, uniforms(seeds, outpos))  # [N] each
+        tokens, logps = draw(logits, job.sampling, seeds=seeds, positions=outpos)  # [N] each
         starts = np.concatenate([[0], np.cumsum(1 + n)])
         verdicts = [verify(d, tokens[starts[b] : starts[b + 1]]) for b, d in enumerate(drafts)]
         t2 = time.perf_counter()

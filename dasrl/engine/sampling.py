@@ -126,3 +126,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, u: np.ndarray) -> tuple
         tokens[bad] = ((probs[bad] > 0) * (ids + 1)).argmax(dim=-1)
         chosen = probs.gather(1, tokens[:, None]).squeeze(1)
     return tokens.numpy().astype(np.int64), torch.log(chosen).numpy()
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
+         positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's entry point: one token per row of logits [n, V] for request seeds [n] at output
+    positions [n]; ([n] int64 tokens, [n] float64 logprobs). A pure function of (logits row, seed, position)."""
+    return sample(logits, params, uniforms(seeds, positions))

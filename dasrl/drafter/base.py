@@ -64,6 +64,88 @@ EMPTY_DRAFT = Draft(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np
 
 
 @dataclass(frozen=True)
+class DraftBatch:
+    """The drafts of a whole batch in flat arrays (the hot path: no Python object per request).
+
+    Request i owns nodes [offsets[i], offsets[i+1]); its parents index its own nodes (ROOT = -1).
+    """
+
+    tokens: np.ndarray
+    """[total] int32: draft token ids of every request, laid end to end."""
+    parents: np.ndarray
+    """[total] int32: parent of each node within its own request's draft (ROOT for a child of the context)."""
+    probs: np.ndarray
+    """[total] float64: path probability of each node."""
+    offsets: np.ndarray
+    """[n+1] int64: request i's nodes are tokens[offsets[i]:offsets[i+1]]."""
+    match_len: np.ndarray
+    """[n] int64: matched suffix length per request (0 = no match)."""
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[n] int64: draft tokens per request."""
+        return np.diff(self.offsets)
+
+    def draft(self, i: int) -> Draft:
+        """Request i's draft as a Draft (views into the flat arrays)."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return Draft(self.tokens[a:b], self.parents[a:b], self.probs[a:b], int(self.match_len[i]))
+
+    def drafts(self) -> list[Draft]:
+        return [self.draft(i) for i in range(len(self))]
+
+    @staticmethod
+    def empty(n: int) -> "DraftBatch":
+        return DraftBatch(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64),
+                          np.zeros(n + 1, np.int64), np.zeros(n, np.int64))
+
+    @staticmethod
+    def from_drafts(drafts: Sequence[Draft]) -> "DraftBatch":
+        if not drafts:
+            return DraftBatch.empty(0)
+        offsets = np.zeros(len(drafts) + 1, np.int64)
+        np.cumsum([len(d) for d in drafts], out=offsets[1:])
+        cat = (lambda xs, dt: np.concatenate(xs).astype(dt, copy=False))
+        return DraftBatch(cat([d.tokens for d in drafts], np.int32), cat([d.parents for d in drafts], np.int32),
+                          cat([d.probs for d in drafts], np.float64), offsets,
+                          np.array([d.match_len for d in drafts], np.int64))
+
+    def capped(self, caps: np.ndarray) -> "DraftBatch":
+        """Each request's draft cut to its first caps[i] nodes (topological order keeps it a valid tree)."""
+        lens = self.lengths
+        keep_n = np.minimum(lens, np.maximum(np.asarray(caps, np.int64), 0))  # [n]
+        if np.array_equal(keep_n, lens):
+            return self
+        start = np.repeat(self.offsets[:-1], lens)  # [total]: each node's request start
+        rank = np.arange(len(self.tokens)) - start  # [total]: index within its request
+        keep = rank < np.repeat(keep_n, lens)
+        offsets = np.zeros_like(self.offsets)
+        np.cumsum(keep_n, out=offsets[1:])
+        return DraftBatch(self.tokens[keep], self.parents[keep], self.probs[keep], offsets, self.match_len)
+
+
+def propose_flat(drafter: "Drafter", req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
+    """The batch's drafts as a DraftBatch: the drafter's own flat path if it has one, else its Drafts."""
+    fast = getattr(drafter, "propose_flat", None)
+    if fast is not None:
+        return fast(req_ids, budgets)
+    return DraftBatch.from_drafts(list(drafter.propose(req_ids, budgets)))
+
+
+def observe_batch(drafter: "Drafter", req_ids: Sequence[Hashable], tokens: Sequence[Sequence[int]]) -> None:
+    """Each request's newly emitted tokens, in one call where the drafter has a batch path."""
+    fast = getattr(drafter, "observe_batch", None)
+    if fast is not None:
+        fast(req_ids, tokens)
+        return
+    for rid, toks in zip(req_ids, tokens):
+        drafter.observe(rid, toks)
+
+
+@dataclass(frozen=True)
 class DraftParams:
     """How a suffix drafter turns a match into a draft."""
 

@@ -119,3 +119,60 @@ def test_writer_refuses_mixed_steps_and_partial_logprobs(tmp_path):
         TraceWriter(tmp_path / "w").write_step([resp(0, 1, 0), resp(1, 1, 0)])
     with pytest.raises(TraceError, match="every response or for none"):
         to_table([resp(0, 1, 0, lp=True), resp(0, 1, 1)])
+
+
+def test_ids_beyond_int32_are_refused_not_wrapped(tmp_path):
+    # 2**32 + 7 would be stored as int32 7: refused at write, and a foreign int64 file is refused at read
+    for ids in ([2**32 + 7], np.array([2**32 + 7], np.int64), [2**70], [-1]):
+        with pytest.raises(TraceError, match=r"response 0: response_ids has token id -?\d+, outside \[0, 2\*\*31\)"):
+            write_trace(tmp_path / "w.parquet", [Response(0, 1, 0, [1], ids)])
+    with pytest.raises(TraceError, match="response 0: prompt_ids must be a 1-D"):
+        write_trace(tmp_path / "w.parquet", [Response(0, 1, 0, np.ones((2, 2), np.int64), [1])])
+    p = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"step": [0], "problem_id": [1], "sample": [0],
+                             "prompt_ids": pa.array([[1]], pa.list_(pa.int64())),
+                             "response_ids": pa.array([[5, 2**32 + 7]], pa.list_(pa.int64())),
+                             "reward": pa.array([None], pa.float64()), "finish_reason": ["stop"]}), p)
+    with pytest.raises(TraceError, match=r"row 0, column 'response_ids': token id 4294967303 at position 1 "
+                                         r"is too large for int32"):
+        read_trace(p)
+    assert not (tmp_path / "w.parquet").exists()
+
+
+def test_zero_row_file_is_refused(tmp_path):
+    p = _write_raw(tmp_path / "e.parquet", step=[], problem_id=[], sample=[], prompt_ids=[], response_ids=[],
+                   reward=pa.array([], pa.float64()), finish_reason=[])
+    with pytest.raises(TraceError, match=r"e.parquet: holds no rows"):
+        read_trace(p)
+    d = tmp_path / "d"
+    d.mkdir()
+    write_trace(d / "step-000000.parquet", [resp(0, 1, 0)])
+    os.replace(p, d / "step-000001.parquet")
+    with pytest.raises(TraceError, match=r"step-000001.parquet: holds no rows"):
+        read_trace(d)
+
+
+@pytest.mark.parametrize("raw, msg", [("abc", "vocab_size is b'abc', not an integer"),
+                                      ("1e5", "not an integer"), ("0", r"vocab_size must be an int in \[1, 2\*\*31\], got 0"),
+                                      ("-3", "got -3"), ("\xff", "not an integer")])
+def test_bad_vocab_size_metadata(tmp_path, raw, msg):
+    p = tmp_path / "v.parquet"
+    t = pa.table({"step": [0], "problem_id": [1], "sample": [0], "prompt_ids": [[1]], "response_ids": [[2]],
+                  "reward": pa.array([None], pa.float64()), "finish_reason": ["stop"]})
+    pq.write_table(t.replace_schema_metadata({"vocab_size": raw}), p)
+    with pytest.raises(TraceError, match=msg):
+        read_trace(p)
+
+
+def test_mixed_int_and_string_problem_ids(tmp_path):
+    with pytest.raises(TraceError, match=r"problem ids mix int and str \(1 and 'a' at response 1\)"):
+        write_trace(tmp_path / "m.parquet", [resp(0, 1, 0), resp(0, "a", 0)])
+    with pytest.raises(TraceError, match=r"response 0: problem_id must be an int or a str, got 1.5"):
+        write_trace(tmp_path / "m.parquet", [resp(0, 1.5, 0)])
+    d = tmp_path / "d"
+    w = TraceWriter(d)
+    w.write_step([resp(0, 1, 0)])
+    w.write_step([resp(1, "a", 0)])  # each file alone is fine; together they mix
+    with pytest.raises(TraceError, match=r"step-000001.parquet: problem ids are strings but .*step-000000.parquet "
+                                         r"has integers"):
+        read_trace(d)

@@ -10,6 +10,8 @@ os.replace): appending a step costs that step only, and a crash leaves complete 
 partial one. `write_trace` writes a single file atomically.
 
 `read_trace` validates everything a simulator or trainer relies on and names the bad row and column.
+Files are written with Parquet page checksums, and read with them verified, so a flipped bit in a data
+page is an error rather than a silently different token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dasrl.atomic import atomic_write
 FORMAT = "dasrl.trace/1"
 REQUIRED = ("step", "problem_id", "sample", "prompt_ids", "response_ids", "reward", "finish_reason")
 OPTIONAL = ("logprobs",)
+_INT32_MAX = 2**31 - 1
+"""Token ids are stored as int32: a larger id would wrap (2**32 + 7 read back as 7)."""
 
 
 class TraceError(ValueError):
@@ -69,19 +73,78 @@ def _schema(with_logprobs: bool, pid_type: pa.DataType, vocab_size: int | None) 
     return pa.schema(fields, metadata=meta)
 
 
+def _check_vocab_size(v, source: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= _INT32_MAX + 1:
+        raise TraceError(f"{source}: vocab_size must be an int in [1, 2**31], got {v!r}")
+    return int(v)
+
+
+def _meta_vocab(meta: dict | None, source: str) -> int | None:
+    """vocab_size from a file's schema metadata (None when absent)."""
+    raw = (meta or {}).get(b"vocab_size")
+    if raw is None:
+        return None
+    try:
+        v = int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise TraceError(f"{source}: schema metadata vocab_size is {raw!r}, not an integer") from None
+    return _check_vocab_size(v, f"{source}: schema metadata")
+
+
+def _id_array(values, i: int, col: str) -> np.ndarray:
+    """One response's token ids as int32, refusing what int32 cannot hold (instead of wrapping)."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise TraceError(f"response {i}: {col} must be a 1-D sequence of token ids, got shape {a.shape}")
+    if a.size == 0:
+        return a.astype(np.int32)
+    if a.dtype.kind not in "iu":
+        if a.dtype == object and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in a):
+            a = np.array([int(x) for x in a], dtype=object)
+        else:
+            raise TraceError(f"response {i}: {col} must hold integers, got dtype {a.dtype}")
+    lo, hi = (int(a.min()), int(a.max())) if a.dtype.kind in "iu" else (min(a), max(a))
+    if lo < 0 or hi > _INT32_MAX:
+        bad = lo if lo < 0 else hi
+        raise TraceError(f"response {i}: {col} has token id {bad}, outside [0, 2**31) (ids are stored as int32)")
+    return a.astype(np.int32)
+
+
+def _pid_kind(responses: Sequence[Response]) -> pa.DataType:
+    """int64 or string: the one type of every problem id (mixing them would turn 3 and "3" into one key
+    or fail in Arrow, so it is refused)."""
+    kinds = set()
+    for i, r in enumerate(responses):
+        pid = r.problem_id
+        if isinstance(pid, str):
+            kinds.add("str")
+        elif isinstance(pid, (int, np.integer)) and not isinstance(pid, bool):
+            kinds.add("int")
+        else:
+            raise TraceError(f"response {i}: problem_id must be an int or a str, got {pid!r}")
+        if len(kinds) > 1:
+            first = next(r0.problem_id for r0 in responses if isinstance(r0.problem_id, str) != isinstance(pid, str))
+            raise TraceError(f"problem ids mix int and str ({first!r} and {pid!r} at response {i}): "
+                             "use one type for every problem id of a trace")
+    return pa.string() if kinds == {"str"} else pa.int64()
+
+
 def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) -> pa.Table:
     if not responses:
         raise TraceError("no responses to write")
+    vocab_size = _check_vocab_size(vocab_size, "trace being written")
     with_lp = any(r.logprobs is not None for r in responses)
     if with_lp and not all(r.logprobs is not None for r in responses):
         raise TraceError("logprobs must be given for every response or for none")
-    pid_type = pa.string() if any(isinstance(r.problem_id, str) for r in responses) else pa.int64()
+    pid_type = _pid_kind(responses)
     cols = {
         "step": [int(r.step) for r in responses],
         "problem_id": [r.problem_id if pid_type == pa.string() else int(r.problem_id) for r in responses],
         "sample": [int(r.sample) for r in responses],
-        "prompt_ids": [np.asarray(r.prompt_ids, np.int32) for r in responses],
-        "response_ids": [np.asarray(r.response_ids, np.int32) for r in responses],
+        "prompt_ids": [_id_array(r.prompt_ids, i, "prompt_ids") for i, r in enumerate(responses)],
+        "response_ids": [_id_array(r.response_ids, i, "response_ids") for i, r in enumerate(responses)],
         "reward": [None if r.reward is None else float(r.reward) for r in responses],
         "finish_reason": [r.finish_reason for r in responses],
     }
@@ -93,7 +156,7 @@ def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) ->
 
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
-    atomic_write(path, lambda f: pq.write_table(table, f))
+    atomic_write(path, lambda f: pq.write_table(table, f, write_page_checksum=True))
 
 
 def write_trace(path: str | os.PathLike, responses: Sequence[Response], *, vocab_size: int | None = None) -> None:
@@ -109,7 +172,7 @@ class TraceWriter:
         if self.path.exists() and not self.path.is_dir():
             raise TraceError(f"{self.path}: exists and is not a directory (TraceWriter writes one file per step)")
         self.path.mkdir(parents=True, exist_ok=True)
-        self.vocab_size = vocab_size
+        self.vocab_size = _check_vocab_size(vocab_size, f"TraceWriter({self.path})")
         done = sorted(self.path.glob("step-*.parquet"))
         self.last_step = int(done[-1].stem.split("-")[1]) if done else None
 
@@ -144,9 +207,13 @@ def _files(path: Path) -> list[Path]:
 
 def _read_one(f: Path) -> pa.Table:
     try:
-        return pq.read_table(f)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TraceError(f"{f}: not a readable Parquet file ({e})") from None
+        # checksums are verified where the writer stored them (ours does); other files read as before
+        t = pq.read_table(f, page_checksum_verification=True)
+    except (pa.ArrowException, OSError, ValueError) as e:  # truncated, bit-flipped, not Parquet at all
+        raise TraceError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    if t.num_rows == 0:
+        raise TraceError(f"{f}: holds no rows (a trace file has at least one response)")
+    return t
 
 
 def _bad(source: str, row: int, col: str, msg: str) -> TraceError:
@@ -159,11 +226,13 @@ def _check_ids(table: pa.Table, col: str, source: str, vocab_size: int | None, r
         raise _bad(source, row0 + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0]), col, "null")
     values = arr.flatten().to_numpy()
     offsets = arr.offsets.to_numpy()
-    bad = values < 0 if vocab_size is None else (values < 0) | (values >= vocab_size)
+    limit = _INT32_MAX + 1 if vocab_size is None else vocab_size
+    bad = (values < 0) | (values >= limit)
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
         row = int(np.searchsorted(offsets, pos, "right") - 1)
-        what = "negative" if values[pos] < 0 else f"outside the vocabulary (size {vocab_size})"
+        what = ("negative" if values[pos] < 0 else f"outside the vocabulary (size {vocab_size})" if vocab_size
+                else "too large for int32 token ids")
         raise _bad(source, row0 + row, col, f"token id {int(values[pos])} at position {pos - offsets[row]} is {what}")
 
 
@@ -214,8 +283,7 @@ class Trace:
 
     def __init__(self, table: pa.Table, source: str = "trace") -> None:
         self.table, self.source = table, source
-        meta = table.schema.metadata or {}
-        self.vocab_size = int(meta[b"vocab_size"]) if b"vocab_size" in meta else None
+        self.vocab_size = _meta_vocab(table.schema.metadata, source)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -257,13 +325,20 @@ class Trace:
 
 def read_trace(path: str | os.PathLike, *, vocab_size: int | None = None) -> Trace:
     """Read and validate a trace file or directory; errors name the file, row and column."""
+    vocab_size = _check_vocab_size(vocab_size, "read_trace")
     files = _files(Path(path))
-    tables, last_step = [], None
+    tables, last_step, pid_from = [], None, None
     for f in files:
         t = _read_one(f)
-        meta = t.schema.metadata or {}
-        vs = vocab_size if vocab_size is not None else (int(meta[b"vocab_size"]) if b"vocab_size" in meta else None)
+        meta_vs = _meta_vocab(t.schema.metadata, str(f))
+        vs = vocab_size if vocab_size is not None else meta_vs
         validate(t, source=str(f), vocab_size=vs)
+        is_str = not pa.types.is_integer(t.schema.field("problem_id").type)
+        if pid_from is not None and is_str != pid_from[1]:
+            kind = {True: "string", False: "integer"}
+            raise TraceError(f"{f}: problem ids are {kind[is_str]}s but {pid_from[0]} has {kind[pid_from[1]]}s: "
+                             "one type for every problem id of a trace")
+        pid_from = pid_from or (f, is_str)
         steps = t.column("step").to_numpy()
         if last_step is not None and steps.size and steps[0] < last_step:
             raise _bad(str(f), 0, "step", f"step {int(steps[0])} after step {last_step} of the previous file: "
@@ -273,7 +348,7 @@ def read_trace(path: str | os.PathLike, *, vocab_size: int | None = None) -> Tra
         tables.append(t)
     try:
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-    except pa.ArrowInvalid as e:
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise TraceError(f"{path}: step files have incompatible schemas ({e})") from None
     return Trace(table, str(path))
 

@@ -173,8 +173,8 @@ class TraceWriter:
             raise TraceError(f"{self.path}: exists and is not a directory (TraceWriter writes one file per step)")
         self.path.mkdir(parents=True, exist_ok=True)
         self.vocab_size = _check_vocab_size(vocab_size, f"TraceWriter({self.path})")
-        done = sorted(self.path.glob("step-*.parquet"))
-        self.last_step = int(done[-1].stem.split("-")[1]) if done else None
+        done = [int(p.stem[5:]) for p in self.path.glob("step-*.parquet") if p.stem[5:].isdigit()]
+        self.last_step = max(done) if done else None
 
     def write_step(self, responses: Sequence[Response]) -> Path:
         steps = {int(r.step) for r in responses}

@@ -100,12 +100,18 @@ class LatencyModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyModel":
+        """Read JSON written by save(); a file that is not one (truncated, binary, pickled, wrong types)
+        raises one ValueError naming the path (a missing file: the OSError as it is)."""
         path = Path(path)
+        raw = path.read_bytes()
         try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(d, source=str(path))
+            d = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"{path}: not valid JSON, so not a latency model ({type(e).__name__}: {e})") from None
+        try:
+            return cls.from_dict(d, source=str(path))
+        except OverflowError:  # an int too large for a float (1e400 written as digits)
+            raise ValueError(f"{path}: a coefficient is too large for a float") from None
 
 
 def _arrays(n_tokens, seconds, kv_tokens):

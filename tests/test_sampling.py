@@ -1,4 +1,4 @@
-"""The position-keyed sampler: parameters, uniforms, filtering, and a chi-square test of the draws."""
+"""The position-keyed samplers: parameters, keyed noise, filtering, purity, chi-square, noise robustness."""
 
 import math
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dasrl.engine.sampling import SamplingParams, filtered_probs, sample, uniforms
+from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filtered_probs, token_noise,
+                                   uniforms)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -16,6 +17,8 @@ from dasrl.engine.sampling import SamplingParams, filtered_probs, sample, unifor
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"top_k": 2.5}, "top_k"),
+    ({"sampler": "gumble"}, "'gumble'"),
+    ({"sampler": None}, "sampler"),
 ])
 def test_bad_params_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -25,6 +28,7 @@ def test_bad_params_are_refused(kwargs, match):
 def test_params_frozen_and_greedy():
     p = SamplingParams()
     assert p.greedy and not SamplingParams(temperature=0.6).greedy
+    assert p.sampler == "gumbel" and SAMPLERS == ("gumbel", "inverse_cdf")
     with pytest.raises(Exception):
         p.temperature = 1.0  # type: ignore[misc]
 
@@ -49,11 +53,30 @@ def test_uniforms_look_uniform():
     assert _chi2(counts, np.full(20, len(u) / 20)) < _chi2_crit(19)
 
 
+def test_token_noise_is_keyed_and_gumbel():
+    seeds, pos = np.array([3, 3, 4, -1]), np.array([0, 1, 0, 9])
+    toks = np.array([[0, 5, 49151], [0, 5, 49151], [0, 5, 49151], [7, 7, 8]])
+    g = token_noise(seeds, pos, toks)
+    for i in range(4):  # row by row == all at once: a pure function of (seed, position, token)
+        assert np.array_equal(token_noise(seeds[i : i + 1], pos[i : i + 1], toks[i : i + 1]), g[i : i + 1])
+    assert g[3, 0] == g[3, 1] and len(set(g[:3].ravel().tolist())) == 9
+    # standard Gumbel: mean = Euler's gamma, variance = pi^2 / 6; its CDF exp(-exp(-x)) is uniform
+    big = token_noise(np.arange(200), np.zeros(200), np.tile(np.arange(1000), (200, 1))).ravel()
+    assert abs(big.mean() - 0.5772) < 0.01 and abs(big.var() - math.pi**2 / 6) < 0.03
+    counts = np.histogram(np.exp(-np.exp(-big)), bins=20, range=(0, 1))[0]
+    assert _chi2(counts, np.full(20, len(big) / 20)) < _chi2_crit(19)
+
+
+def _draw1(logits, params, seed=0, pos=0):
+    return draw(logits, params, seeds=np.array([seed]), positions=np.array([pos]))
+
+
 def test_greedy_takes_first_argmax():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 1.0, 5.0, 5.0]])
-    tok, lp = sample(logits, SamplingParams(), np.zeros(2))
-    assert tok.tolist() == [1, 0]
-    assert np.allclose(lp, torch.log_softmax(logits.double(), -1)[[0, 1], [1, 0]].numpy())
+    for sampler in SAMPLERS:
+        tok, lp = draw(logits, SamplingParams(sampler=sampler), seeds=np.zeros(2), positions=np.zeros(2))
+        assert tok.tolist() == [1, 0]
+        assert np.allclose(lp, torch.log_softmax(logits.double(), -1)[[0, 1], [1, 0]].numpy())
 
 
 def test_filters_keep_ties_and_renormalise():
@@ -66,22 +89,59 @@ def test_filters_keep_ties_and_renormalise():
     assert np.allclose(p.numpy(), [[1, 0, 0, 0, 0]])
 
 
-def test_top_p_beyond_candidate_window():
-    logits = torch.zeros(1, 1000)  # flat: the cut needs more than the 256 candidates
-    p = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.9))
-    assert np.allclose(p.sum().item(), 1.0)
-    assert int((p > 0).sum()) == 1000  # all tied: kept whole
+@pytest.mark.parametrize("vocab, top_p", [(1000, 0.9), (9000, 0.99)])
+def test_top_p_beyond_candidate_windows(vocab, top_p):
+    flat = torch.zeros(1, vocab)  # the cut needs more than every candidate window: a full sort
+    p = filtered_probs(flat, SamplingParams(temperature=1.0, top_p=top_p))
+    assert np.isclose(p.sum().item(), 1.0) and int((p > 0).sum()) == vocab  # all tied: kept whole
+    ramp = torch.linspace(0, -1, vocab)[None]  # distinct values, nucleus past the first window
+    p = filtered_probs(ramp, SamplingParams(temperature=1.0, top_p=top_p))[0].numpy()
+    n_keep = int((p > 0).sum())
+    full = torch.softmax(ramp.double(), -1)[0].numpy()
+    assert full[: n_keep - 1].sum() < top_p <= full[:n_keep].sum() + 1e-12 and (p[:n_keep] > 0).all()
 
 
-def test_sample_is_row_independent():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(16, 300, generator=g) * 3
-    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
-    u = uniforms(np.arange(16), np.arange(16))
-    tok, lp = sample(logits, params, u)
-    for i in [0, 5, 15]:
-        t1, l1 = sample(logits[i : i + 1], params, u[i : i + 1])
+def _lm_like(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, vocab, generator=g) * 2.5  # [n, V]
+    hot = torch.randint(0, vocab, (n, 40), generator=g)
+    return x.scatter_add_(1, hot, torch.rand(n, 40, generator=g) * 12)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.6, top_p=0.95),
+    SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+    SamplingParams(temperature=1.0, top_p=0.95, sampler="inverse_cdf"),
+])
+def test_draw_is_a_pure_function_of_row_seed_position(params):
+    """The same row, seed and position give the same token and logprob in any batch, order or size."""
+    logits = _lm_like(24, 49152, 0)  # the real vocabulary size: reductions as large as the engine's
+    seeds, pos = np.arange(24) * 7 - 30, np.arange(24) % 5
+    tok, lp = draw(logits, params, seeds=seeds, positions=pos)
+    for i in [0, 11, 23]:
+        t1, l1 = draw(logits[i : i + 1], params, seeds=seeds[i : i + 1], positions=pos[i : i + 1])
         assert t1[0] == tok[i] and l1[0] == lp[i]
+    perm = np.random.default_rng(0).permutation(24)
+    tp, lpp = draw(logits[perm], params, seeds=seeds[perm], positions=pos[perm])
+    assert np.array_equal(tp, tok[perm]) and np.array_equal(lpp, lp[perm])
+    t2, l2 = draw(logits.repeat(3, 1), params, seeds=np.tile(seeds, 3), positions=np.tile(pos, 3))
+    assert np.array_equal(t2, np.tile(tok, 3)) and np.array_equal(l2, np.tile(lp, 3))
+    probs = filtered_probs(logits, params).numpy()
+    assert (probs[np.arange(24), tok] > 0).all()  # never outside the kept set
+    assert np.allclose(lp, np.log(probs[np.arange(24), tok]))
+
+
+def test_bf16_logits_are_sampled():
+    logits = _lm_like(4, 3000, 1).bfloat16()
+    tok, lp = draw(logits, SamplingParams(temperature=0.8, top_p=0.9), seeds=np.arange(4), positions=np.zeros(4))
+    probs = filtered_probs(logits.float(), SamplingParams(temperature=0.8, top_p=0.9)).numpy()
+    assert np.allclose(lp, np.log(probs[np.arange(4), tok]))
+
+
+def test_wrong_lengths_are_refused():
+    with pytest.raises(ValueError, match="3 logits rows but 2 seeds"):
+        draw(torch.zeros(3, 5), SamplingParams(temperature=1.0), seeds=np.zeros(2), positions=np.zeros(3))
 
 
 def _chi2(obs, exp):
@@ -92,6 +152,19 @@ def _chi2_crit(df, z=3.09):  # ~0.999 quantile, Wilson-Hilferty
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+_TARGET = [2.0, 1.5, 1.0, 0.5, 0.2, 0.0, -1.0, -2.0]
+
+
+def _spread_logits(vocab=1000):
+    """The 8 target logits spread over token ids in four blocks (two sharing a block), the rest far below:
+    the two-level race's block level is exercised."""
+    ids = np.array([3, 700, 5, 260, 999, 511, 4, 300])
+    logits = torch.full((1, vocab), -40.0)
+    logits[0, ids] = torch.tensor(_TARGET)
+    return logits, ids
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.6),
@@ -99,14 +172,63 @@ def _chi2_crit(df, z=3.09):  # ~0.999 quantile, Wilson-Hilferty
     SamplingParams(temperature=0.8, top_p=0.9),
     SamplingParams(temperature=0.6, top_k=5, top_p=0.95),
 ])
-def test_chi_square_against_target(params):
-    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.2, 0.0, -1.0, -2.0]])
+@pytest.mark.parametrize("layout", ["dense", "spread"])
+def test_chi_square_against_target(params, sampler, layout):
+    params = SamplingParams(params.temperature, params.top_k, params.top_p, sampler)
+    if layout == "dense":
+        logits, ids = torch.tensor([_TARGET]), np.arange(8)
+    else:
+        logits, ids = _spread_logits()
+        assert len(set((ids // BLOCK).tolist())) == 4
     n = 40_000
-    u = uniforms(np.full(n, 1234), np.arange(n))
-    tok, lp = sample(logits.expand(n, -1), params, u)
-    expected = filtered_probs(logits, params)[0].numpy()
-    counts = np.bincount(tok, minlength=8)
-    assert (counts[expected == 0] == 0).all()  # never outside the kept set
+    tok, lp = draw(logits.expand(n, -1), params, seeds=np.full(n, 1234), positions=np.arange(n))
+    probs = filtered_probs(logits, params)[0].numpy()
+    assert (probs[tok] > 0).all()  # never outside the kept set
+    expected = probs[ids]
+    others = 1.0 - expected.sum()  # the far tail of the spread layout: ~1e-15, never drawn
+    assert others < 1e-12 and np.isin(tok, ids).all()
+    counts = np.array([(tok == t).sum() for t in ids])
     keep = expected > 0
+    assert (counts[~keep] == 0).all()
     assert _chi2(counts[keep], n * expected[keep]) < _chi2_crit(int(keep.sum()) - 1)
-    assert np.allclose(lp, np.log(expected[tok]))
+    assert np.allclose(lp, np.log(probs[tok]))
+
+
+def test_seeds_and_positions_decorrelate():
+    """Tokens of different (seed, position) pairs are independent: pairs of draws match at the rate sum p^2."""
+    logits = torch.tensor([_TARGET])
+    params = SamplingParams(temperature=1.0)
+    n = 40_000
+    a, _ = draw(logits.expand(n, -1), params, seeds=np.arange(n), positions=np.zeros(n))
+    b, _ = draw(logits.expand(n, -1), params, seeds=np.arange(n), positions=np.ones(n))
+    c, _ = draw(logits.expand(n, -1), params, seeds=np.arange(n) + 1, positions=np.zeros(n))
+    p = filtered_probs(logits, params)[0].numpy()
+    rate, sd = float((p**2).sum()), math.sqrt(float((p**2).sum()) / n)
+    assert abs((a == b).mean() - rate) < 4 * sd and abs((a == c).mean() - rate) < 4 * sd
+
+
+def test_race_flips_less_than_inverse_cdf_under_logit_noise():
+    """The reason for the race: a small perturbation of the logits flips far fewer draws (here ~500 kept
+    tokens; the inverse CDF's exposure grows with the kept set, the race's does not)."""
+    g = torch.Generator().manual_seed(5)
+    n, vocab, sigma = 4000, 2000, 1e-3
+    logits = (torch.randn(1, vocab, generator=g) * 0.5).expand(n, -1).contiguous()  # [n, V]
+    noisy = logits + sigma * torch.randn(n, vocab, generator=g)
+    seeds, pos = np.arange(n), np.zeros(n)
+    flips = {}
+    for sampler in SAMPLERS:
+        params = SamplingParams(temperature=1.0, top_p=0.5, sampler=sampler)
+        a, _ = draw(logits, params, seeds=seeds, positions=pos)
+        b, _ = draw(noisy, params, seeds=seeds, positions=pos)
+        flips[sampler] = int((a != b).sum())
+    assert flips["gumbel"] * 3 < flips["inverse_cdf"], flips
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_same_tokens_on_cpu_and_cuda():
+    logits = _lm_like(16, 49152, 3)
+    for params in [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_p=0.95)]:
+        seeds, pos = np.arange(16), np.arange(16)
+        a, la = draw(logits, params, seeds=seeds, positions=pos)
+        b, lb = draw(logits.cuda(), params, seeds=seeds, positions=pos)
+        assert np.array_equal(a, b) and np.allclose(la, lb)

@@ -1,17 +1,30 @@
-"""Sampling parameters and the position-keyed sampler.
+"""Sampling parameters and the position-keyed samplers.
 
-The random number that request r uses at output position t is `uniform(seed_r, t)`: a counter-based
-hash (two rounds of splitmix64) of the pair, never a stream advanced by the batch, the step or the
-number of drafted tokens. A token is drawn by inverse CDF over the filtered, renormalised distribution,
-summed in token-id order, so the draw is a pure function of (logits row, seed, position). That is what
-makes speculative decoding exact here: verification samples the target token at each draft position
-with the very number plain decoding would have used at that output position.
+Every random number is a counter-based hash (splitmix64) of (request seed, output position[, index]),
+never a stream advanced by the batch, the step or the number of drafted tokens, so a draw is a pure
+function of (logits row, seed, position). That is what makes speculative decoding exact here:
+verification samples the target token at each draft position with the very randomness plain decoding
+would have used at that output position.
 
-Filtering, in this order (as transformers' warpers): temperature, then top-k (keep every token whose
-logit is >= the k-th largest, ties included), then top-p on the renormalised top-k distribution (keep
-every token whose probability is >= the smallest probability of the shortest descending prefix whose
-mass reaches top_p, ties included). Ties are kept whole so the kept set is a function of the values
-alone, not of a sort's tie order. Greedy (temperature 0) takes the first argmax.
+Filtering (both samplers; as transformers' warpers, temperature, then top-k, then top-p): the kept set is
+defined on the raw logits, so it is a function of the values alone (ties kept whole, never a sort's tie
+order). top-k keeps every token whose logit is >= the k-th largest; top-p keeps every token whose logit is
+>= that of the last token of the shortest descending prefix whose mass (under the tempered, top-k
+renormalised distribution, float64) reaches top_p. Greedy (temperature 0) takes the first argmax.
+
+Two draws over the kept set (`SamplingParams.sampler`):
+
+- ``"gumbel"`` (default): an exponential race, ``argmax_i (logit_i / T + G(seed, position, i))`` with
+  G standard Gumbel noise keyed on the token id. A token flips under logit noise only when the two best
+  perturbed scores are within the noise of each other: P(flip) ~ 1.13 sigma (1 - sum p^2) per token for
+  iid logit noise sigma, whatever the size of the kept set (docs/sampling.md). To touch only ~V/256 + 256
+  random numbers per row instead of V, the race runs in two exact levels: blocks of 256 token ids race
+  with their total mass (the max of a block's Gumbel-perturbed scores is Gumbel around its log-mass,
+  independent of which token attains it), then the tokens of the winning block race among themselves.
+  P(token) = P(block) P(token | block) = p_token: exact in distribution.
+- ``"inverse_cdf"``: the earlier draw, the first token whose cumulative probability in token-id order
+  exceeds u(seed, position). Every kept token below the drawn one shifts the boundary, so the flip
+  probability grows with the kept set (~0.3 sigma sqrt(K) for K equal tokens). Kept for comparison.
 """
 
 from __future__ import annotations
@@ -24,9 +37,15 @@ import torch
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
-_STREAM = np.uint64(0xD1B54A32D192ED03)
-_TOP_P_CANDIDATES = 256
-"""top-p looks for its cut among this many largest probabilities first (a full sort only if needed)."""
+_STREAM = np.uint64(0xD1B54A32D192ED03)  # inverse-CDF uniforms
+_RACE = np.uint64(0x8CB92BA72F3D8DD7)  # race key of a (seed, position)
+_BLOCK_STREAM = np.uint64(0xA24BAED4963EE407)
+_TOKEN_STREAM = np.uint64(0x9FB21C651E98DF25)
+_TOP_P_WIDTHS = (256, 4096)
+"""top-p looks for its cut among this many largest logits first (a full sort only if needed)."""
+BLOCK = 256
+"""Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
+SAMPLERS = ("gumbel", "inverse_cdf")
 
 
 @dataclass(frozen=True)
@@ -39,21 +58,26 @@ class SamplingParams:
     """Keep the k most likely tokens (ties included); 0 = off."""
     top_p: float = 1.0
     """Nucleus: keep the smallest most-likely set whose mass reaches top_p; 1 = off. In (0, 1]."""
+    sampler: str = "gumbel"
+    """'gumbel' (position-keyed race, robust to last-bit logit noise) or 'inverse_cdf' (the old draw)."""
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {k!r}")
-        if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}; got {self.sampler!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
 
+# ---------------------------------------------------------------------------------- keyed randomness
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _MUL1
@@ -61,60 +85,126 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """[n] float64 in [0, 1): the position-keyed uniform of each (seed, output position) pair."""
+def _key(seeds: np.ndarray, positions: np.ndarray, stream: np.uint64) -> np.ndarray:
     s = np.asarray(seeds, dtype=np.int64).astype(np.uint64)  # two's complement: negative seeds are fine
     t = np.asarray(positions, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
-        h = _splitmix64(_splitmix64(s ^ _STREAM) ^ t)
+        return _splitmix64(_splitmix64(s ^ stream) ^ t)
+
+
+def uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """[n] float64 in [0, 1): the inverse-CDF uniform of each (seed, output position) pair."""
+    h = _key(seeds, positions, _STREAM)
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _gumbel(keys: np.ndarray, index: np.ndarray, stream: np.uint64) -> np.ndarray:
+    """[n, m] float64 standard Gumbel noise of index [n, m] (or [m]) under row keys [n]."""
+    with np.errstate(over="ignore"):
+        base = _splitmix64(keys ^ stream)[:, None]  # [n, 1]
+        h = _splitmix64(base + np.asarray(index, dtype=np.int64).astype(np.uint64) * _GOLDEN)  # [n, m]
+    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))  # (0, 1): logs stay finite
+    return -np.log(-np.log(u))
+
+
+def token_noise(seeds: np.ndarray, positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """[n, m] float64: the Gumbel noise G(seed, position, token) of the in-block race, for tokens [n, m]."""
+    return _gumbel(_key(seeds, positions, _RACE), token_ids, _TOKEN_STREAM)
+
+
+# ---------------------------------------------------------------------------------- the kept set
+@dataclass(frozen=True)
+class Kept:
+    """A batch's filtered distribution: weights ∝ the sampling probabilities, and the kept set's bounds."""
+
+    weights: torch.Tensor
+    """[n, V] float64 exp((logit - max) / T) on the kept set, 0 elsewhere (unnormalised)."""
+    lmax: torch.Tensor
+    """[n, 1] the row's largest logit (logits dtype)."""
+    floor: torch.Tensor
+    """[n, 1] the smallest kept logit bound: a token is kept iff its logit >= floor (logits dtype)."""
+    block_mass: torch.Tensor
+    """[n, ceil(V / BLOCK)] float64 sums of weights per block of token ids."""
+    total: torch.Tensor
+    """[n] float64 the sum of the weights (summed from the blocks: the same order in every batch)."""
+
+
+def _block_sums(w: torch.Tensor) -> torch.Tensor:
+    n, vocab = w.shape
+    full = vocab // BLOCK
+    parts = [w[:, : full * BLOCK].reshape(n, full, BLOCK).sum(-1)] if full else []  # [n, full]
+    if vocab % BLOCK:
+        parts.append(w[:, full * BLOCK :].sum(-1, keepdim=True))  # [n, 1]
+    return torch.cat(parts, dim=1)
+
+
+def kept(logits: torch.Tensor, params: SamplingParams) -> Kept:
+    """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0)."""
+    n, vocab = logits.shape
+    lmax = logits.amax(dim=-1, keepdim=True)  # [n, 1]
+    floor = torch.full_like(lmax, float("-inf"))  # [n, 1]
+    if 0 < params.top_k < vocab:
+        floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [n, 1]: ties at rank k kept
+    w = logits.double().sub_(lmax.double()).div_(params.temperature)  # [n, V] scores - max, float64
+    w = w.masked_fill_(logits < floor, float("-inf")).exp_()  # [n, V]
+    mass = _block_sums(w)  # [n, nb]
+    if params.top_p < 1.0:
+        floor = torch.maximum(floor, _top_p_floor(logits, w, mass.sum(-1), params.top_p))
+        w = w.masked_fill_(logits < floor, 0.0)
+        mass = _block_sums(w)
+    return Kept(weights=w, lmax=lmax, floor=floor, block_mass=mass, total=mass.sum(-1))
+
+
+def _top_p_floor(logits: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p."""
+    n, vocab = logits.shape
+    cut = torch.empty(n, 1, dtype=logits.dtype, device=logits.device)  # [n, 1]
+    rows = torch.arange(n, device=logits.device)
+    for width in (*[x for x in _TOP_P_WIDTHS if x < vocab], vocab):
+        sub_l, sub_w, sub_t = (logits, w, total) if len(rows) == n else (logits[rows], w[rows], total[rows])
+        top_l, top_i = torch.topk(sub_l, width, dim=-1)  # [m, width] descending
+        # Probabilities in descending order; a tie at the window's edge has the same value whichever
+        # index topk picked, so the prefix masses do not depend on the tie order.
+        mass = (sub_w.gather(1, top_i) / sub_t[:, None]).cumsum(dim=-1)  # [m, width]
+        reached = mass >= top_p  # [m, width]
+        found = reached.any(dim=-1) | (width == vocab)  # [m]
+        idx = torch.where(reached.any(dim=-1), reached.int().argmax(dim=-1), width - 1)  # [m]
+        cut[rows[found]] = top_l[found].gather(1, idx[found, None])
+        rows = rows[~found]
+        if len(rows) == 0:
+            break
+    return cut
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[n, V] float64: the sampling distribution of each row (zeros outside the kept set), normalised."""
-    scores = logits.double() / params.temperature  # [n, V]
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]  # [n, 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # [n, V]
-    if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    k = kept(logits, params)
+    return k.weights / k.total[:, None]
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    n, vocab = probs.shape
-    width = min(_TOP_P_CANDIDATES, vocab)
-    top = torch.topk(probs, width, dim=-1).values  # [n, width], descending
-    mass = top.cumsum(dim=-1)  # [n, width]
-    reached = mass >= top_p  # [n, width]
-    found = reached.any(dim=-1)  # [n]
-    cut_idx = reached.int().argmax(dim=-1)  # [n]: first index reaching top_p
-    cut = top.gather(1, cut_idx[:, None]).squeeze(1)  # [n]
-    if not bool(found.all()):
-        rows = torch.nonzero(~found).squeeze(1)
-        full = torch.sort(probs[rows], dim=-1, descending=True).values  # [m, V]
-        idx = (full.cumsum(dim=-1) >= top_p).int().argmax(dim=-1)  # [m]
-        idx = torch.where((full.cumsum(dim=-1) >= top_p).any(dim=-1), idx, torch.full_like(idx, vocab - 1))
-        cut[rows] = full.gather(1, idx[:, None]).squeeze(1)
-    return probs.masked_fill(probs < cut[:, None], 0.0)
+# ---------------------------------------------------------------------------------- the draws
+def _race(logits: torch.Tensor, k: Kept, params: SamplingParams, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n, vocab = logits.shape
+    mass = k.block_mass.cpu().numpy()  # [n, nb]
+    nb = mass.shape[1]
+    with np.errstate(divide="ignore"):
+        blk = (np.log(mass) + _gumbel(keys, np.arange(nb), _BLOCK_STREAM)).argmax(axis=1)  # [n] first max
+    cols = blk[:, None] * BLOCK + np.arange(BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
+    inside = cols < vocab
+    idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
+    l = logits.gather(1, idx)  # [n, BLOCK]
+    # The same float64 scores as the weights were made from: (logit - max) / T, -inf outside the kept set.
+    s = l.double().sub_(k.lmax.double()).div_(params.temperature)
+    s = s.masked_fill_(l < k.floor, float("-inf")).cpu().numpy()  # [n, BLOCK]
+    s[~inside] = -np.inf
+    j = (s + _gumbel(keys, cols, _TOKEN_STREAM)).argmax(axis=1)  # [n]: ties go to the lowest token id
+    rows = np.arange(n)
+    logp = s[rows, j] - np.log(k.total.cpu().numpy())
+    return cols[rows, j].astype(np.int64), logp
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Draw one token per row: ([n] int64 tokens, [n] float64 logprobs of them).
-
-    logits [n, V]; u [n] the position-keyed uniforms. Logprobs are under the sampling distribution
-    (after temperature, top-k, top-p); for greedy, under the model's own distribution (log-softmax of
-    the raw logits), since the greedy distribution is a point mass.
-    """
-    if logits.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64)
-    if params.greedy:
-        tokens = torch.argmax(logits, dim=-1)  # [n], first maximum
-        logp = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
-        return tokens.numpy().astype(np.int64), logp.numpy()
-    probs = filtered_probs(logits, params)  # [n, V]
+def _inverse_cdf(k: Kept, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    probs = (k.weights / k.total[:, None]).cpu()  # [n, V]
     cdf = probs.cumsum(dim=-1)  # [n, V] in token-id order
     target = torch.as_tensor(u, dtype=torch.float64)[:, None] * cdf[:, -1:]  # [n, 1]
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)  # [n]
@@ -131,5 +221,21 @@ def sample(logits: torch.Tensor, params: SamplingParams, u: np.ndarray) -> tuple
 def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
          positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The engine's entry point: one token per row of logits [n, V] for request seeds [n] at output
-    positions [n]; ([n] int64 tokens, [n] float64 logprobs). A pure function of (logits row, seed, position)."""
-    return sample(logits, params, uniforms(seeds, positions))
+    positions [n]; ([n] int64 tokens, [n] float64 logprobs). A pure function of (logits row, seed, position).
+
+    Logprobs are under the sampling distribution (after temperature, top-k, top-p); for greedy, under the
+    model's own distribution (log-softmax of the raw logits), since the greedy distribution is a point mass.
+    """
+    n = logits.shape[0]
+    if len(seeds) != n or len(positions) != n:
+        raise ValueError(f"{n} logits rows but {len(seeds)} seeds and {len(positions)} positions")
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+    if params.greedy:
+        tokens = torch.argmax(logits, dim=-1)  # [n], first maximum
+        logp = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        return tokens.cpu().numpy().astype(np.int64), logp.cpu().numpy()
+    k = kept(logits, params)
+    if params.sampler == "inverse_cdf":
+        return _inverse_cdf(k, uniforms(seeds, positions))
+    return _race(logits, k, params, _key(seeds, positions, _RACE))

@@ -16,6 +16,7 @@ page is an error rather than a silently different token.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,36 @@ def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) ->
         cols["logprobs"] = [np.asarray(r.logprobs, np.float32) for r in responses]
     table = pa.table(cols, schema=_schema(with_lp, pid_type, vocab_size))
     validate(table, source="trace being written", vocab_size=vocab_size)
-    return table
+    meta = dict(table.schema.metadata)
+    return table.replace_schema_metadata({**meta, _CHECKSUM: _digest(table)})
+
+
+_CHECKSUM = b"dasrl.checksum"
+
+
+def _digest(table: pa.Table) -> bytes:
+    """blake2b of a table's column names, values, nulls and metadata (not of its Parquet bytes: the same
+    table reads back with other chunks and buffers). Page checksums catch flipped data; this also
+    catches a flipped column name or metadata value, which would otherwise read as a different file."""
+    h = hashlib.blake2b(digest_size=16)
+    meta = table.schema.metadata or {}
+    for k in sorted(meta):
+        if k not in (_CHECKSUM, b"ARROW:schema"):
+            h.update(b"meta\0" + k + b"\0" + meta[k] + b"\0")
+    for name in sorted(table.column_names):
+        col = table.column(name).combine_chunks()
+        h.update(b"col\0" + name.encode() + b"\0")
+        h.update(np.packbits(col.is_null().to_numpy(zero_copy_only=False)).tobytes())
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            off = col.offsets.to_numpy().astype(np.int64)
+            h.update(np.diff(off).tobytes())
+            col = col.flatten()
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            h.update("\0".join(x or "" for x in col.to_pylist()).encode())
+        else:
+            h.update(str(col.type).encode() + b"\0")
+            h.update(col.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
+    return h.hexdigest().encode()
 
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
@@ -211,8 +241,20 @@ def _read_one(f: Path) -> pa.Table:
         t = pq.read_table(f, page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as e:  # truncated, bit-flipped, not Parquet at all
         raise TraceError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    try:
+        t.column_names, t.schema.metadata  # names and metadata decode lazily: a flipped byte fails here
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{f}: damaged schema (a column name or metadata is not UTF-8: {e})") from None
     if t.num_rows == 0:
         raise TraceError(f"{f}: holds no rows (a trace file has at least one response)")
+    want = (t.schema.metadata or {}).get(_CHECKSUM)
+    if want is not None:  # files from other writers carry none: they are validated field by field only
+        try:
+            got = _digest(t)
+        except (pa.ArrowException, ValueError, TypeError) as e:
+            raise TraceError(f"{f}: damaged columns ({type(e).__name__}: {e})") from None
+        if got != want:
+            raise TraceError(f"{f}: checksum mismatch (the file was changed or damaged after it was written)")
     return t
 
 

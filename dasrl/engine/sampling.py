@@ -46,6 +46,9 @@ _TOP_P_WIDTHS = (256, 4096)
 BLOCK = 256
 """Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
 SAMPLERS = ("gumbel", "inverse_cdf")
+MIN_TEMPERATURE = 1e-5
+"""Smallest temperature > 0 accepted (vLLM's greedy threshold); below it the draw is argmax in all but
+ties, and the old sampler's 1/T gave NaN log-probs at 5e-324."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class SamplingParams:
         t, k, p = self.temperature, self.top_k, self.top_p
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:  # refused, not turned greedy: greedy logprobs mean another thing
+            raise ValueError(f"temperature {t!r} is below {MIN_TEMPERATURE} (numerically argmax, and 1/T "
+                             f"overflows near 5e-324): use 0 for greedy decoding")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {k!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:

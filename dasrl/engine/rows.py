@@ -50,7 +50,15 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
     for i, p in enumerate(prompts):
         if isinstance(p, (str, bytes)):
             raise TypeError(f"prompt {i} is a string; pass token ids (tokenize it first)")
-        ids = _int_list(np.asarray(p).ravel().tolist() if isinstance(p, np.ndarray) else p, f"prompt {i}")
+        if isinstance(p, (int, np.integer)):
+            raise TypeError(f"prompt {i} is the int {int(p)}: prompts is a list of prompts (wrap a single prompt "
+                            f"in a list)")
+        if hasattr(p, "ndim") and hasattr(p, "tolist"):  # numpy / torch: refused, not flattened, unless 1-D
+            if p.ndim != 1:
+                raise ValueError(f"prompt {i} is a {p.ndim}-D array of shape {tuple(p.shape)}; each prompt must "
+                                 f"be 1-D token ids")
+            p = p.tolist()
+        ids = _int_list(p, f"prompt {i}")
         if not ids:
             raise ValueError(f"prompt {i} is empty")
         bad = [t for t in ids if not 0 <= t < vocab_size]

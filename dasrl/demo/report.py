@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -28,7 +30,10 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
     summary = {"config": asdict(cfg), "steps": rows_json(rows), "identical_every_step": all(r.identical for r in rows),
                "baseline_s": sum(r.baseline_s for r in rows), "das_s": sum(r.das_s for r in rows),
                "speedup_from_second_visit": (sum(r.baseline_s for r in later) / sum(r.das_s for r in later))
-               if later else None, "das_stats": das.stats(), "baseline_stats": base.stats()}
+               if later else None, "das_stats": das.stats(), "baseline_stats": base.stats(),
+               "preset": cfg.preset,
+               "at_limit_fraction": float(np.mean([r.at_limit_fraction for r in rows])) if rows else None,
+               "tail_share": float(np.mean([r.tail_share for r in rows])) if rows else None}
     write_json(out / "summary.json", summary)
     if not rows:
         (out / "report.md").write_text("# dasrl demo\n\nNo step finished.\n")

@@ -6,6 +6,7 @@ identical; the policy is updated once with GRPO on them; both sessions roll thei
 from __future__ import annotations
 
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl.demo.tasks import SYSTEM, Task, make_tasks, reward
+from dasrl.demo.tasks import PRESETS, SYSTEM, Task, make_tasks, preset, reward
 from dasrl.engine.sampling import SamplingParams
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig
 from dasrl.rollout.trace import Response, TraceWriter
@@ -27,17 +28,19 @@ from dasrl.rollout.trace import Response, TraceWriter
 class DemoConfig:
     """What `dasrl demo` runs."""
 
+    preset: str = "long-tail"
+    """Task set and sizes: long-tail (mixed short and enumerating problems, 512 tokens) | short (the earlier setting)."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 4
     """GRPO steps (every prompt comes back each step)."""
-    prompts: int = 4
+    prompts: int = PRESETS["long-tail"].prompts
     """Distinct problems."""
-    samples: int = 8
+    samples: int = PRESETS["long-tail"].samples
     """Samples per problem (GRPO group size)."""
-    max_new_tokens: int = 128
+    max_new_tokens: int = PRESETS["long-tail"].max_new_tokens
     """Generation limit per sample."""
-    temperature: float = 0.6
+    temperature: float = PRESETS["long-tail"].temperature
     """Sampling temperature."""
     top_p: float = 0.95
     """Nucleus sampling mass."""
@@ -49,6 +52,27 @@ class DemoConfig:
     """Folder for the report (runs/<timestamp>/)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """Policy update."""
+
+    @staticmethod
+    def for_preset(name: str, **overrides) -> "DemoConfig":
+        """The preset's sizes, then every override that is not None."""
+        p = preset(name)
+        base = DemoConfig(preset=p.name, prompts=p.prompts, samples=p.samples, max_new_tokens=p.max_new_tokens,
+                          temperature=p.temperature)
+        return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def validate(self) -> None:
+        """Every check that needs no model: bad settings fail before any work and before any folder."""
+        from dasrl.policy.budget import POLICIES
+
+        preset(self.preset)
+        for name in ("steps", "prompts", "samples", "max_new_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be an int >= 1, got {v!r}")
+        SamplingParams(temperature=self.temperature, top_p=self.top_p)
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; valid policies: {', '.join(POLICIES)}")
 
 
 @dataclass
@@ -67,6 +91,25 @@ class StepRow:
     identical: bool
     train_s: float
     loss: float
+    at_limit_fraction: float = 0.0
+    """Samples that hit max_new_tokens."""
+    tail_share: float = 0.0
+    """Fraction of the baseline's rollout time spent with <= 25% of the rows live."""
+    median_tokens: float = 0.0
+    max_tokens: int = 0
+    drafted_by_class: dict = field(default_factory=dict)
+    """DAS drafted tokens per length class (where the allowance went)."""
+
+
+def tail_share(curve: Sequence[tuple[float, int]], rows: int, *, live_fraction: float = 0.25) -> float:
+    """Fraction of a rollout's time spent with at most live_fraction of its rows live. curve: (seconds
+    since start, live rows) per engine step, the rows of step i live from curve[i-1]'s time to curve[i]'s."""
+    if len(curve) < 2:
+        return 0.0
+    t = np.array([c[0] for c in curve])
+    live = np.array([c[1] for c in curve])
+    dt = np.diff(t)  # step i (i >= 1) took dt[i-1] with live[i] rows
+    return float(dt[live[1:] <= live_fraction * rows].sum() / max(t[-1] - t[0], 1e-12))
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
@@ -111,9 +154,8 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     from dasrl.models import load_model
 
     console = console or Console()
-    tasks = make_tasks(cfg.prompts, seed=cfg.seed)
-    if cfg.steps < 1 or cfg.samples < 1:
-        raise ValueError(f"--steps and --samples must be >= 1, got {cfg.steps} and {cfg.samples}")
+    cfg.validate()
+    tasks = make_tasks(cfg.prompts, seed=cfg.seed, families=preset(cfg.preset).families)
     with console.status(f"loading {cfg.model}"):
         model, tok = load_model(cfg.model, dtype=torch.float32)
     torch.manual_seed(cfg.seed)
@@ -126,7 +168,7 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
     trace = TraceWriter(out / "trace")
     rows: list[StepRow] = []
-    console.print(f"GRPO demo: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.steps} steps, "
+    console.print(f"GRPO demo ({cfg.preset}): {cfg.prompts} prompts x {cfg.samples} samples, {cfg.steps} steps, "
                   f"<= {cfg.max_new_tokens} new tokens, T={cfg.temperature}; report in {out}")
     try:
         for step in range(cfg.steps):
@@ -173,25 +215,32 @@ def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutS
     base.end_step()
     das.end_step()
     h = das.history[-1]
-    return StepRow(step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
+    lengths = np.array([len(o.completion_ids) for o in b_out])
+    extra = dict(at_limit_fraction=float(np.mean([o.finish_reason == "length" for o in b_out])),
+                 tail_share=tail_share(base.history[-1].batch_curve, len(prompts)),
+                 median_tokens=float(np.median(lengths)), max_tokens=int(lengths.max()),
+                 drafted_by_class=dict(h.drafted_by_class))
+    return StepRow(**extra, step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
                    baseline_forwards=base.history[-1].forwards, accepted_per_forward=h.accepted_per_forward,
                    drafted=h.drafted, accepted=h.accepted, mean_reward_baseline=float(np.mean(rewards["baseline"])),
                    mean_reward_das=float(np.mean(rewards["DAS"])), identical=identical, train_s=train_s, loss=loss)
 
 
 def _final_table(rows: list[StepRow], console: Console) -> None:
-    t = Table(title="dasrl demo: baseline vs DAS, same seeds")
-    for c in ("step", "baseline s", "DAS s", "speedup", "tokens/forward", "drafted", "accepted", "reward (base)",
-              "reward (DAS)", "identical"):
-        t.add_column(c, justify="right")
+    """Fits an 80-column terminal."""
+    from rich import box
+
+    t = Table(title="dasrl demo: baseline vs DAS, same seeds", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for c in ("step", "base s", "DAS s", "speedup", "tok/fwd", "acc %", "reward b/DAS", "same"):
+        t.add_column(c, justify="right", no_wrap=True)
     for r in rows:
         t.add_row(str(r.step), f"{r.baseline_s:.1f}", f"{r.das_s:.1f}", f"{r.speedup:.2f}x",
-                  f"{r.accepted_per_forward:.2f}", str(r.drafted), str(r.accepted), f"{r.mean_reward_baseline:.3f}",
-                  f"{r.mean_reward_das:.3f}", "yes" if r.identical else "NO")
+                  f"{r.accepted_per_forward:.2f}", f"{100 * r.accepted / max(r.drafted, 1):.0f}",
+                  f"{r.mean_reward_baseline:.2f}/{r.mean_reward_das:.2f}", "yes" if r.identical else "NO")
     later = [r for r in rows if r.step > 0]
     if later:
         b, d = sum(r.baseline_s for r in later), sum(r.das_s for r in later)
-        t.add_row("2nd visit on", f"{b:.1f}", f"{d:.1f}", f"{b / d:.2f}x", "", "", "", "", "", "")
+        t.add_row("2nd+", f"{b:.1f}", f"{d:.1f}", f"{b / d:.2f}x", "", "", "", "")
     console.print(t)
 
 

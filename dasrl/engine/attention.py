@@ -36,11 +36,58 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out, None
 
 
+def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, H, q, D] -> [B, Hkv, G*q, D]: the query heads of each K/V group along the query axis."""
+    b, h, n, d = q.shape
+    return q.reshape(b, kv_heads, (h // kv_heads) * n, d)
+
+
+def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
+                     scaling: float | None) -> torch.Tensor:
+    """Attention of packed queries [1, H, N, D] over per-row caches key/value [rows, Hkv, cap, D] (the new
+    tokens' K/V already written), as `layout` (a packing.PackedLayout) says; returns [1, N, H, D]."""
+    _, heads, n, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    q = query[0].transpose(0, 1)  # [N, H, D]
+    out = query.new_empty(n, heads, dim)  # [N, H, D]
+    # Every row's first token: one query per row, the live rows' cache as it lies.
+    m1 = layout.first_mask  # [B, 1, 1, S1]
+    batch, s1 = m1.shape[0], m1.shape[-1]
+    q1 = _grouped(q[layout.first][:, :, None, :], kv_heads)  # [B, Hkv, G, D]
+    o1 = F.scaled_dot_product_attention(q1, key[:batch, :, :s1], value[:batch, :, :s1],
+                                        attn_mask=m1, scale=scaling)  # [B, Hkv, G, D]
+    out[layout.first] = o1.reshape(batch, heads, dim)
+    if layout.more_rows.numel():
+        m2 = layout.more_mask  # [R, 1, Q, S2]
+        r, qn, s2 = m2.shape[0], m2.shape[2], m2.shape[3]
+        idx = layout.more_index  # [R, Q]
+        q2 = _grouped(q[idx.reshape(-1)].reshape(r, qn, heads, dim).transpose(1, 2), kv_heads)  # [R, Hkv, G*Q, D]
+        k2 = key[layout.more_rows, :, :s2]  # [R, Hkv, S2, D] (a copy of those rows only)
+        v2 = value[layout.more_rows, :, :s2]
+        mask = m2.repeat(1, 1, groups, 1) if groups > 1 else m2  # [R, 1, G*Q, S2]
+        o2 = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scaling)  # [R, Hkv, G*Q, D]
+        o2 = o2.reshape(r, heads, qn, dim).transpose(1, 2)  # [R, Q, H, D]
+        valid = layout.more_valid  # [R, Q]
+        out[idx[valid]] = o2[valid]
+    return out[None]  # [1, N, H, D]
+
+
+def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """The engine's attention: packed when the forward carries a layout (`dasrl_packed=`), else GQA SDPA."""
+    layout = kwargs.get("dasrl_packed")
+    if layout is not None:
+        return packed_attention(query, key, value, layout, scaling), None
+    return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
 def register() -> str:
-    """Register the function with transformers (idempotent); returns its name."""
+    """Register the engine's attention with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, gqa_sdpa_forward)
+    AttentionInterface.register(ATTN_NAME, engine_attention)
     return ATTN_NAME
 
 

@@ -41,6 +41,8 @@ class RowLayer(CacheLayerMixin):
         live = rows.shape[0]
         self.keys[rows, :, slots] = key_states.transpose(1, 2)  # [B, q, Hkv, D] into [B, Hkv, S, D]
         self.values[rows, :, slots] = value_states.transpose(1, 2)
+        if self.owner.packed:  # packed attention slices each row's own slots itself
+            return self.keys, self.values  # [rows, Hkv, capacity, D]
         return self.keys[:live, :, :view], self.values[:live, :, :view]  # [B, Hkv, view, D]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -69,6 +71,8 @@ class RowCache(Cache):
         self.write_rows = torch.zeros(0, 1, dtype=torch.long)  # [B, q]
         self.write_slots = torch.zeros(0, 1, dtype=torch.long)  # [B, q]
         self.view_len = 0
+        self.packed = False
+        """Whether the next forward is packed ([1, N] tokens of many rows; see engine/packing.py)."""
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, *, rows: int, capacity: int) -> "RowCache":
@@ -103,6 +107,16 @@ class RowCache(Cache):
         self.write_rows = torch.arange(live).unsqueeze(1).expand(live, q)  # [B, q]
         self.write_slots = slots
         self.view_len = view_len
+        self.packed = False
+
+    def prepare_packed(self, rows: torch.Tensor, slots: torch.Tensor, view_len: int) -> None:
+        """The next forward is packed: token n goes to row rows[n], slot slots[n] ([N] each)."""
+        if rows.numel() and int(rows.max()) >= self.live:
+            raise ValueError(f"packed tokens for row {int(rows.max())} but {self.live} rows are live")
+        self.ensure_capacity(max(view_len, int(slots.max()) + 1))
+        self.write_rows, self.write_slots = rows[None], slots[None]  # [1, N]
+        self.view_len = view_len
+        self.packed = True
 
     def move_slots(self, row: int, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy K/V of `row` from slots src to slots dst (a tree's accepted path made contiguous)."""

@@ -29,13 +29,17 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from dasrl.drafter.base import EMPTY_DRAFT, Draft, Drafter, problem_key
+from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key, propose_flat
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
+from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
-from dasrl.engine.verify import depths, verify
+from dasrl.engine.verify import Verdict, verify_batch
 from dasrl.engine.rows import Job, Row, validate_job
 from dasrl.policy.base import BudgetPolicy, NoSpeculation
+
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+"""A prepared 4D mask that transformers passes through untouched: packed attention builds its own."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,12 @@ class StepInfo:
     draft_s: float
     """Seconds in the policy and drafter."""
     verify_s: float
-    """Seconds in the forward, sampling and verification."""
+    """Seconds in sampling and verification (the forward excluded)."""
+    forward_s: float = 0.0
+    """Seconds in the packed forward (decoder and lm_head)."""
     width: int = 1
-    """Positions per row the forward computed: 1 + the longest draft, padding included (prefill: the
-    longest prompt). The forward's cost follows batch_size x width, not `tokens`."""
+    """Tokens of the row that fed the most (1 + the longest draft; prefill: the longest prompt). The
+    packed forward's cost follows `tokens`; width only sizes the attention of the multi-token rows."""
     kv_tokens: int = 0
     """Cached context tokens the forward read, summed over rows (0 at prefill)."""
 
@@ -119,6 +125,7 @@ class RunStats:
     accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    forward_s: float = 0.0
     wall_s: float = 0.0
 
     def add(self, info: StepInfo) -> None:
@@ -129,6 +136,7 @@ class RunStats:
         self.accepted += info.accepted
         self.draft_s += info.draft_s
         self.verify_s += info.verify_s
+        self.forward_s += info.forward_s
         self.wall_s = info.elapsed_s
 
 
@@ -156,7 +164,11 @@ class SpecEngine:
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
-        self.max_context = int(config.max_context or model.config.max_position_embeddings)
+        model_max = getattr(model.config, "max_position_embeddings", None)
+        if config.max_context is not None and model_max is not None and config.max_context > model_max:
+            raise ValueError(f"EngineConfig(max_context={config.max_context}) exceeds the model's "
+                             f"max_position_embeddings={model_max}: positions past it were never trained")
+        self.max_context = int(config.max_context or model_max)
         self.attn_name = register() if config.attention == "gqa" else model.config._attn_implementation
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)
@@ -195,7 +207,7 @@ class SpecEngine:
                 cache = RowCache.for_model(self.model, rows=len(rows),
                                            capacity=max(map(len, job.prompts)) + self.config.initial_capacity)
                 live = list(rows)
-                info = self._prefill(job, cache, live, done, drafter, t_start)
+                info = self._prefill(job, cache, live, done, drafter, policy, t_start)
                 while True:
                     stats.add(info)
                     if on_step is not None:
@@ -213,92 +225,62 @@ class SpecEngine:
         return [r.completion() for r in rows]
 
     # ------------------------------------------------------------------ the steps
-    def _prefill(self, job: Job, cache: RowCache, live: list[Row], done: list[Row],
-                 drafter: Drafter | None, t_start: float) -> StepInfo:
-        """One right-padded forward over every prompt; samples output position 0 of each row."""
+    def _prefill(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
+                 policy: BudgetPolicy, t_start: float) -> StepInfo:
+        """One packed forward over every prompt; samples output position 0 of each row."""
         t0 = time.perf_counter()
-        lens = np.array([len(r.prompt) for r in live], dtype=np.int64)  # [B]
-        batch, width = len(live), int(lens.max())
-        ids = np.zeros((batch, width), dtype=np.int64)  # [B, L]
-        for b, r in enumerate(live):
-            ids[b, : lens[b]] = r.prompt
-        pos = torch.arange(width).expand(batch, width)  # [B, L]
-        j = torch.arange(width)
-        lens_t = torch.as_tensor(lens)
-        keep = (j[None, :] < lens_t[:, None])[:, None, :] | torch.eye(width, dtype=torch.bool)[None]  # [B,L,L]
-        mask = keep & torch.ones(width, width, dtype=torch.bool).tril()[None]  # [B, L, L]
-        last = torch.as_tensor(lens - 1)  # [B]
-        logits = self._forward(cache, ids=torch.as_tensor(ids), pos=pos, slots=pos.clone(),
-                               mask=mask, view_len=width, rows=torch.arange(batch), cols=last)  # [B, V]
+        inputs = pack_prompts([r.prompt for r in live])
+        lens = np.diff(inputs.starts)  # [B]
+        logits = self._forward(cache, inputs, at=inputs.starts[1:] - 1)  # [B, V] at each prompt's last token
+        t1 = time.perf_counter()
         tokens, logps = draw(logits, job.sampling, seeds=np.array([r.seed for r in live]),
-                             positions=np.zeros(batch, dtype=np.int64))
-        cache.lengths[:batch] = lens
-        new = 0
-        for b, r in enumerate(live):
-            new += r.append(tokens[b : b + 1], logps[b : b + 1], job)
+                             positions=np.zeros(len(live), dtype=np.int64))
+        t2 = time.perf_counter()
+        cache.lengths[: len(live)] = lens
+        new = sum(r.append(tokens[b : b + 1], logps[b : b + 1], job) for b, r in enumerate(live))
+        for r in live:
             r.state.forwards += 1
         if drafter is not None:
-            for b, r in enumerate(live):
-                drafter.observe(r.req_id, r.out[-1:])
-        t1 = time.perf_counter()
-        finished = self._retire(cache, live, done, drafter)
-        return StepInfo(step=0, batch_size=batch, tokens=int(lens.sum()), new_tokens=new, drafted=0, accepted=0,
+            observe_batch(drafter, [r.req_id for r in live], [r.out[-1:] for r in live])
+        finished = self._retire(cache, live, done, drafter, policy)
+        return StepInfo(step=0, batch_size=len(lens), tokens=int(lens.sum()), new_tokens=new, drafted=0, accepted=0,
                         finished=finished, elapsed_s=time.perf_counter() - t_start, draft_s=0.0,
-                        verify_s=t1 - t0, width=int(lens.max()), kv_tokens=0)
+                        verify_s=t2 - t1, forward_s=t1 - t0, width=int(lens.max()), kv_tokens=0)
 
     def _step(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
               policy: BudgetPolicy, step: int, t_start: float) -> StepInfo:
+        """propose -> pack -> forward -> sample -> verify -> commit."""
         t0 = time.perf_counter()
         batch = len(live)
-        drafts = self._drafts(live, drafter, policy)
-        t1 = time.perf_counter()
-
-        # Inputs: [pending, draft nodes..., padding] per row, with a tree/causal mask.
-        n = np.array([len(d) for d in drafts], dtype=np.int64)  # [B]
-        q = 1 + int(n.max())
         lengths = cache.lengths[:batch].copy()  # [B] committed tokens; the pending token goes at slot L
-        ids = np.zeros((batch, q), dtype=np.int64)  # [B, q]
-        offs = np.zeros((batch, q), dtype=np.int64)  # [B, q] position offset from L
-        anc = np.zeros((batch, q, q), dtype=bool)  # [B, q, q] query j may see new token k
-        node_depth = []
-        for b, (r, d) in enumerate(zip(live, drafts)):
-            k = len(d)
-            dep = depths(d.parents)  # [k]
-            node_depth.append(dep)
-            ids[b, 0] = r.out[-1]
-            ids[b, 1 : 1 + k] = d.tokens
-            ids[b, 1 + k :] = r.out[-1]  # padding: any valid id
-            offs[b, 1 : 1 + k] = 1 + dep
-            offs[b, 1 + k :] = np.arange(1 + k, q)
-            anc[b, :, 0] = True
-            for i, p in enumerate(d.parents):
-                anc[b, 1 + i] = anc[b, 1 + p] if p >= 0 else anc[b, 0]
-                anc[b, 1 + i, 1 + i] = True
-            anc[b, 1 + k :, :] = False
-            anc[b, 1 + k :, 0] = False
-            anc[b, np.arange(1 + k, q), np.arange(1 + k, q)] = True  # padding sees only itself
-        lengths_t = torch.as_tensor(lengths)
-        slots = lengths_t[:, None] + torch.arange(q)[None, :]  # [B, q]
-        pos = lengths_t[:, None] + torch.as_tensor(offs)  # [B, q]
-        view = int(lengths.max()) + q
-        mask = (torch.arange(view)[None, :] < lengths_t[:, None])[:, None, :].repeat(1, q, 1)  # [B, q, S]
-        mask.scatter_(2, slots[:, None, :].expand(batch, q, q), torch.as_tensor(anc))
-        real = torch.arange(q)[None, :] <= torch.as_tensor(n)[:, None]  # [B, q]
-        rows_i, cols_i = torch.nonzero(real, as_tuple=True)  # [N] each, row-major: row b's 1 + n_b entries
-        logits = self._forward(cache, ids=torch.as_tensor(ids), pos=pos, slots=slots, mask=mask,
-                               view_len=view, rows=rows_i, cols=cols_i)  # [N, V]
-
-        # Targets at every real input position, with the uniforms of their output positions.
-        seeds = np.concatenate([np.full(1 + len(d), r.seed) for r, d in zip(live, drafts)])
-        outpos = np.concatenate([len(r.out) + np.concatenate([[0], 1 + dep]) for r, dep in zip(live, node_depth)])
-        tokens, logps = draw(logits, job.sampling, seeds=seeds, positions=outpos)  # [N] each
-        starts = np.concatenate([[0], np.cumsum(1 + n)])
-        verdicts = [verify(d, tokens[starts[b] : starts[b + 1]]) for b, d in enumerate(drafts)]
+        drafts = self._propose(live, drafter, policy)
+        t1 = time.perf_counter()
+        inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts)
+        logits = self._forward(cache, inputs)  # [N, V]: targets at the pending token and every draft node
         t2 = time.perf_counter()
+        q = np.diff(inputs.starts)  # [B]
+        out_len = np.array([len(r.out) for r in live], np.int64)  # [B]
+        tokens, logps = draw(logits, job.sampling, seeds=np.repeat([r.seed for r in live], q),
+                             positions=np.repeat(out_len, q) + inputs.depth)  # [N] each
+        verdicts = verify_batch(drafts, tokens, inputs.starts)
+        t3 = time.perf_counter()
+        new, acc = self._commit(job, cache, live, drafts, verdicts, logps, inputs.starts, lengths)
+        if drafter is not None:
+            observe_batch(drafter, [r.req_id for r in live], [r.out[len(r.out) - r.last_kept:] for r in live])
+        finished = self._retire(cache, live, done, drafter, policy)
+        t4 = time.perf_counter()
+        return StepInfo(step=step, batch_size=batch, tokens=inputs.layout.tokens, new_tokens=new,
+                        drafted=int(drafts.lengths.sum()), accepted=acc, finished=finished,
+                        elapsed_s=t4 - t_start, draft_s=t1 - t0, verify_s=t3 - t2, forward_s=t2 - t1,
+                        width=int(q.max()), kv_tokens=int(lengths.sum()))
 
-        # Commit: nothing above changed any row.
+    def _commit(self, job: Job, cache: RowCache, live: list[Row], drafts: DraftBatch, verdicts: list[Verdict],
+                logps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
+        """Append each row's verified tokens (stops applied token by token), make a tree's accepted path
+        contiguous in the cache, commit cache lengths. Returns (new tokens, accepted draft tokens)."""
         new = acc = 0
-        for b, (r, d, v) in enumerate(zip(live, drafts, verdicts)):
+        n = drafts.lengths
+        for b, (r, v) in enumerate(zip(live, verdicts)):
             path = v.path
             if len(path) and not np.array_equal(path, np.arange(len(path))):
                 base = int(lengths[b]) + 1
@@ -306,60 +288,56 @@ class SpecEngine:
             kept = r.append(v.tokens, logps[starts[b] : starts[b + 1]][v.emit_at], job)
             cache.lengths[b] = lengths[b] + kept
             r.state.forwards += 1
-            r.state.drafted += len(d)
+            r.state.drafted += int(n[b])
             r.state.accepted += min(v.accepted, kept)
             new += kept
             acc += min(v.accepted, kept)
-        if drafter is not None:
-            for r, v in zip(live, verdicts):
-                drafter.observe(r.req_id, r.out[len(r.out) - r.last_kept:])
-        finished = self._retire(cache, live, done, drafter)
-        t3 = time.perf_counter()
-        return StepInfo(step=step, batch_size=batch, tokens=int((1 + n).sum()), new_tokens=new,
-                        drafted=int(n.sum()), accepted=acc, finished=finished,
-                        elapsed_s=t3 - t_start, draft_s=t1 - t0, verify_s=t2 - t1 + (t3 - t2), width=int(q),
-                        kv_tokens=int(lengths.sum()))
+        return new, acc
 
     # ------------------------------------------------------------------ helpers
-    def _drafts(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> list[Draft]:
+    def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> DraftBatch:
         """Policy budgets, capped by each row's room, then the drafter's proposals, trimmed and checked."""
         if drafter is None:
-            return [EMPTY_DRAFT] * len(live)
+            return DraftBatch.empty(len(live))
         states = [r.state for r in live]
         budgets = list(policy.budgets(states))
         if len(budgets) != len(live):
             raise ValueError(f"policy returned {len(budgets)} budgets for {len(live)} live requests")
-        caps = [max(0, min(int(b), r.room(self.max_context) - 1)) for b, r in zip(budgets, live)]
-        if not any(caps):
-            return [EMPTY_DRAFT] * len(live)
-        drafts = list(drafter.propose([r.req_id for r in live], caps))
-        drafts = list(policy.trim(states, drafts))
+        caps = np.array([max(0, min(int(b), r.room(self.max_context) - 1)) for b, r in zip(budgets, live)], np.int64)
+        if not caps.any():
+            return DraftBatch.empty(len(live))
+        drafts = propose_flat(drafter, [r.req_id for r in live], caps.tolist())
+        if getattr(policy, "trims", True):
+            drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
         if len(drafts) != len(live):
             raise ValueError(f"drafter/policy returned {len(drafts)} drafts for {len(live)} live requests")
-        out = []
-        for r, d, cap in zip(live, drafts, caps):
-            if len(d) > cap:
-                d = Draft(d.tokens[:cap], d.parents[:cap], d.probs[:cap], d.match_len)
-            if len(d) and (int(d.tokens.min()) < 0 or int(d.tokens.max()) >= self.vocab_size):
-                raise ValueError(f"draft for request {r.req_id!r} has token ids outside [0, {self.vocab_size})")
-            out.append(d)
-        return out
+        drafts = drafts.capped(caps)
+        if len(drafts.tokens) and (int(drafts.tokens.min()) < 0 or int(drafts.tokens.max()) >= self.vocab_size):
+            b = int(np.searchsorted(drafts.offsets, np.flatnonzero(
+                (drafts.tokens < 0) | (drafts.tokens >= self.vocab_size))[0], side="right")) - 1
+            raise ValueError(f"draft for request {live[b].req_id!r} has token ids outside [0, {self.vocab_size})")
+        return drafts
 
-    def _forward(self, cache: RowCache, *, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                 mask: torch.Tensor, view_len: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Decoder over ids [B, q] writing K/V at slots [B, q]; lm_head only at (rows, cols): [N, V]."""
-        cache.prepare(slots, view_len)
-        hidden = self.decoder(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache,
-                              use_cache=True).last_hidden_state  # [B, q, H]
-        return self.lm_head(hidden[rows, cols])  # [N, V]
+    def _forward(self, cache: RowCache, inputs: PackedInputs, at: np.ndarray | None = None) -> torch.Tensor:
+        """Decoder over the packed tokens [1, N]; lm_head at packed indices `at` (default: all): [M, V]."""
+        cache.prepare_packed(inputs.layout.rows, inputs.layout.slots, inputs.view)
+        hidden = self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK, position_ids=inputs.positions,
+                              cache=cache, use_cache=True, dasrl_packed=inputs.layout).last_hidden_state  # [1, N, H]
+        h = hidden[0] if at is None else hidden[0, torch.as_tensor(at)]  # [M, H]
+        return self.lm_head(h)  # [M, V]
 
-    def _retire(self, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None) -> int:
-        """Finished rows leave the batch (swap-remove keeps live rows a prefix of the cache)."""
+    def _retire(self, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
+                policy: BudgetPolicy) -> int:
+        """Finished rows leave the batch (swap-remove keeps live rows a prefix of the cache); the drafter
+        and the policy are told."""
         finished = [b for b, r in enumerate(live) if r.finish is not None]
+        tell_policy = getattr(policy, "finish", None)
         for b in reversed(finished):
             row = live[b]
             if drafter is not None:
                 drafter.finish(row.req_id)
+            if tell_policy is not None:
+                tell_policy(row.state)
             done.append(row)
             cache.remove_row(b)
             last = live.pop()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasrl.drafter.base import ROOT, Draft
+from dasrl.drafter.base import ROOT, Draft, DraftBatch
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,29 @@ def verify(draft: Draft, targets: np.ndarray) -> Verdict:
     if draft.is_chain:
         return verify_chain(draft.tokens, targets)
     return verify_tree(draft.tokens, draft.parents, targets)
+
+
+def verify_batch(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> list[Verdict]:
+    """Every row's verdict: row b's targets are targets[starts[b]:starts[b+1]] (pending, then each node).
+    Chains are verified for the whole batch at once; trees row by row."""
+    n = drafts.lengths  # [B]
+    batch = len(n)
+    row_of = np.repeat(np.arange(batch), n)  # [T] row of each draft node
+    local = np.arange(len(drafts.tokens)) - drafts.offsets[row_of]  # [T] node index within its row
+    tree = np.zeros(batch, bool)
+    tree[row_of[drafts.parents != local - 1]] = True  # [B] rows whose draft is not a chain
+    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
+    match = drafts.tokens == targets[starts[row_of] + local]  # [T]
+    accepted = n.copy()  # [B] leading matches per row
+    np.minimum.at(accepted, row_of[~match], local[~match])
+    out = []
+    for b in range(batch):
+        row_targets = targets[starts[b] : starts[b + 1]]
+        if tree[b]:
+            d = drafts.draft(b)
+            out.append(verify_tree(d.tokens, d.parents, row_targets))
+            continue
+        a = int(accepted[b])
+        emit_at = np.arange(a + 1, dtype=np.int64)
+        out.append(Verdict(emit_at, np.asarray(row_targets[: a + 1], dtype=np.int64), bonus=a == int(n[b])))
+    return out

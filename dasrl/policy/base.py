@@ -45,6 +45,9 @@ class BudgetPolicy(Protocol):
 class PolicyBase:
     """Default trim: keep drafts as proposed."""
 
+    trims = False
+    """Whether trim() may change drafts (the engine skips it when False)."""
+
     def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
         return drafts
 

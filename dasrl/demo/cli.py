@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -30,11 +31,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             cfg = DemoConfig.for_preset(preset, steps=steps, prompts=prompts, samples=samples,
                                         max_new_tokens=max_new_tokens, model=model, temperature=temperature,
                                         policy=policy, seed=seed, out=out)
+            cfg.validate()  # no model loaded, no run folder made, for a bad flag
+            if Path(out).exists() and not Path(out).is_dir():
+                raise ValueError(f"--out {out!r} is a file; it must be a folder (or not exist yet)")
         except ValueError as e:
             typer.secho(f"error: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
         try:
             run_demo(cfg)
-        except (ValueError, FileNotFoundError, RuntimeError) as e:
+        except (ValueError, OSError, RuntimeError) as e:  # OSError: the run folder cannot be made
             typer.secho(f"error: {e}", fg="red", err=True)
             raise typer.Exit(2) from None

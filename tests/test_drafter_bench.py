@@ -65,8 +65,17 @@ def test_bench_drafter_cli_writes_json(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())
     keys = {"drafter", "mutation", "corpus_tokens", "speculate_us_p50", "batched_speculate_us_per_request",
             "append_us_per_token", "build_us_per_token", "bytes_per_token", "accepted_per_step"}
-    assert rows and all(keys <= set(r) for r in rows)
-    assert {r["drafter"] for r in rows} >= {"dasrl"}
+    measured = [r for r in rows if "absent" not in r]
+    assert measured and all(keys | {"batched_speculate_us_per_request_core", "observe_batch_us_per_token"} <= set(r)
+                            for r in measured)
+    assert {r["drafter"] for r in rows} >= {"dasrl", "arctic"}  # arctic measured, or reported absent
+    assert all(r["drafter"] == "arctic" and r["absent"] for r in rows if "absent" in r)
+
+
+def test_bench_drafter_refuses_bad_flags():
+    for flag in ("0", str(10**12), "-1"):
+        r = CliRunner().invoke(app, ["bench", "drafter", "--budget", flag])
+        assert r.exit_code == 2 and flag in r.output, r.output
 
 
 def _tiny_init(init):

@@ -123,9 +123,107 @@ def test_bad_input_names_the_value():
         store.observe("r", [3, -5])
     store.observe("r", [3])
     store.finish("r")
-    with pytest.raises(KeyError, match="unknown request id 'r'"):
+    with pytest.raises(ValueError, match="request 'r' finished twice"):
         store.finish("r")
+    with pytest.raises(ValueError, match="request 'r' is finished"):
+        store.observe("r", [1])
+    with pytest.raises(KeyError, match="unknown request id 'y'"):
+        store.finish("y")
     store.check_integrity()
+
+
+def test_bounds_at_the_boundary_name_the_value():
+    store = DraftStore()
+    with pytest.raises(ValueError, match="9223372036854775808"):
+        store.start("r", None, [1, 2**63])
+    with pytest.raises(ValueError, match="token id 2147483648 at position 0 is >= 2\\^31"):
+        store.start("r", None, np.array([2**31], np.int64))
+    assert store.num_shards == 0  # a refused start leaves no shard behind
+    store.start("r", None, [1, 2])
+    for bad in (2**40, 2**63, 10**30):
+        with pytest.raises(ValueError, match=f"got {bad} for request 'r'"):
+            store.propose(["r"], [bad])
+        with pytest.raises(ValueError, match=str(bad)):
+            store.propose_flat(["r"], [bad])
+    with pytest.raises(ValueError, match="2147483648 at position 1"):
+        store.observe("r", [1, 2**31])
+    with pytest.raises(ValueError, match="9223372036854775808"):
+        store.observe("r", [1, 2**63])
+    with pytest.raises(ValueError, match="one-dimensional"):
+        store.observe("r", np.zeros((2, 2), np.int64))
+    with pytest.raises(TypeError, match="float64"):
+        store.observe("r", np.zeros(2))
+    with pytest.raises(ValueError, match="tokens of request 'r': negative token id -1 at position 1"):
+        store.observe_batch(["r"], [[1, -1]])
+    assert store.num_tokens == 2  # nothing of the refused calls reached the index
+    store.check_integrity()
+    for kw, words in [({"window": 1.5}, "window .* 1.5"), ({"window": -1}, "window"), ({"window": True}, "window"),
+                      ({"vocab_size": 0}, "vocab_size .* 0"), ({"vocab_size": -1}, "vocab_size .* -1"),
+                      ({"vocab_size": 2**40}, "vocab_size"), ({"live_weight": float("inf")}, "live_weight .* inf"),
+                      ({"live_weight": float("nan")}, "live_weight"), ({"decay": float("nan")}, "decay"),
+                      ({"params": "x"}, "params")]:
+        with pytest.raises(ValueError, match=words):
+            StoreConfig(**kw)
+    for kw, words in [({"max_match": 10**12}, "max_match .* 1000000000000"), ({"max_match": 2.5}, "max_match"),
+                      ({"branching": 0}, "branching"), ({"min_prob": float("nan")}, "min_prob")]:
+        with pytest.raises(ValueError, match=words):
+            DraftParams(**kw)
+
+
+def test_flat_and_batch_paths_equal_the_per_request_paths():
+    from dasrl.drafter.base import observe_batch, propose_flat
+
+    rng = np.random.default_rng(5)
+    a, b = DraftStore(), DraftStore()
+    for store in (a, b):
+        for k in range(6):
+            store.add_rollout(k % 2, PROMPT_A, rng.integers(0, 8, 50).tolist() if store is a else None or [])
+    b = DraftStore()
+    hist = [(k % 2, rng.integers(0, 8, 50).tolist()) for k in range(6)]
+    for store in (a, b):
+        store.__init__()
+        for pid, resp in hist:
+            store.add_rollout(pid, PROMPT_A, resp)
+        store.end_step()
+        for r in range(4):
+            store.start(r, r % 2, PROMPT_A)
+    for step in range(12):
+        toks = [rng.integers(0, 8, int(rng.integers(0, 4))) for _ in range(4)]
+        observe_batch(a, list(range(4)), [t.tolist() if step % 2 else t for t in toks])
+        for r, t in enumerate(toks):
+            b.observe(r, t)
+        budgets = rng.integers(0, 10, 4).tolist()
+        flat = propose_flat(a, list(range(4)), budgets)
+        per = b.propose(list(range(4)), budgets)
+        assert flat.lengths.tolist() == [len(d) for d in per]
+        for i, d in enumerate(per):
+            f = flat.draft(i)
+            assert (f.tokens.tolist(), f.parents.tolist(), f.match_len) == (d.tokens.tolist(), d.parents.tolist(), d.match_len)
+            np.testing.assert_allclose(f.probs, d.probs)
+    a.check_integrity()
+
+
+def test_shards_do_not_leak():
+    """Issue 13: requests never finished (a crashed caller) left an empty shard per problem forever."""
+    store = DraftStore(StoreConfig(window=2))
+    for step in range(20):
+        for p in range(50):
+            store.start((step, p), f"p{step}-{p}", [1, 2, step, p])
+            store.observe((step, p), [3, 4])
+        store.start(("done", step), "shared", [9, 9])
+        store.finish(("done", step))
+        store.end_step()
+        store.check_integrity()
+        assert store.num_shards == 1  # only the finished problem's history
+    prob = DraftStore(StoreConfig(mode="problem"))
+    prob.start("r", "new", [1, 2])
+    prob.abort("r")
+    assert prob.num_shards == 0
+    prob.start("r", "new", [1, 2])
+    prob.finish("r")
+    prob.end_step()
+    assert prob.num_shards == 1
+    prob.check_integrity()
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402

@@ -8,11 +8,14 @@ from hypothesis import given, settings, strategies as st
 
 from dasrl.drafter.base import DraftParams
 from dasrl.drafter.reference import ReferenceIndex
-from dasrl.drafter.suffix import SuffixIndex, propose_batch
+from dasrl.drafter.suffix import SuffixIndex, extend_batch, propose_batch, propose_flat
 
 # Dyadic weights keep every weighted sum exact, so ties rank the same in both implementations.
 WEIGHTS = st.sampled_from([1.0, 0.5, 0.25, 2.0, 0.125])
-SMALL_SEQ = st.lists(st.integers(0, 3), min_size=0, max_size=40)
+# Mostly a 4-token alphabet (long, frequent matches) with a wide one mixed in, so that a node can have
+# more than 16 distinct continuations (the core switches from a linear scan to a hash map there).
+TOKEN = st.one_of(st.integers(0, 3), st.integers(0, 3), st.integers(4, 60))
+SMALL_SEQ = st.lists(TOKEN, min_size=0, max_size=40)
 
 
 def assert_same(native: SuffixIndex, ref: ReferenceIndex, ctx: list[int], budget: int, params: DraftParams) -> None:
@@ -67,35 +70,83 @@ def test_native_equals_reference(ops, contexts, budget, max_match, branching, mi
             assert_same(native, ref, ctx, budget, params)
 
 
+# The fan-out case: a head token (0) followed by many distinct tokens, often more than 16 per node, with
+# repeats (the core groups a node's continuations by a linear scan up to 16 groups, a hash map beyond).
+FAN_SEQ = st.tuples(st.integers(1, 40), st.lists(st.one_of(st.just(0), st.integers(1, 40)), max_size=3)).map(
+    lambda t: [0, t[0], *t[1]])
+
+
 @settings(max_examples=100, deadline=None)
-@given(corpus=st.lists(SMALL_SEQ, min_size=1, max_size=6), stream=st.lists(st.integers(0, 3), max_size=60),
-       chunks=st.lists(st.integers(1, 5), min_size=1, max_size=30), sibling_every=st.integers(0, 3),
-       max_match=st.integers(1, 10))
-def test_cursor_carried_match_equals_fresh_match(corpus, stream, chunks, sibling_every, max_match):
-    """A cursor fed a few tokens at a time (while a live sibling grows) drafts exactly what a fresh match
-    on its whole context gives, whether its carried match was reused or not."""
+@given(corpus=st.lists(st.tuples(FAN_SEQ, WEIGHTS), min_size=30, max_size=100), budget=st.integers(1, 12),
+       branching=st.integers(1, 4))
+def test_wide_fan_out_equals_reference(corpus, budget, branching):
+    native, ref = SuffixIndex(), ReferenceIndex()
+    for i, (seq, w) in enumerate(corpus):
+        native.add(i, seq, w)
+        ref.add(i, seq, w)
+    native.check_integrity()
+    for ctx in ([0], [5, 0], [0, 0]):
+        assert_same(native, ref, ctx, budget, DraftParams(max_match=3, branching=branching))
+
+
+def test_seventeenth_distinct_continuation_joins_its_group():
+    """Issue 12: past 16 distinct continuations a node's groups move to a hash map; the token that
+    crossed the limit was left out of the map, so its next occurrence opened a second group."""
+    for order in ("many first", "distinct first"):
+        native, ref = SuffixIndex(), ReferenceIndex()
+        seqs = [[1000, 200]] * 10 + [[1000, 300 + k] for k in range(16)]
+        for sid, seq in enumerate(seqs if order == "many first" else seqs[::-1]):
+            native.add(sid, seq)
+            ref.add(sid, seq)
+        for branching in (1, 3):
+            assert_same(native, ref, [1000], 3, DraftParams(branching=branching))
+        tree = native.propose([1000], 3, DraftParams(branching=3))
+        assert tree.tokens.tolist() == [200, 300, 301], order
+        np.testing.assert_allclose(tree.probs, [10 / 26, 1 / 26, 1 / 26])
+
+
+@settings(max_examples=100, deadline=None)
+@given(corpus=st.lists(SMALL_SEQ, min_size=1, max_size=6), stream=st.lists(TOKEN, max_size=60),
+       chunks=st.lists(st.integers(0, 5), min_size=1, max_size=30), sibling_every=st.integers(0, 3),
+       max_match=st.integers(1, 10), branching=st.integers(1, 3))
+def test_cursors_per_request_and_flat_equal_reference(corpus, stream, chunks, sibling_every, max_match, branching):
+    """Two cursors fed a few tokens at a time (one growing its own live sequence, like a request in
+    problem+request mode, while a sibling sequence grows too) draft exactly the reference's drafts on
+    their whole contexts, through the per-request path and the flat batch path alike."""
     native, ref = SuffixIndex(), ReferenceIndex()
     for i, seq in enumerate(corpus):
         native.add(i, seq)
         ref.add(i, seq)
-    sib = len(corpus)
-    native.add(sib, [])
-    ref.add(sib, [])
-    cursor = native.cursor(max_match)
-    params = DraftParams(max_match=max_match)
+    sib, own = len(corpus), len(corpus) + 1
+    for sid in (sib, own):
+        native.add(sid, [])
+        ref.add(sid, [])
+    plain, live = native.cursor(max_match), native.cursor(max_match, seq_id=own)
+    params = DraftParams(max_match=max_match, branching=branching)
     ctx: list[int] = []
     pos = 0
     for step, n in enumerate(chunks):
         piece = stream[pos : pos + n]
         pos += n
-        cursor.extend(piece)
+        if step % 2:
+            assert extend_batch([plain, live], np.array(piece + piece, np.int64),
+                                np.array([0, len(piece), 2 * len(piece)])) == -1
+        else:
+            plain.extend(piece)
+            live.extend(piece)
         ctx += piece
+        ref.append(own, piece)
         if sibling_every and step % sibling_every == 0:
             native.append(sib, piece[::-1])
             ref.append(sib, piece[::-1])
-        got = propose_batch([cursor], [8])[0]
         want = ref.propose(ctx, 8, params)
-        assert (got.match_len, got.tokens.tolist()) == (want.match_len, want.tokens)
+        flat = propose_flat([plain, live], np.array([8, 8], np.int64), branching=branching)
+        per_request = propose_batch([live], [8], branching=branching)[0]
+        for got in (flat.draft(0), flat.draft(1), per_request):
+            assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == \
+                (want.match_len, want.tokens, want.parents)
+            np.testing.assert_allclose(got.probs, want.probs, rtol=0, atol=1e-9)
+    assert native.tokens(own).tolist() == ctx == live.context().tolist()
     native.check_integrity()
 
 
@@ -168,8 +219,23 @@ def test_bad_ids_and_budgets():
         ix.remove(0)
     with pytest.raises(ValueError, match="budget must be >= 0, got -1"):
         ix.propose([1, 2], -1)
-    with pytest.raises(ValueError, match="-3 at position 1"):
+    with pytest.raises(ValueError, match="got -3 for request 1"):
         propose_batch([ix.cursor(), ix.cursor()], [1, -3])
+    for big in (2**40, 2**63, 2**64):
+        with pytest.raises(ValueError, match=str(big)):
+            propose_batch([ix.cursor()], [big])
+    with pytest.raises(ValueError, match="max_match must be in .*1000000000000"):
+        ix.cursor(10**12)
+    with pytest.raises(ValueError, match="max_match must be in .*1000000000000"):
+        DraftParams(max_match=10**12)
+    ix.add(7, [1, 2, 3])
+    with pytest.raises(ValueError, match="9223372036854775808 at position 1"):
+        ix.append(7, [1, 2**63])
+    with pytest.raises(ValueError, match="18446744073709551616 at position 0"):
+        ix.append(7, [2**64])
+    assert ix.tokens(7).tolist() == [1, 2, 3]
+    c = ix.cursor()
+    assert c.feed(np.array([1, -1, 2])) == 1 and c.context_len == 0  # unchecked path: reported, nothing changed
     with pytest.raises(ValueError, match="weight"):
         ix.add(3, [1], weight=0.0)
     ix.check_integrity()

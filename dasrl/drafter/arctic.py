@@ -14,12 +14,17 @@ import numpy as np
 from dasrl.drafter.base import Draft, check_budgets
 
 
-def arctic_available() -> bool:
+def arctic_status() -> str | None:
+    """None when arctic-inference imports, else why it does not (it is an optional, source-built extra)."""
     try:
         import arctic_inference.suffix_decoding  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except Exception as e:  # a broken build fails in other ways than ImportError
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def arctic_available() -> bool:
+    return arctic_status() is None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,15 @@ import numpy as np
 ROOT = -1
 """Parent index of a draft token that follows the context's last token directly."""
 
+MAX_TOKEN = 2**31 - 1
+"""Largest token id a drafter indexes (int32)."""
+MAX_BUDGET = 2**31 - 1
+"""Largest draft budget per request (a larger one is refused, not clamped)."""
+MAX_MATCH = 2**20
+"""Longest context suffix a drafter matches."""
+MAX_BRANCHING = 2**16
+"""Most children per draft node."""
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -157,12 +166,17 @@ class DraftParams:
     """Children per node: 1 = chain drafts, k > 1 = tree drafts (top-k continuations, best-first)."""
 
     def __post_init__(self) -> None:
-        if self.max_match < 1:
-            raise ValueError(f"max_match must be >= 1, got {self.max_match}")
-        if not 0.0 <= self.min_prob <= 1.0:
-            raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob}")
-        if self.branching < 1:
-            raise ValueError(f"branching must be >= 1, got {self.branching}")
+        _check_int("max_match", self.max_match, 1, MAX_MATCH)
+        if not (isinstance(self.min_prob, (int, float)) and 0.0 <= self.min_prob <= 1.0):
+            raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
+        _check_int("branching", self.branching, 1, MAX_BRANCHING)
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
 
 @runtime_checkable
@@ -191,9 +205,25 @@ def problem_key(prompt_ids: Sequence[int]) -> int:
     return int.from_bytes(hashlib.blake2b(arr.tobytes(), digest_size=8).digest(), "little") >> 1
 
 
-def check_budgets(req_ids: Sequence[Hashable], budgets: Sequence[int]) -> None:
+def budget_array(req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> np.ndarray:
+    """[n] int64 budgets, each in [0, MAX_BUDGET], or an error naming the bad value and its request."""
     if len(req_ids) != len(budgets):
         raise ValueError(f"{len(req_ids)} request ids but {len(budgets)} budgets")
-    for rid, b in zip(req_ids, budgets):
-        if int(b) < 0:
-            raise ValueError(f"draft budget must be >= 0, got {b} for request {rid!r}")
+    try:
+        arr = np.asarray(budgets, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        arr = None
+    if arr is None or arr.ndim != 1 or (isinstance(budgets, np.ndarray) and budgets.dtype.kind not in "iu"):
+        for rid, b in zip(req_ids, budgets):
+            if not isinstance(b, (int, np.integer)) or isinstance(b, (bool, np.bool_)) or not 0 <= b <= MAX_BUDGET:
+                raise ValueError(f"draft budget must be an int in [0, 2^31 - 1], got {b!r} for request {rid!r}")
+        raise ValueError(f"draft budgets must be a flat sequence of ints, got {budgets!r}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > MAX_BUDGET):
+        i = int(np.argmin(arr)) if int(arr.min()) < 0 else int(np.argmax(arr))
+        kind = "must be >= 0" if arr[i] < 0 else "must be <= 2^31 - 1"
+        raise ValueError(f"draft budget {kind}, got {int(arr[i])} for request {list(req_ids)[i]!r}")
+    return arr
+
+
+def check_budgets(req_ids: Sequence[Hashable], budgets: Sequence[int]) -> None:
+    budget_array(req_ids, budgets)

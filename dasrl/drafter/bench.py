@@ -15,11 +15,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dasrl.drafter.base import DraftParams, Drafter
-from dasrl import _core
-from dasrl.drafter.suffix import SuffixIndex
+from dasrl.drafter.base import DraftParams, Drafter, observe_batch, propose_flat
+from dasrl.drafter.suffix import SuffixIndex, extend_batch
+from dasrl.drafter.suffix import propose_flat as propose_flat_core
 
 VOCAB, BASE_LEN, PROMPT_LEN, ROLLOUTS_PER_PROBLEM = 32_000, 4_000, 256, 16
+MAX_BENCH_BUDGET = 4_096
+"""Largest --budget (drafts are compared token by token against a 1,000-token truth)."""
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,21 @@ class DrafterBenchConfig:
     mutation_rate: float = 0.10
     """Fraction of positions mutated in each rollout."""
     budget: int = 16
-    """Draft budget per step while decoding."""
+    """Draft budget per step while decoding (1..MAX_BENCH_BUDGET)."""
     decode_tokens: int = 1_000
     """Tokens decoded per fresh rollout (per problem)."""
     batch: int = 256
     """Requests in the batched propose call."""
     seed: int = 0
     """Workload seed."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, int) or not 1 <= self.budget <= MAX_BENCH_BUDGET:
+            raise ValueError(f"budget must be an int in [1, {MAX_BENCH_BUDGET}], got {self.budget!r}")
+        if not isinstance(self.batch, int) or not 1 <= self.batch <= 65_536:
+            raise ValueError(f"batch must be an int in [1, 65536], got {self.batch!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
 
 
 def mutate(base: np.ndarray, *, kind: str, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -115,19 +125,36 @@ def decode(drafter: Drafter, problems: list[Problem], *, budget: int, tokens: in
             "accepted_per_step": accepted / steps}
 
 
-def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budget: int) -> float:
-    """Microseconds per request of one propose call for `batch` requests spread over the problems,
-    each 500 tokens into its fresh rollout."""
+def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budget: int,
+                 observe_tokens: int = 5) -> dict[str, float]:
+    """One propose call for `batch` requests spread over the problems, each 500 tokens into its fresh
+    rollout, through the protocol's flat path (base.propose_flat, what the engine calls) and its list
+    of Drafts (propose); then each request observes its next `observe_tokens` true tokens in one
+    base.observe_batch call. Medians of 7 calls: µs per request, µs per observed token."""
     rids = [f"batch-{j}" for j in range(batch)]
+    pos = [500 + j % 7 for j in range(batch)]
     for j, rid in enumerate(rids):
         prob = problems[j % len(problems)]
         drafter.start(rid, j % len(problems), prob.prompt)
-        drafter.observe(rid, prob.fresh[: 500 + j % 7])
-    drafter.propose(rids, [budget] * batch)  # warm
-    best = min(_timed(lambda: drafter.propose(rids, [budget] * batch)) for _ in range(5))
+        drafter.observe(rid, prob.fresh[: pos[j]])
+    budgets = [budget] * batch
+    propose_flat(drafter, rids, budgets)  # warm
+    flat = _median(lambda: propose_flat(drafter, rids, budgets))
+    drafts = _median(lambda: drafter.propose(rids, budgets))
+    obs = []
+    for _ in range(7):
+        toks = [problems[j % len(problems)].fresh[pos[j]: pos[j] + observe_tokens] for j in range(batch)]
+        pos = [p + observe_tokens for p in pos]
+        obs.append(_timed(lambda: observe_batch(drafter, rids, toks)) / sum(len(t) for t in toks))
     for rid in rids:
         drafter.finish(rid)
-    return best / batch * 1e6
+    return {"batched_speculate_us_per_request": flat / batch * 1e6,
+            "batched_drafts_us_per_request": drafts / batch * 1e6,
+            "observe_batch_us_per_token": float(np.median(obs)) * 1e6}
+
+
+def _median(fn: Callable[[], object], n: int = 7) -> float:
+    return float(np.median([_timed(fn) for _ in range(n)]))
 
 
 def index_costs(problems: list[Problem]) -> dict[str, float]:
@@ -154,21 +181,36 @@ def _remove_time(ix: SuffixIndex, seq: np.ndarray) -> float:
     return _timed(lambda: ix.remove(10**9 + 1))
 
 
-def native_batched_us(problems: list[Problem], *, batch: int, budget: int) -> float:
-    """The core's batched call alone (no protocol layer, no per-request Draft objects): µs per request."""
+def core_costs(problems: list[Problem], *, batch: int, budget: int, observe_tokens: int = 5) -> dict[str, float]:
+    """The same batched propose and observe as batched_call on the core alone (the wrapper's unchecked
+    paths over one index per problem, each request growing its live sequence as in problem+request
+    mode): no protocol layer, no request-id lookups, no validation."""
     shards = {}
     for i, p in enumerate(problems):
         shards[i] = SuffixIndex()
         for k, h in enumerate(p.history):
             shards[i].add(k, np.concatenate([p.prompt, h]))
-    cursors = []
+    cursors, pos = [], [500 + j % 7 for j in range(batch)]
     for j in range(batch):
-        c = shards[j % len(problems)].cursor(DraftParams().max_match)
-        c.extend(np.concatenate([problems[j % len(problems)].prompt, problems[j % len(problems)].fresh[: 500 + j % 7]]))
-        cursors.append(c._c)
-    budgets = np.full(batch, budget, dtype=np.int32)
-    _core.propose_batch(cursors, budgets, 0.0, 1)
-    return min(_timed(lambda: _core.propose_batch(cursors, budgets, 0.0, 1)) for _ in range(5)) / batch * 1e6
+        p = problems[j % len(problems)]
+        ix = shards[j % len(problems)]
+        ix.add(10**6 + j, [])
+        c = ix.cursor(DraftParams().max_match, seq_id=10**6 + j)
+        c.feed(np.concatenate([p.prompt, p.fresh[: pos[j]]]))
+        cursors.append(c)
+    budgets = np.full(batch, budget, dtype=np.int64)
+    propose_flat_core(cursors, budgets)
+    flat = _median(lambda: propose_flat_core(cursors, budgets))
+    obs = []
+    for _ in range(7):
+        toks = [problems[j % len(problems)].fresh[pos[j]: pos[j] + observe_tokens] for j in range(batch)]
+        pos = [p + observe_tokens for p in pos]
+        flat_toks = np.concatenate(toks)
+        offsets = np.zeros(batch + 1, np.int64)
+        np.cumsum([len(t) for t in toks], out=offsets[1:])
+        obs.append(_timed(lambda: extend_batch(cursors, flat_toks, offsets)) / len(flat_toks))
+    return {"batched_speculate_us_per_request_core": flat / batch * 1e6,
+            "observe_batch_us_per_token_core": float(np.median(obs)) * 1e6}
 
 
 def runs(config: DrafterBenchConfig) -> Iterator[tuple[int, str, list[Problem]]]:

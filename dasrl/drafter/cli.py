@@ -15,7 +15,7 @@ from rich.table import Table
 
 from dasrl.atomic import write_json
 from dasrl.drafter import bench as B
-from dasrl.drafter.arctic import ArcticDrafter, arctic_available
+from dasrl.drafter.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 
@@ -40,24 +40,25 @@ def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], c
     row = {"drafter": name, "protocol_build_us_per_token": build_s / tokens * 1e6,
            "rss_bytes_per_token": max(0, _rss() - rss0) / tokens}
     row |= B.decode(drafter, problems, budget=cfg.budget, tokens=cfg.decode_tokens, on_request=tick)
-    row["batched_speculate_us_per_request"] = B.batched_call(drafter, problems, batch=cfg.batch, budget=cfg.budget)
+    row |= B.batched_call(drafter, problems, batch=cfg.batch, budget=cfg.budget)
     return row
 
 
 def run_bench(cfg: B.DrafterBenchConfig, *, console: Console) -> list[dict]:
     drafters: dict[str, Callable[[], object]] = {"dasrl": lambda: DraftStore(StoreConfig(mode="problem+request"))}
-    if arctic_available():
+    absent = arctic_status()
+    rows: list[dict] = []
+    if absent is None:
         drafters["arctic"] = ArcticDrafter
     else:
-        console.print("[yellow]arctic-inference not installed: dasrl rows only (pip install \"dasrl\\[arctic]\")")
-    rows = []
+        console.print(f"[yellow]arctic-inference: absent ({absent}); `make arctic` installs it. dasrl rows only")
+        rows.append({"drafter": "arctic", "absent": absent})
     workloads = list(B.runs(cfg))
     total = sum(len(w[2]) for w in workloads) * len(drafters)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("decoding fresh rollouts", total=total)
         for size, kind, problems in workloads:
-            native = B.index_costs(problems)
-            native["native_batched_us_per_request"] = B.native_batched_us(problems, batch=cfg.batch, budget=cfg.budget)
+            native = B.index_costs(problems) | B.core_costs(problems, batch=cfg.batch, budget=cfg.budget)
             for name, make in drafters.items():
                 row = {"mutation": kind, "corpus_tokens": size}
                 row |= _measure(name, make, problems, cfg, lambda: progress.advance(task))
@@ -73,8 +74,10 @@ def run_bench(cfg: B.DrafterBenchConfig, *, console: Console) -> list[dict]:
 COLUMNS = [("drafter", "drafter", "{}"), ("mutation", "mutation", "{}"), ("corpus_tokens", "corpus", "{:,}"),
            ("speculate_us_p50", "spec p50 µs", "{:.2f}"), ("speculate_us_p99", "spec p99 µs", "{:.2f}"),
            ("batched_speculate_us_per_request", "batched µs/req", "{:.2f}"),
-           ("native_batched_us_per_request", "core µs/req", "{:.2f}"),
-           ("append_us_per_token", "append µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
+           ("batched_speculate_us_per_request_core", "core µs/req", "{:.2f}"),
+           ("append_us_per_token", "observe µs/tok", "{:.3f}"),
+           ("observe_batch_us_per_token", "obs batch µs/tok", "{:.3f}"),
+           ("observe_batch_us_per_token_core", "core µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
            ("bytes_per_token", "bytes/tok", "{:.0f}"), ("accepted_per_step", "accepted/step", "{:.2f}")]
 
 
@@ -83,6 +86,8 @@ def print_table(rows: list[dict], console: Console) -> None:
     for _, title, _ in COLUMNS:
         table.add_column(title, justify="right")
     for r in rows:
+        if "absent" in r:
+            continue
         table.add_row(*[fmt.format(r[k]) if r.get(k) is not None else "-" for k, _, fmt in COLUMNS])
     console.print(table)
 
@@ -96,9 +101,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Workload seed."),
     ) -> None:
         """The history drafter vs arctic-inference on an RL-like workload (see docs/benchmarks.md)."""
-        if budget < 1:
-            raise typer.BadParameter(f"budget must be >= 1, got {budget}")
-        cfg = B.DrafterBenchConfig(budget=budget, seed=seed)
+        try:
+            cfg = B.DrafterBenchConfig(budget=budget, seed=seed)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
         if quick:
             cfg = dataclasses.replace(cfg, corpus_sizes=(100_000,))
         console = Console(width=max(Console().width, 170))  # the table is wide; never truncate numbers

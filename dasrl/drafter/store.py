@@ -8,26 +8,35 @@ Modes (the scope of the history, as in the paper's Figure 6):
                    vLLM `suffix` behaviour), for comparison.
 
 Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`.
+
+Shards: a shard exists while it holds a sequence or a live request uses it (created only after a request
+passed validation, dropped when its last sequence and last user go), so the shard count is bounded by
+the problems in the window plus those of live requests. Input is validated once, here, at the protocol
+boundary; the native calls behind it are the wrapper's unchecked fast paths.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from collections import deque
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.atomic import atomic_write, write_json
-from dasrl.drafter.base import Draft, DraftParams, problem_key
-from dasrl.drafter.suffix import Cursor, SuffixIndex, as_tokens, propose_batch
+from dasrl.drafter.base import MAX_TOKEN, Draft, DraftBatch, DraftParams, budget_array, problem_key
+from dasrl.drafter.persist import load_store, save_store
+from dasrl.drafter.suffix import (TOKEN_LIMIT, Cursor, SuffixIndex, extend_batch, first_bad, propose_flat, token_array,
+                                  token_error)
 
 MODES = ("problem", "problem+request", "global")
 
 GLOBAL = "__global__"
+
+_EMPTY = np.zeros(0, np.int32)
 
 
 @dataclass(frozen=True)
@@ -50,35 +59,56 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown store mode {self.mode!r}; valid modes: {', '.join(MODES)}")
-        if self.window < 0:
-            raise ValueError(f"window must be >= 0 (0 = unlimited), got {self.window}")
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
-        if not self.live_weight > 0:
-            raise ValueError(f"live_weight must be > 0, got {self.live_weight}")
+        if not _is_int(self.window) or not 0 <= self.window < 2**31:
+            raise ValueError(f"window must be an int >= 0 (0 = unlimited), got {self.window!r}")
+        if not (_is_real(self.decay) and 0.0 < self.decay <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if not (_is_real(self.live_weight) and 0.0 < self.live_weight <= 1e300):
+            raise ValueError(f"live_weight must be positive and finite, got {self.live_weight!r}")
+        if not isinstance(self.params, DraftParams):
+            raise ValueError(f"params must be a DraftParams, got {self.params!r}")
+        if self.vocab_size is not None and (not _is_int(self.vocab_size) or not 1 <= self.vocab_size <= MAX_TOKEN + 1):
+            raise ValueError(f"vocab_size must be None or an int in [1, 2^31], got {self.vocab_size!r}")
+
+    @property
+    def token_limit(self) -> int:
+        """Token ids must be below this."""
+        return TOKEN_LIMIT if self.vocab_size is None else self.vocab_size
 
 
-@dataclass
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(eq=False)
 class _Live:
     shard: Hashable
     cursor: Cursor
-    prompt: np.ndarray
-    output: list[int] = field(default_factory=list)
+    """The request's context (prompt + output); in problem+request and global modes it also grows the
+    request's live sequence in the shard."""
     seq_id: int | None = None
     """Its sequence in the shard while live (problem+request and global modes)."""
-    finished: bool = False
 
 
 class DraftStore:
-    """Implements the Drafter protocol; see the module docstring."""
+    """Implements the Drafter protocol (and its flat batch paths); see the module docstring."""
 
     def __init__(self, config: StoreConfig = StoreConfig()) -> None:
+        if not isinstance(config, StoreConfig):
+            raise TypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         self.config = config
+        self._limit = config.token_limit
         self._shards: dict[Hashable, SuffixIndex] = {}
+        self._users: dict[Hashable, int] = {}  # live requests per shard
         self._steps: deque[list[tuple[Hashable, int]]] = deque()  # finished steps: (shard, seq id)
         self._current: list[tuple[Hashable, int]] = []  # this step's finished rollouts, already indexed
         self._pending: list[tuple[Hashable, np.ndarray]] = []  # "problem" mode: indexed at end_step
         self._live: dict[Hashable, _Live] = {}
+        self._done: set[Hashable] = set()  # requests finished or aborted this step (for clear errors)
         self._next_seq = 0
         self.step = 0
 
@@ -92,30 +122,47 @@ class DraftStore:
             return GLOBAL
         return problem_key(prompt) if problem_id is None else problem_id
 
-    def _shard(self, key: Hashable) -> SuffixIndex:
-        if key not in self._shards:
-            self._shards[key] = SuffixIndex()
-        return self._shards[key]
-
     def _tokens(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
-        arr = as_tokens(tokens, what=what)
-        vs = self.config.vocab_size
-        if vs is not None and arr.size and int(arr.max()) >= vs:
-            raise ValueError(f"{what}: token id {int(arr.max())} at position {int(np.argmax(arr))} is outside "
-                             f"the vocabulary (size {vs})")
+        arr = token_array(tokens, what=what)
+        bad = first_bad(arr, self._limit)
+        if bad >= 0:
+            raise token_error(arr, bad, what=what, vocab_size=self.config.vocab_size)
         return arr
 
     def _index(self, shard: Hashable, tokens: np.ndarray, weight: float) -> int:
+        """Index valid tokens as a new sequence (the shard is created here, after every check)."""
         sid = self._next_seq
         self._next_seq += 1
-        self._shard(shard).add(sid, tokens, weight)
+        ix = self._shards.get(shard)
+        if ix is None:
+            ix = self._shards[shard] = SuffixIndex()
+        ix.add_unchecked(sid, tokens, weight)
         return sid
 
+    def _drop(self, shard: Hashable, sid: int | None = None, *, user: bool = False) -> None:
+        """Remove a sequence and/or a user of a shard; the shard goes when its last of both goes."""
+        ix = self._shards[shard]
+        if sid is not None:
+            ix.remove(sid)
+        if user:
+            left = self._users[shard] - 1
+            if left:
+                self._users[shard] = left
+            else:
+                del self._users[shard]
+        if len(ix) == 0 and shard not in self._users:
+            del self._shards[shard]
+
     def _request(self, req_id: Hashable) -> _Live:
-        try:
-            return self._live[req_id]
-        except KeyError:
-            raise KeyError(f"unknown request id {req_id!r}") from None
+        live = self._live.get(req_id)
+        if live is None:
+            raise self._not_live(req_id)
+        return live
+
+    def _not_live(self, req_id: Hashable) -> Exception:
+        if req_id in self._done:
+            return ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
+        return KeyError(f"unknown request id {req_id!r}")
 
     # ----------------------------------------------------------------- protocol
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
@@ -124,57 +171,104 @@ class DraftStore:
         prompt = self._tokens(prompt_ids, "prompt_ids")
         if prompt.size == 0:
             raise ValueError(f"empty prompt for request {req_id!r}")
+        hash(problem_id)  # an unhashable id fails here, before anything changes
         shard = self._shard_key(problem_id, prompt)
-        live = _Live(shard, self._shard(shard).cursor(self.config.params.max_match), prompt)
-        live.cursor.extend(prompt)
-        if self.indexes_live:
-            live.seq_id = self._index(shard, prompt, self.config.live_weight)
-        self._live[req_id] = live
+        # Everything is checked: from here on nothing can fail.
+        seq_id = self._index(shard, _EMPTY, self.config.live_weight) if self.indexes_live else None
+        ix = self._shards.get(shard)
+        if ix is None:
+            ix = self._shards[shard] = SuffixIndex()
+        self._users[shard] = self._users.get(shard, 0) + 1
+        self._done.discard(req_id)  # an id may be reused once its request is finished
+        cursor = ix.cursor(self.config.params.max_match, seq_id)
+        cursor.feed(prompt)  # the context and, when live-indexed, the live sequence
+        self._live[req_id] = _Live(shard, cursor, seq_id)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        try:
-            cursors = [self._live[r].cursor for r in req_ids]
-        except KeyError:
-            cursors = [self._request(r).cursor for r in req_ids]  # raises, naming the unknown id
-        p = self.config.params
-        return propose_batch(cursors, budgets, min_prob=p.min_prob, branching=p.branching)
+        return self.propose_flat(req_ids, budgets).drafts()
 
-    def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
-        live = self._request(req_id)
-        if live.finished:
-            raise ValueError(f"request {req_id!r} is finished; it cannot take more tokens")
-        arr = self._tokens(tokens, "tokens")
-        live.cursor._c.extend(arr)  # validated once above; the core calls need no second check
-        live.output.extend(arr.tolist())
-        if live.seq_id is not None:
-            self._shards[live.shard]._ix.append(live.seq_id, arr)
+    def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> DraftBatch:
+        """The whole batch's drafts in one native call, as flat arrays (see DraftBatch)."""
+        live = self._live
+        try:
+            cursors = [live[r].cursor for r in req_ids]
+        except (KeyError, TypeError):
+            cursors = [self._request(r).cursor for r in req_ids]  # raises, naming the request
+        b = budget_array(req_ids, budgets)
+        p = self.config.params
+        return propose_flat(cursors, b, min_prob=p.min_prob, branching=p.branching)
+
+    def observe(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
+        live = self._live.get(req_id)
+        if live is None:
+            raise self._not_live(req_id)
+        if type(tokens) is not np.ndarray:
+            tokens = token_array(tokens)
+        try:
+            bad = live.cursor.feed(tokens, self._limit)
+        except TypeError:  # not a 1-D contiguous integer array: the wrapper names what is wrong
+            bad = live.cursor.feed(token_array(tokens), self._limit)
+        if bad >= 0:
+            raise token_error(tokens, bad, vocab_size=self.config.vocab_size)
+
+    def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int] | np.ndarray]) -> None:
+        """observe() for many requests in one native call; all or nothing (a bad token changes nothing)."""
+        if len(req_ids) != len(token_lists):
+            raise ValueError(f"{len(req_ids)} request ids but {len(token_lists)} token lists")
+        live = self._live
+        try:
+            cursors = [live[r].cursor for r in req_ids]
+        except (KeyError, TypeError):
+            cursors = [self._request(r).cursor for r in req_ids]
+        if len(set(map(id, cursors))) != len(cursors):
+            raise ValueError("a request appears twice in one observe_batch")
+        flat, offsets = _flatten(token_lists)
+        bad = extend_batch(cursors, flat, offsets, self._limit) if cursors else -1
+        if bad >= 0:
+            i = int(np.searchsorted(offsets, bad, side="right")) - 1
+            raise token_error(flat[offsets[i]:offsets[i + 1]], bad - int(offsets[i]),
+                              what=f"tokens of request {req_ids[i]!r}", vocab_size=self.config.vocab_size)
 
     def finish(self, req_id: Hashable) -> None:
-        live = self._request(req_id)
-        if live.finished:
-            raise ValueError(f"request {req_id!r} finished twice")
-        live.finished = True
+        live = self._live.get(req_id)
+        if live is None:
+            if req_id in self._done:
+                raise ValueError(f"request {req_id!r} finished twice (or finished after abort)")
+            raise KeyError(f"unknown request id {req_id!r}")
+        del self._live[req_id]
+        self._done.add(req_id)
         if live.seq_id is not None:
             self._current.append((live.shard, live.seq_id))
         else:
-            self._pending.append((live.shard, np.concatenate([live.prompt, np.asarray(live.output, np.int32)])))
+            self._pending.append((live.shard, live.cursor.context()))
+        self._drop(live.shard, user=True)
+
+    def abort(self, req_id: Hashable) -> None:
+        """Drop a live request without learning from it (a crashed or cancelled generation)."""
+        live = self._request(req_id)
         del self._live[req_id]
+        self._done.add(req_id)
+        self._drop(live.shard, live.seq_id, user=True)
 
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         """Feed a finished rollout of this step (indexed at once, whatever the mode)."""
         prompt = self._tokens(prompt_ids, "prompt_ids")
         if prompt.size == 0:
             raise ValueError("empty prompt in add_rollout")
+        hash(problem_id)
         shard = self._shard_key(problem_id, prompt)
-        seq = np.concatenate([prompt, self._tokens(response_ids, "response_ids")])
+        seq = np.concatenate([prompt, self._tokens(response_ids, "response_ids")]).astype(np.int32, copy=False)
         self._current.append((shard, self._index(shard, seq, 1.0)))
+
+    def _drop_unfinished(self) -> None:
+        for live in self._live.values():  # requests never finished this step are dropped, not history
+            self._drop(live.shard, live.seq_id, user=True)
+        self._live.clear()
+        self._done.clear()
 
     def end_step(self) -> None:
         """Fold this step's rollouts into the window, age the weights, evict the oldest step."""
-        for req_id in list(self._live):  # requests never finished this step are dropped, not history
-            live = self._live.pop(req_id)
-            if live.seq_id is not None:
-                self._shards[live.shard].remove(live.seq_id)
+        self._drop_unfinished()
         for shard, seq in self._pending:
             self._current.append((shard, self._index(shard, seq, 1.0)))
         self._pending = []
@@ -184,69 +278,41 @@ class DraftStore:
         self._current = []
         while self.config.window and len(self._steps) > self.config.window:
             for shard, sid in self._steps.popleft():
-                ix = self._shards[shard]
-                ix.remove(sid)
-                if len(ix) == 0:
-                    del self._shards[shard]
+                self._drop(shard, sid)
         self.step += 1
 
     def discard_step(self) -> None:
         """End the step without learning from it: this step's rollouts (finished or not) are dropped, the
         window, weights and step counter stay as they were. A store fed with some steps and then only
         discarding is a static drafter: a fixed index of those steps."""
-        for req_id in list(self._live):
-            live = self._live.pop(req_id)
-            if live.seq_id is not None:
-                self._shards[live.shard].remove(live.seq_id)
+        self._drop_unfinished()
         for shard, sid in self._current:
-            ix = self._shards[shard]
-            ix.remove(sid)
-            if len(ix) == 0:
-                del self._shards[shard]
+            self._drop(shard, sid)
         self._current, self._pending = [], []
 
     # -------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Write the window (JSON + npz, no pickle) atomically into `folder`; live requests are not saved."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        meta, tokens, offsets = [], [], [0]
+        """Write the window into `folder` (JSON + npz, no pickle; see persist.py: a reader sees the old
+        pair or the new one, never a mix). Live requests and this step's rollouts are not saved."""
+        seqs = []
         for age, step in enumerate(reversed(self._steps)):
             for shard, sid in step:
                 if not isinstance(shard, (int, str)) or isinstance(shard, bool):
                     raise TypeError(f"problem id {shard!r} cannot be saved: use int or str problem ids")
                 ix = self._shards[shard]
-                toks = ix.tokens(sid)
-                tokens.append(toks)
-                offsets.append(offsets[-1] + len(toks))
-                meta.append([age, shard, ix.weight(sid)])
-        arrays = {"tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
-                  "offsets": np.asarray(offsets, dtype=np.int64)}
-        doc = {"format": "dasrl-store/1", "step": self.step, "num_steps": len(self._steps),
-               "config": {"mode": self.config.mode, "window": self.config.window, "decay": self.config.decay},
-               "sequences": meta}
-        atomic_write(folder / "store.npz", lambda f: np.savez(f, **arrays))
-        write_json(folder / "store.json", doc, indent=None)
+                seqs.append((age, shard, ix.weight(sid), ix.tokens(sid)))
+        save_store(Path(folder), step=self.step, num_steps=len(self._steps), config=self.config, sequences=seqs)
 
     @classmethod
     def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":
-        folder = Path(folder)
-        try:
-            doc = json.loads((folder / "store.json").read_text())
-            with np.load(folder / "store.npz", allow_pickle=False) as z:
-                tokens, offsets = z["tokens"], z["offsets"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
-        if doc.get("format") != "dasrl-store/1":
-            raise ValueError(f"{folder / 'store.json'}: not a dasrl store (format {doc.get('format')!r})")
-        saved = doc["config"]
-        store = cls(config or StoreConfig(mode=saved["mode"], window=saved["window"], decay=saved["decay"]))
-        steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(doc["num_steps"])]
-        for i, (age, shard, weight) in enumerate(doc["sequences"]):
-            seq = tokens[offsets[i]: offsets[i + 1]]
-            steps[len(steps) - 1 - age].append((shard, store._index(shard, seq, weight)))
+        """Read what save() wrote; every field is validated before anything is built (one ValueError)."""
+        saved = load_store(Path(folder), config)
+        store = cls(saved.config)
+        steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(saved.num_steps)]
+        for age, shard, weight, seq in saved.sequences:
+            steps[saved.num_steps - 1 - age].append((shard, store._index(shard, seq, weight)))
         store._steps = deque(steps)
-        store.step = int(doc["step"])
+        store.step = saved.step
         return store
 
     # -------------------------------------------------------------------- stats
@@ -261,6 +327,41 @@ class DraftStore:
     def num_shards(self) -> int:
         return len(self._shards)
 
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
     def check_integrity(self) -> None:
-        for ix in self._shards.values():
+        """Every shard's index, and the store's own bookkeeping (no empty shard without a user)."""
+        for key, ix in self._shards.items():
             ix.check_integrity()
+            if len(ix) == 0 and key not in self._users:
+                raise AssertionError(f"shard {key!r} is empty and unused")
+        users: dict[Hashable, int] = {}
+        for live in self._live.values():
+            users[live.shard] = users.get(live.shard, 0) + 1
+            if live.seq_id is not None and live.seq_id not in self._shards[live.shard]:
+                raise AssertionError(f"live sequence {live.seq_id} missing from shard {live.shard!r}")
+        if users != self._users:
+            raise AssertionError(f"shard users {self._users} do not match the live requests {users}")
+        for shard, sid in chain(chain.from_iterable(self._steps), self._current):
+            if sid not in self._shards[shard]:
+                raise AssertionError(f"sequence {sid} of the window missing from shard {shard!r}")
+
+
+
+def _flatten(token_lists: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [total] integer array, offsets [n+1] int64) of many token lists, types checked."""
+    offsets = np.zeros(len(token_lists) + 1, np.int64)
+    if not token_lists:
+        return np.zeros(0, np.int32), offsets
+    np.cumsum([len(t) for t in token_lists], out=offsets[1:])
+    if all(type(t) is list for t in token_lists):
+        flat = list(chain.from_iterable(token_lists))
+        if all(type(t) is int for t in flat):
+            try:
+                return (np.array(flat, dtype=np.int64) if flat else np.zeros(0, np.int32)), offsets
+            except OverflowError:
+                pass  # the per-list path below names the value
+    arrays = [token_array(t, what=f"tokens[{i}]") for i, t in enumerate(token_lists)]
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int32), offsets

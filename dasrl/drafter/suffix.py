@@ -1,6 +1,12 @@
 """The native suffix index, wrapped: validation with errors that name the bad value, Draft objects out.
 
-Every check runs before the native call, so bad input leaves the index exactly as it was.
+Two kinds of entry point:
+
+* checked (`SuffixIndex.add/append/propose`, `Cursor.extend`, `propose_batch`): any token sequence, every
+  check before the native call, so bad input leaves the index exactly as it was;
+* unchecked fast paths for a caller that validates once at its own boundary (DraftStore):
+  `Cursor.feed` and `extend_batch` take integer arrays and report the first out-of-range token (changing
+  nothing) instead of raising; `propose_flat` takes already validated int64 budgets.
 """
 
 from __future__ import annotations
@@ -10,50 +16,73 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl import _core
-from dasrl.drafter.base import Draft, DraftParams
+from dasrl.drafter.base import MAX_TOKEN, Draft, DraftBatch, DraftParams, budget_array
 
-MAX_TOKEN = 2**31 - 1
+TOKEN_LIMIT = MAX_TOKEN + 1
+"""Token ids must be < 2^31 (the index stores int32)."""
 
 
-def as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> np.ndarray:
-    """int32 C-contiguous array of token ids, or a clear error naming the offending value."""
+def token_array(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> np.ndarray:
+    """A 1-D contiguous integer array of `tokens` (values not range-checked), or a clear type error."""
     if isinstance(tokens, np.ndarray):
         arr = tokens
         if arr.ndim != 1:
             raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-        if arr.size and arr.dtype.kind not in "iu":
-            raise TypeError(f"{what} must be an integer array, got dtype {arr.dtype}")
+        if arr.dtype.kind not in "iu":
+            if arr.size:
+                raise TypeError(f"{what} must be an integer array, got dtype {arr.dtype}")
+            return np.zeros(0, np.int32)
         if not arr.flags.c_contiguous:
             raise ValueError(f"{what} must be a contiguous array (got a strided view; use np.ascontiguousarray)")
-    else:
-        if isinstance(tokens, (str, bytes)):
-            raise TypeError(f"{what} must be a sequence of ints, got {type(tokens).__name__}")
-        seq = list(tokens)
-        bad = next((t for t in seq if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
-        if bad is not None:
-            raise TypeError(f"{what} must hold ints, got {bad!r} ({type(bad).__name__})")
-        arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, np.int64)
-    if arr.size:
-        small = arr.tolist() if arr.size <= 64 else None  # python min/max beat numpy's on a few tokens
-        lo, hi = (min(small), max(small)) if small is not None else (int(arr.min()), int(arr.max()))
-        if lo < 0:
-            raise ValueError(f"{what}: negative token id {lo} at position {int(np.argmin(arr))}")
-        if hi > MAX_TOKEN:
-            raise ValueError(f"{what}: token id {hi} at position {int(np.argmax(arr))} is >= 2^31")
+        return arr
+    if isinstance(tokens, (str, bytes)):
+        raise TypeError(f"{what} must be a sequence of ints, got {type(tokens).__name__}")
+    seq = tokens if isinstance(tokens, list) else list(tokens)
+    if all(type(t) is int for t in seq):
+        try:
+            return np.array(seq, dtype=np.int64) if seq else np.zeros(0, np.int32)
+        except OverflowError:
+            pos, bad = next((i, t) for i, t in enumerate(seq) if not -2**63 <= t < 2**63)
+            raise ValueError(f"{what}: token id {bad} at position {pos} is >= 2^31") from None
+    bad = next((t for t in seq if not isinstance(t, (int, np.integer)) or isinstance(t, (bool, np.bool_))), None)
+    if bad is not None:
+        raise TypeError(f"{what} must hold ints, got {bad!r} ({type(bad).__name__})")
+    return token_array([int(t) for t in seq], what=what)
+
+
+def token_error(arr: np.ndarray, pos: int, *, what: str = "tokens", vocab_size: int | None = None) -> ValueError:
+    """The error for arr[pos], a token outside [0, vocab_size or 2^31)."""
+    t = int(arr[pos])
+    if t < 0:
+        return ValueError(f"{what}: negative token id {t} at position {pos}")
+    if vocab_size is not None and t < TOKEN_LIMIT:
+        return ValueError(f"{what}: token id {t} at position {pos} is outside the vocabulary (size {vocab_size})")
+    return ValueError(f"{what}: token id {t} at position {pos} is >= 2^31")
+
+
+def first_bad(arr: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
+    """Position of the first token of an integer array outside [0, limit), or -1."""
+    return _core.first_out_of_range(arr, limit) if arr.size else -1
+
+
+def as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
+    """int32 C-contiguous array of token ids in [0, vocab_size or 2^31), or a clear error naming the value."""
+    arr = token_array(tokens, what=what)
+    bad = first_bad(arr, TOKEN_LIMIT if vocab_size is None else vocab_size)
+    if bad >= 0:
+        raise token_error(arr, bad, what=what, vocab_size=vocab_size)
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def _check_weight(weight: float) -> float:
     w = float(weight)
-    if not (w > 0.0 and np.isfinite(w)):
+    if not (0.0 < w <= 1e300):
         raise ValueError(f"weight must be positive and finite, got {weight!r}")
     return w
 
 
 def _check_budget(budget: int) -> int:
-    if int(budget) < 0:
-        raise ValueError(f"draft budget must be >= 0, got {budget}")
-    return int(budget)
+    return int(budget_array([None], [budget])[0])
 
 
 class SuffixIndex:
@@ -73,6 +102,10 @@ class SuffixIndex:
         if int(seq_id) in self._ix:
             raise KeyError(f"sequence id {seq_id!r} is already indexed")
         self._ix.add(int(seq_id), as_tokens(tokens), _check_weight(weight))
+
+    def add_unchecked(self, seq_id: int, tokens: np.ndarray, weight: float) -> None:
+        """add() for a caller that has validated the id (new, >= 0), the tokens and the weight."""
+        self._ix.add(seq_id, tokens, weight)
 
     def append(self, seq_id: int, tokens: Sequence[int] | np.ndarray) -> None:
         arr = as_tokens(tokens)
@@ -118,47 +151,61 @@ class SuffixIndex:
             as_tokens(context, what="context"), _check_budget(budget), params.max_match, params.min_prob, params.branching)
         return Draft(toks, parents, probs, int(m))
 
-    def cursor(self, max_match: int = DraftParams.max_match) -> "Cursor":
-        return Cursor(self, max_match)
+    def cursor(self, max_match: int = DraftParams.max_match, seq_id: int | None = None) -> "Cursor":
+        """A request's context on this index; with `seq_id` (a sequence of this index) extending the
+        cursor also appends to that sequence (a live request indexed as it grows)."""
+        if seq_id is not None:
+            self._known(seq_id)
+        return Cursor(self, max_match, seq_id)
 
 
 class Cursor:
-    """A request's context tail and its match, carried across steps (re-matched only when needed)."""
+    """A request's context (natively held) on one index, and optionally its live sequence there."""
 
-    def __init__(self, index: SuffixIndex, max_match: int) -> None:
-        if max_match < 1:
-            raise ValueError(f"max_match must be >= 1, got {max_match}")
+    __slots__ = ("index", "_c")
+
+    def __init__(self, index: SuffixIndex, max_match: int, seq_id: int | None = None) -> None:
+        DraftParams(max_match=max_match)  # the same bounds as the params
         self.index = index
-        self._c = _core.Cursor(index._ix, int(max_match))
+        self._c = _core.Cursor(index._ix, int(max_match), -1 if seq_id is None else int(seq_id))
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         self._c.extend(as_tokens(tokens))
+
+    def feed(self, tokens: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
+        """Unchecked fast extend: `tokens` is a 1-D integer array (see token_array). Returns -1 when every
+        token is in [0, limit) and all were appended, else the first bad position (nothing changed)."""
+        return self._c.extend(tokens, limit)
+
+    def context(self) -> np.ndarray:
+        """[n] int32: everything this cursor was extended with."""
+        return self._c.context()
 
     @property
     def context_len(self) -> int:
         return self._c.context_len
 
-    @property
-    def cache_hits(self) -> int:
-        return self._c.cache_hits
 
-    @property
-    def cache_misses(self) -> int:
-        return self._c.cache_misses
+def propose_flat(cursors: Sequence[Cursor], budgets: np.ndarray, *, min_prob: float = 0.0,
+                 branching: int = 1) -> DraftBatch:
+    """Unchecked: one native call (GIL released) for the whole batch; `budgets` [n] int64, validated
+    (base.budget_array)."""
+    toks, parents, probs, offsets, match_len = _core.propose_batch([c._c for c in cursors], budgets, min_prob, branching)
+    return DraftBatch(toks, parents, probs, offsets, match_len)
 
 
 def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob: float = 0.0,
                   branching: int = 1) -> list[Draft]:
-    """One native call (GIL released) for the whole batch; drafts[i] is capped at budgets[i]."""
+    """Checked: drafts[i] is capped at budgets[i]."""
     if len(cursors) != len(budgets):
         raise ValueError(f"{len(cursors)} cursors but {len(budgets)} budgets")
-    b = [min(int(x), MAX_TOKEN) for x in budgets]
-    if b and min(b) < 0:
-        raise ValueError(f"draft budget must be >= 0, got {min(b)} at position {b.index(min(b))}")
-    if branching < 1:
-        raise ValueError(f"branching must be >= 1, got {branching}")
-    toks, parents, probs, offsets, match_lens = _core.propose_batch(
-        [c._c for c in cursors], np.array(b, dtype=np.int32), float(min_prob), int(branching))
-    bounds = offsets.tolist()
-    return [Draft(toks[s:e], parents[s:e], probs[s:e], m)
-            for s, e, m in zip(bounds[:-1], bounds[1:], match_lens.tolist())]
+    p = DraftParams(min_prob=min_prob, branching=branching)
+    return propose_flat(cursors, budget_array(range(len(cursors)), budgets), min_prob=p.min_prob,
+                        branching=p.branching).drafts()
+
+
+def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
+    """Unchecked fast extend of many cursors: cursors[i] takes tokens[offsets[i]:offsets[i+1]] (tokens: 1-D
+    integer array; offsets: [n+1] int64). Returns -1 when all tokens are in [0, limit) and were appended,
+    else the first bad position in `tokens` (nothing changed)."""
+    return _core.extend_batch([c._c for c in cursors], tokens, offsets, limit)

@@ -1,20 +1,25 @@
 // nanobind bindings: dasrl._core. Validation with friendly messages lives in dasrl/drafter/suffix.py;
-// these entry points still refuse bad input (negative ids, unknown sequences) with an exception.
+// these entry points still refuse what would corrupt the index (negative or out-of-range tokens,
+// unknown sequences) with an exception, or report the first bad token's position without changing
+// anything (the hot-path calls Cursor.extend and extend_batch).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 
 #include "suffix_index.hpp"
 
 namespace nb = nanobind;
 using namespace dasrl;
 
-using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using BudgetArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnyArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;  // any dtype, checked below
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+constexpr int64_t kTokenLimit = int64_t(INT32_MAX) + 1;
 
 template <class T>
 static nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
@@ -23,15 +28,45 @@ static nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
 }
 
-static nb::tuple draft_tuple(DraftOut&& d) {
-  int32_t m = d.match_len;
-  return nb::make_tuple(to_numpy(std::move(d.tokens)), to_numpy(std::move(d.parents)), to_numpy(std::move(d.probs)), m);
+// Token ids of an integer array of any width: the array itself when int32, else a copy into buf.
+// bad = the first position outside [0, limit) (-1: none); a non-integer dtype throws TypeError.
+static const Token* token_view(const AnyArray& a, int64_t limit, std::vector<Token>& buf, int64_t& bad) {
+  size_t n = a.shape(0);
+  auto as = [&](auto tag) -> const Token* {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(a.data());
+    bad = first_out_of_range(p, n, std::min(limit, kTokenLimit));
+    if constexpr (std::is_same_v<T, Token>) {
+      return p;
+    } else {
+      if (bad < 0) buf.assign(p, p + n);
+      return buf.data();
+    }
+  };
+  nb::dlpack::dtype d = a.dtype();
+  if (n == 0) { bad = -1; return nullptr; }
+  if (d == nb::dtype<int32_t>()) return as(int32_t{});
+  if (d == nb::dtype<int64_t>()) return as(int64_t{});
+  if (d == nb::dtype<uint32_t>()) return as(uint32_t{});
+  if (d == nb::dtype<uint64_t>()) return as(uint64_t{});
+  if (d == nb::dtype<int16_t>()) return as(int16_t{});
+  if (d == nb::dtype<uint16_t>()) return as(uint16_t{});
+  if (d == nb::dtype<int8_t>()) return as(int8_t{});
+  if (d == nb::dtype<uint8_t>()) return as(uint8_t{});
+  throw nb::type_error("token ids must be an integer array");
 }
 
-static DraftParams params(int max_match, double min_prob, int branching) {
-  if (max_match < 1) throw std::invalid_argument("max_match must be >= 1");
-  if (branching < 1) throw std::invalid_argument("branching must be >= 1");
-  return DraftParams{max_match, min_prob, branching};
+// For the entry points that throw: a view of valid tokens, or ValueError naming the first bad one.
+static const Token* checked_tokens(const AnyArray& a, std::vector<Token>& buf) {
+  int64_t bad;
+  const Token* p = token_view(a, kTokenLimit, buf, bad);
+  if (bad >= 0) throw nb::value_error(("token id out of range [0, 2^31) at position " + std::to_string(bad)).c_str());
+  return p;
+}
+
+static nb::tuple batch_tuple(DraftOut&& d) {
+  return nb::make_tuple(to_numpy(std::move(d.tokens)), to_numpy(std::move(d.parents)), to_numpy(std::move(d.probs)),
+                        to_numpy(std::move(d.offsets)), to_numpy(std::move(d.match_len)));
 }
 
 NB_MODULE(_core, m) {
@@ -40,13 +75,17 @@ NB_MODULE(_core, m) {
 
   nb::class_<SuffixIndex>(m, "SuffixIndex")
       .def(nb::init<>())
-      .def("add", [](SuffixIndex& s, int64_t id, TokenArray t, double w) {
+      .def("add", [](SuffixIndex& s, int64_t id, AnyArray t, double w) {
+            std::vector<Token> buf;
+            const Token* p = checked_tokens(t, buf);
             std::unique_lock lock(s.mutex);
-            s.add(id, t.data(), t.shape(0), w);
+            s.add(id, p, t.shape(0), w);
           }, nb::arg("seq_id"), nb::arg("tokens"), nb::arg("weight") = 1.0)
-      .def("append", [](SuffixIndex& s, int64_t id, TokenArray t) {
+      .def("append", [](SuffixIndex& s, int64_t id, AnyArray t) {
+            std::vector<Token> buf;
+            const Token* p = checked_tokens(t, buf);
             std::unique_lock lock(s.mutex);
-            s.append(id, t.data(), t.shape(0));
+            s.append(id, p, t.shape(0));
           }, nb::arg("seq_id"), nb::arg("tokens"))
       .def("remove", [](SuffixIndex& s, int64_t id) { std::unique_lock lock(s.mutex); s.remove(id); }, nb::arg("seq_id"))
       .def("set_weight", [](SuffixIndex& s, int64_t id, double w) { std::unique_lock lock(s.mutex); s.set_weight(id, w); })
@@ -58,59 +97,85 @@ NB_MODULE(_core, m) {
       .def("ids", &SuffixIndex::ids)
       .def_prop_ro("num_sequences", &SuffixIndex::num_sequences)
       .def_prop_ro("num_tokens", &SuffixIndex::num_tokens)
-      .def_prop_ro("version", &SuffixIndex::version)
       .def("bytes_used", [](const SuffixIndex& s) { std::shared_lock lock(s.mutex); return s.bytes_used(); })
       .def("check_integrity", [](const SuffixIndex& s) { std::shared_lock lock(s.mutex); s.check_integrity(); })
-      .def("propose", [](const SuffixIndex& s, TokenArray ctx, int budget, int max_match, double min_prob, int branching) {
-            DraftParams p = params(max_match, min_prob, branching);
+      .def("propose", [](const SuffixIndex& s, AnyArray ctx, int budget, int max_match, double min_prob, int branching) {
+            if (max_match < 1 || branching < 1) throw nb::value_error("max_match and branching must be >= 1");
+            std::vector<Token> buf;
+            const Token* c = checked_tokens(ctx, buf);
             DraftOut out;
             {
               nb::gil_scoped_release release;
               std::shared_lock lock(s.mutex);
-              Match mt = s.match(ctx.data(), ctx.shape(0), p.max_match);
-              s.draft(mt, budget, p, out);
+              Scratch scratch;
+              s.draft(s.match(c, ctx.shape(0), max_match), budget, DraftParams{max_match, min_prob, branching}, out, scratch);
             }
-            return draft_tuple(std::move(out));
+            int64_t mlen = out.match_len[0];
+            return nb::make_tuple(to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
+                                  to_numpy(std::move(out.probs)), mlen);
           }, nb::arg("context"), nb::arg("budget"), nb::arg("max_match") = 64, nb::arg("min_prob") = 0.0,
           nb::arg("branching") = 1);
 
   nb::class_<Cursor>(m, "Cursor")
-      .def(nb::init<std::shared_ptr<SuffixIndex>, int>(), nb::arg("index"), nb::arg("max_match") = 64)
-      .def("extend", [](Cursor& c, TokenArray t) { c.extend(t.data(), t.shape(0)); }, nb::arg("tokens"))
-      .def("reset", &Cursor::reset)
-      .def_prop_ro("context_len", &Cursor::context_len)
+      .def(nb::init<std::shared_ptr<SuffixIndex>, int, int64_t>(), nb::arg("index"), nb::arg("max_match") = 64,
+           nb::arg("seq_id") = -1)
+      // -1 when every token is in [0, limit) and was appended; else the first bad position, nothing changed.
+      .def("extend", [](Cursor& c, AnyArray t, int64_t limit) {
+            std::vector<Token> buf;
+            int64_t bad;
+            const Token* p = token_view(t, limit, buf, bad);
+            if (bad < 0) c.extend(p, t.shape(0));
+            return bad;
+          }, nb::arg("tokens"), nb::arg("limit") = kTokenLimit)
+      .def("context", [](const Cursor& c) { return to_numpy(std::vector<Token>(c.context())); })
+      .def_prop_ro("context_len", [](const Cursor& c) { return c.context().size(); })
       .def_prop_ro("index", &Cursor::index)
       .def_prop_ro("max_match", &Cursor::max_match)
-      .def_ro("cache_hits", &Cursor::cache_hits)
-      .def_ro("cache_misses", &Cursor::cache_misses);
+      .def_prop_ro("seq_id", &Cursor::seq_id);
 
-  // One call for a whole batch: drafts for cursors[i] capped at budgets[i], flattened with offsets.
-  m.def("propose_batch", [](std::vector<Cursor*> cursors, BudgetArray budgets, double min_prob, int branching) {
-        if (budgets.shape(0) != cursors.size()) throw std::invalid_argument("one budget per cursor needed");
+  m.def("first_out_of_range", [](AnyArray t, int64_t limit) {
+        std::vector<Token> buf;
+        int64_t bad;
+        token_view(t, limit, buf, bad);
+        return bad;
+      }, nb::arg("tokens"), nb::arg("limit") = kTokenLimit);
+
+  // One call for a whole batch: drafts for cursors[i] capped at budgets[i], flat with offsets.
+  m.def("propose_batch", [](const std::vector<Cursor*>& cursors, I64Array budgets, double min_prob, int branching) {
+        if (budgets.shape(0) != cursors.size()) throw nb::value_error("one budget per cursor needed");
         for (Cursor* c : cursors)
-          if (!c) throw std::invalid_argument("cursor is None");
-        std::vector<Token> toks;
-        std::vector<int32_t> parents, match_lens(cursors.size());
-        std::vector<double> probs;
-        std::vector<int64_t> offsets(cursors.size() + 1, 0);
+          if (!c) throw nb::value_error("cursor is None");
+        DraftOut out;
         {
           nb::gil_scoped_release release;
-          DraftOut out;
-          for (size_t i = 0; i < cursors.size(); ++i) {
-            Cursor& c = *cursors[i];
-            DraftParams p{c.max_match(), min_prob, std::max(branching, 1)};
-            {
-              std::shared_lock lock(c.index()->mutex);
-              c.propose(budgets.data()[i], p, out);
-            }
-            toks.insert(toks.end(), out.tokens.begin(), out.tokens.end());
-            parents.insert(parents.end(), out.parents.begin(), out.parents.end());
-            probs.insert(probs.end(), out.probs.begin(), out.probs.end());
-            match_lens[i] = out.match_len;
-            offsets[i + 1] = int64_t(toks.size());
-          }
+          size_t cap = 0;
+          for (size_t i = 0; i < cursors.size(); ++i) cap += size_t(std::clamp<int64_t>(budgets.data()[i], 0, 64));
+          out.tokens.reserve(cap);
+          out.parents.reserve(cap);
+          out.probs.reserve(cap);
+          out.offsets.reserve(cursors.size() + 1);
+          out.match_len.reserve(cursors.size());
+          propose_batch(cursors.data(), cursors.size(), budgets.data(), min_prob, branching, out);
         }
-        return nb::make_tuple(to_numpy(std::move(toks)), to_numpy(std::move(parents)), to_numpy(std::move(probs)),
-                              to_numpy(std::move(offsets)), to_numpy(std::move(match_lens)));
+        return batch_tuple(std::move(out));
       }, nb::arg("cursors"), nb::arg("budgets"), nb::arg("min_prob") = 0.0, nb::arg("branching") = 1);
+
+  // cursors[i] takes tokens[offsets[i]:offsets[i+1]]. -1 when all tokens are in [0, limit) and were
+  // appended; else the first bad position in `tokens`, and nothing changed.
+  m.def("extend_batch", [](const std::vector<Cursor*>& cursors, AnyArray tokens, I64Array offsets, int64_t limit) {
+        size_t n = cursors.size();
+        const int64_t* o = offsets.data();
+        if (offsets.shape(0) != n + 1 || o[0] != 0 || o[n] != int64_t(tokens.shape(0)))
+          throw nb::value_error("offsets must have one entry per cursor plus one, from 0 to len(tokens)");
+        for (size_t i = 0; i < n; ++i)
+          if (!cursors[i] || o[i + 1] < o[i]) throw nb::value_error("offsets must not decrease; cursors not None");
+        std::vector<Token> buf;
+        int64_t bad;
+        const Token* p = token_view(tokens, limit, buf, bad);
+        if (bad < 0 && n) {
+          nb::gil_scoped_release release;
+          extend_batch(cursors.data(), n, p, o);
+        }
+        return bad;
+      }, nb::arg("cursors"), nb::arg("tokens"), nb::arg("offsets"), nb::arg("limit") = kTokenLimit);
 }

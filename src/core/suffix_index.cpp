@@ -2,6 +2,8 @@
 #include "suffix_index.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <queue>
 #include <stdexcept>
@@ -126,7 +128,6 @@ void SuffixIndex::append(int64_t seq_id, const Token* toks, size_t n) {
   s.prevk.resize(s.tokens.size());
   for (size_t off = start; off < s.tokens.size(); ++off) thread_position(slot, uint32_t(off));
   live_tokens_ += n;
-  ++version_;
 }
 
 void SuffixIndex::remove(int64_t seq_id) {
@@ -135,7 +136,6 @@ void SuffixIndex::remove(int64_t seq_id) {
   live_tokens_ -= s.tokens.size();
   dead_tokens_ += s.tokens.size();
   slot_of_.erase(seq_id);
-  ++version_;
   maybe_compact();
 }
 
@@ -175,7 +175,6 @@ void SuffixIndex::compact() {
   for (uint32_t slot = 0; slot < slots_.size(); ++slot)
     for (uint32_t off = 0; off < slots_[slot].tokens.size(); ++off) thread_position(slot, off);
   dead_tokens_ = 0;
-  ++version_;
 }
 
 // ---------------------------------------------------------------------------------------- queries
@@ -199,26 +198,23 @@ size_t SuffixIndex::bytes_used() const {
   return b;
 }
 
-int SuffixIndex::backward_len(const Token* ctx, size_t n, const Sequence& s, uint32_t off, int cap) const {
-  int lim = std::min<int64_t>(cap, int64_t(off) + 1);
-  int L = 0;
-  while (L < lim && ctx[n - 1 - L] == s.tokens[off - L]) ++L;
-  return L;
-}
-
+// Common suffix of ctx[0..n) and the tokens ending at off, at most cap long; occurrences shorter than
+// best.len (or than the chain's order) cannot join the best, so those tokens are tested in one memcmp.
 void SuffixIndex::scan_chain(Ref r, bool order1, const Token* ctx, size_t n, int cap, Match& best) const {
   while (r != kNil) {
     const Sequence& s = slots_[r >> 32];
     uint32_t off = uint32_t(r);
-    if (s.alive && off + 1 < s.tokens.size()) {
-      int L = backward_len(ctx, n, s, off, cap);
-      if (L >= (order1 ? 1 : kOrder)) {
-        if (L > best.len) {
-          best.len = L;
-          best.occ.clear();
-        }
-        if (L == best.len) best.occ.push_back(r);
+    int lim = int(std::min<int64_t>(cap, int64_t(off) + 1));
+    int need = std::max(best.len, order1 ? 1 : kOrder);
+    if (s.alive && off + 1 < s.tokens.size() && lim >= need &&
+        std::memcmp(ctx + n - need, s.tokens.data() + off + 1 - need, size_t(need) * sizeof(Token)) == 0) {
+      int L = need;
+      while (L < lim && ctx[n - 1 - L] == s.tokens[off - L]) ++L;
+      if (L > best.len) {
+        best.len = L;
+        best.occ.clear();
       }
+      best.occ.push_back(r);
     }
     r = order1 ? s.prev1[off] : s.prevk[off];
   }
@@ -233,29 +229,9 @@ Match SuffixIndex::match(const Token* ctx, size_t n, int max_match) const {
   return best;
 }
 
-bool SuffixIndex::keep_continued(Match& m) const {
-  size_t w = 0;
-  for (Ref r : m.occ)
-    if (has_next(r)) m.occ[w++] = r;
-  m.occ.resize(w);
-  return w > 0;
-}
-
-bool SuffixIndex::advance(Match& m, Token tok) const {
-  size_t w = 0;
-  for (Ref r : m.occ)
-    if (has_next(r) && at(r + 1) == tok) m.occ[w++] = r + 1;
-  m.occ.resize(w);
-  m.len += 1;
-  return w > 0;
-}
-
 namespace {
 
-struct Group {
-  Token tok;
-  double weight;
-};
+constexpr size_t kLinearGroups = 16;  // up to this many distinct continuations, a linear scan groups them
 
 struct Candidate {
   double prob;
@@ -273,104 +249,85 @@ struct WorseCandidate {
 
 }  // namespace
 
-void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftOut& out) const {
-  out.tokens.clear();
-  out.parents.clear();
-  out.probs.clear();
-  out.match_len = m.len;
-  if (budget <= 0 || m.occ.empty()) return;
-  if (p.branching == 1) return draft_chain(m, budget, p, out);
-  std::vector<Group> groups;
-  std::unordered_map<Token, size_t> group_of;  // only for nodes with many distinct continuations
-  std::priority_queue<Candidate, std::vector<Candidate>, WorseCandidate> frontier;
-  uint64_t pushed = 0;
-
-  // Rank the continuations of occ and push the top `branching` as candidates under `parent`.
-  auto expand = [&](const std::vector<Ref>& occ, int32_t parent, double parent_prob) {
-    groups.clear();
-    group_of.clear();
-    double total = 0.0;
-    for (Ref r : occ) {
-      if (!has_next(r)) continue;
-      Token t = at(r + 1);
-      double w = slots_[r >> 32].weight;
-      total += w;
-      size_t g = groups.size();
-      if (groups.size() <= 16) {
-        for (size_t i = 0; i < groups.size(); ++i)
-          if (groups[i].tok == t) { g = i; break; }
-        if (g == groups.size() && groups.size() == 16)
-          for (size_t i = 0; i < groups.size(); ++i) group_of[groups[i].tok] = i;
-      } else {
-        auto it = group_of.find(t);
-        if (it != group_of.end()) g = it->second;
-        else group_of[t] = g;
-      }
-      if (g == groups.size()) groups.push_back({t, 0.0});
-      groups[g].weight += w;
+double SuffixIndex::children(const std::vector<Ref>& occ, size_t k, Scratch& s) const {
+  s.cont.clear();
+  s.groups.clear();
+  s.group_of.clear();
+  double total = 0.0;
+  for (Ref r : occ) {
+    const Sequence& q = slots_[r >> 32];
+    if (!q.alive || uint32_t(r) + 1 >= q.tokens.size()) continue;
+    Token t = q.tokens[uint32_t(r) + 1];
+    total += q.weight;
+    s.cont.emplace_back(r + 1, t);
+    size_t g = s.groups.size();
+    if (s.groups.size() < kLinearGroups) {
+      for (size_t i = 0; i < s.groups.size(); ++i)
+        if (s.groups[i].tok == t) { g = i; break; }
+    } else {
+      if (s.group_of.empty())  // the first time past the linear limit: map every group so far
+        for (size_t i = 0; i < s.groups.size(); ++i) s.group_of.emplace(s.groups[i].tok, uint32_t(i));
+      g = s.group_of.try_emplace(t, uint32_t(g)).first->second;
     }
-    if (groups.empty()) return;
-    size_t k = std::min<size_t>(size_t(p.branching), groups.size());
-    std::partial_sort(groups.begin(), groups.begin() + k, groups.end(), [](const Group& a, const Group& b) {
-      return a.weight != b.weight ? a.weight > b.weight : a.tok < b.tok;
-    });
-    for (size_t i = 0; i < k; ++i) {
-      double prob = parent_prob * (groups[i].weight / total);
-      if (prob < p.min_prob) break;
-      Candidate c{prob, pushed++, parent, groups[i].tok, {}};
-      for (Ref r : occ)
-        if (has_next(r) && at(r + 1) == c.tok) c.occ.push_back(r + 1);
-      frontier.push(std::move(c));
-    }
-  };
-
-  expand(m.occ, -1, 1.0);
-  while (!frontier.empty() && int(out.tokens.size()) < budget) {
-    Candidate c = std::move(const_cast<Candidate&>(frontier.top()));
-    frontier.pop();
-    int32_t node = int32_t(out.tokens.size());
-    out.tokens.push_back(c.tok);
-    out.parents.push_back(c.parent);
-    out.probs.push_back(c.prob);
-    if (int(out.tokens.size()) < budget) expand(c.occ, node, c.prob);
+    if (g == s.groups.size()) s.groups.push_back({t, 0.0});
+    s.groups[g].weight += q.weight;
   }
+  k = std::min(k, s.groups.size());
+  std::partial_sort(s.groups.begin(), s.groups.begin() + k, s.groups.end(), [](const Group& a, const Group& b) {
+    return a.weight != b.weight ? a.weight > b.weight : a.tok < b.tok;
+  });
+  return total;
 }
 
-// The branching = 1 case of draft(): the same ranking without a frontier or per-node allocations.
-void SuffixIndex::draft_chain(const Match& m, int budget, const DraftParams& p, DraftOut& out) const {
-  std::vector<Ref> cur(m.occ);
-  std::vector<std::pair<Ref, Token>> cont;  // continued occurrences and their next tokens: memory read once
-  std::vector<Group> groups;
-  double prob = 1.0;
-  while (int(out.tokens.size()) < budget) {
-    groups.clear();
-    cont.clear();
-    double total = 0.0;
-    for (Ref r : cur) {
-      if (!has_next(r)) continue;
-      Token t = at(r + 1);
-      double w = slots_[r >> 32].weight;
-      total += w;
-      cont.emplace_back(r + 1, t);
-      auto it = std::find_if(groups.begin(), groups.end(), [t](const Group& g) { return g.tok == t; });
-      if (it == groups.end()) groups.push_back({t, w});
-      else it->weight += w;
-    }
-    if (groups.empty()) return;
-    auto top = std::min_element(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
-      return a.weight != b.weight ? a.weight > b.weight : a.tok < b.tok;
-    });
-    double child = prob * (top->weight / total);
-    if (child < p.min_prob) return;
-    prob = child;
-    Token best = top->tok;
-    out.tokens.push_back(best);
-    out.parents.push_back(int32_t(out.tokens.size()) - 2);
+void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s) const {
+  const size_t base = out.tokens.size();
+  auto taken = [&] { return int(out.tokens.size() - base); };
+  auto take = [&](Token tok, int32_t parent, double prob) {
+    out.tokens.push_back(tok);
+    out.parents.push_back(parent);
     out.probs.push_back(prob);
-    cur.clear();
-    for (auto& [r, t] : cont)
-      if (t == best) cur.push_back(r);
+  };
+  if (budget > 0 && !m.occ.empty() && p.branching <= 1) {  // a chain: no frontier, no per-node allocation
+    std::vector<Ref> cur(m.occ);
+    double prob = 1.0;
+    while (taken() < budget) {
+      double total = children(cur, 1, s);
+      if (s.groups.empty()) break;
+      double child = prob * (s.groups[0].weight / total);
+      if (child < p.min_prob) break;
+      prob = child;
+      Token best = s.groups[0].tok;
+      take(best, taken() - 1, prob);
+      cur.clear();
+      for (auto& [r, t] : s.cont)
+        if (t == best) cur.push_back(r);
+    }
+  } else if (budget > 0 && !m.occ.empty()) {
+    std::priority_queue<Candidate, std::vector<Candidate>, WorseCandidate> frontier;
+    uint64_t pushed = 0;
+    auto expand = [&](const std::vector<Ref>& occ, int32_t parent, double parent_prob) {
+      double total = children(occ, size_t(p.branching), s);
+      size_t k = std::min<size_t>(size_t(p.branching), s.groups.size());
+      for (size_t i = 0; i < k; ++i) {
+        double prob = parent_prob * (s.groups[i].weight / total);
+        if (prob < p.min_prob) break;
+        Candidate c{prob, pushed++, parent, s.groups[i].tok, {}};
+        for (auto& [r, t] : s.cont)
+          if (t == c.tok) c.occ.push_back(r);
+        frontier.push(std::move(c));
+      }
+    };
+    expand(m.occ, -1, 1.0);
+    while (!frontier.empty() && taken() < budget) {
+      Candidate c = std::move(const_cast<Candidate&>(frontier.top()));
+      frontier.pop();
+      int32_t node = taken();
+      take(c.tok, c.parent, c.prob);
+      if (taken() < budget) expand(c.occ, node, c.prob);
+    }
   }
+  out.offsets.push_back(int64_t(out.tokens.size()));
+  out.match_len.push_back(m.len);
 }
 
 // -------------------------------------------------------------------------------------- integrity
@@ -416,41 +373,41 @@ void SuffixIndex::check_integrity() const {
 
 // ----------------------------------------------------------------------------------------- cursor
 
-Cursor::Cursor(std::shared_ptr<SuffixIndex> index, int max_match) : index_(std::move(index)), max_match_(max_match) {
+Cursor::Cursor(std::shared_ptr<SuffixIndex> index, int max_match, int64_t seq_id)
+    : index_(std::move(index)), max_match_(max_match), seq_id_(seq_id) {
   if (!index_) throw std::invalid_argument("cursor needs an index");
   if (max_match < 1) throw std::invalid_argument("max_match must be >= 1, got " + std::to_string(max_match));
+  if (seq_id >= 0 && !index_->contains(seq_id)) throw std::out_of_range("unknown sequence id " + id_str(seq_id));
 }
 
 void Cursor::extend(const Token* toks, size_t n) {
   check_tokens(toks, n);
-  ctx_.insert(ctx_.end(), toks, toks + n);
-  if (ctx_.size() > size_t(2 * max_match_)) ctx_.erase(ctx_.begin(), ctx_.end() - max_match_);
-  if (cached_) {
-    pending_.insert(pending_.end(), toks, toks + n);
-    if (match_.len + pending_.size() > size_t(max_match_)) cached_ = false;
+  if (seq_id_ >= 0) {
+    std::unique_lock lock(index_->mutex);
+    index_->append(seq_id_, toks, n);
   }
-  total_ += n;
+  ctx_.insert(ctx_.end(), toks, toks + n);
 }
 
-void Cursor::propose(int budget, const DraftParams& p, DraftOut& out) {
+void Cursor::propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s) const {
   const SuffixIndex& idx = *index_;
-  bool hit = cached_ && cached_version_ == idx.version();
-  if (hit) {
-    for (Token t : pending_)
-      if (!(hit = idx.advance(match_, t))) break;
-    // The longest match must have a continuation; if none has, a shorter suffix may: re-match.
-    if (hit) hit = idx.keep_continued(match_);
+  idx.draft(idx.match(ctx_.data(), ctx_.size(), max_match_), budget, p, out, s);
+}
+
+void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, double min_prob, int branching,
+                   DraftOut& out) {
+  Scratch s;
+  for (size_t i = 0; i < n; ++i) {
+    const Cursor& c = *cursors[i];
+    DraftParams p{c.max_match(), min_prob, std::max(branching, 1)};
+    int budget = int(std::clamp<int64_t>(budgets[i], 0, INT32_MAX));
+    std::shared_lock lock(c.index()->mutex);
+    c.propose(budget, p, out, s);
   }
-  if (hit) {
-    ++cache_hits;
-  } else {
-    ++cache_misses;
-    match_ = idx.match(ctx_.data(), ctx_.size(), max_match_);
-  }
-  pending_.clear();
-  cached_ = true;
-  cached_version_ = idx.version();
-  idx.draft(match_, budget, p, out);
+}
+
+void extend_batch(Cursor* const* cursors, size_t n, const Token* toks, const int64_t* offsets) {
+  for (size_t i = 0; i < n; ++i) cursors[i]->extend(toks + offsets[i], size_t(offsets[i + 1] - offsets[i]));
 }
 
 }  // namespace dasrl

@@ -12,14 +12,19 @@
 //    occurrence that has a next token; occ = all such occurrences (by their last position).
 //  * draft: best-first expansion from occ. A node's children are the distinct next tokens over its
 //    occurrences that have a next token, weighted by their sequences' weights, ranked by (weight desc,
-//    token asc); the top `branching` become candidates with path probability parent * w / W. The
-//    candidate with the highest path probability (ties: earliest pushed) is taken next, until `budget`
-//    nodes or no candidate with probability >= min_prob remains.
+//    token asc) -- one ranking function, children(), serves chains and trees; the top `branching`
+//    become candidates with path probability parent * w / W. The candidate with the highest path
+//    probability (ties: earliest pushed) is taken next, until `budget` nodes or no candidate with
+//    probability >= min_prob remains.
+//
+// Validation with friendly messages is Python's (dasrl/drafter/suffix.py); the core still refuses what
+// would corrupt it (negative ids and tokens, unknown sequences) with an exception.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -67,17 +72,32 @@ struct DraftParams {
   int branching = 1;
 };
 
+// Drafts laid end to end: one request's (propose) or a whole batch's (propose_batch). Request i owns
+// nodes [offsets[i], offsets[i+1]); parents index its own nodes (-1 = child of the context).
 struct DraftOut {
   std::vector<Token> tokens;
   std::vector<int32_t> parents;
   std::vector<double> probs;
-  int32_t match_len = 0;
+  std::vector<int64_t> offsets{0};
+  std::vector<int64_t> match_len;
 };
 
 // The matched state of a context: the longest suffix length and its occurrences.
 struct Match {
   int32_t len = 0;
   std::vector<Ref> occ;
+};
+
+struct Group {
+  Token tok;
+  double weight;
+};
+
+// Reused buffers of children() (no allocation per node once warm).
+struct Scratch {
+  std::vector<std::pair<Ref, Token>> cont;  // continued occurrences: (next position, its token)
+  std::vector<Group> groups;
+  std::unordered_map<Token, uint32_t> group_of;  // token -> group, used past kLinearGroups groups
 };
 
 class SuffixIndex {
@@ -95,65 +115,68 @@ class SuffixIndex {
   size_t num_sequences() const { return slot_of_.size(); }
   size_t num_tokens() const { return live_tokens_; }
   size_t bytes_used() const;
-  uint64_t version() const { return version_; }
   // Throws std::logic_error naming the first broken invariant.
   void check_integrity() const;
 
   // Longest match of ctx[0..n) (only its last max_match tokens matter).
   Match match(const Token* ctx, size_t n, int max_match) const;
-  // Advance a match by one token (exact while len < max_match and the index is unchanged);
-  // returns false if no occurrence continues with tok.
-  bool advance(Match& m, Token tok) const;
-  // Drop occurrences without a next token; false if none is left.
-  bool keep_continued(Match& m) const;
-  void draft(const Match& m, int budget, const DraftParams& p, DraftOut& out) const;
+  // Appends the draft from m (at most budget nodes) as one more request of out.
+  void draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s) const;
+  // The continuations of occ grouped by next token, weights summed; the top k groups ranked first by
+  // (weight desc, token asc). Fills s.cont and s.groups; returns the total weight (0: none continues).
+  double children(const std::vector<Ref>& occ, size_t k, Scratch& s) const;
 
-  mutable std::shared_mutex mutex;  // propose holds it shared, mutations exclusive
+  mutable std::shared_mutex mutex;  // proposals hold it shared, mutations exclusive
 
  private:
   Sequence& live(int64_t seq_id);
   const Sequence& live(int64_t seq_id) const;
   void thread_position(uint32_t slot, uint32_t off);
-  void draft_chain(const Match& m, int budget, const DraftParams& p, DraftOut& out) const;
   void maybe_compact();
   void compact();
-  int backward_len(const Token* ctx, size_t n, const Sequence& s, uint32_t off, int cap) const;
   void scan_chain(Ref head, bool order1, const Token* ctx, size_t n, int cap, Match& best) const;
-  Token at(Ref r) const { return slots_[r >> 32].tokens[uint32_t(r)]; }
-  bool has_next(Ref r) const {
-    const Sequence& s = slots_[r >> 32];
-    return s.alive && uint32_t(r) + 1 < s.tokens.size();
-  }
 
   std::vector<Sequence> slots_;
   std::unordered_map<int64_t, uint32_t> slot_of_;
   HeadTable heads1_, headsk_;
   size_t live_tokens_ = 0, dead_tokens_ = 0;
-  uint64_t version_ = 0;
 };
 
-// A request's view of an index: the tail of its context and the match carried across steps.
+// A request's context and (optionally) its live sequence in the index, which extend() grows with it.
 class Cursor {
  public:
-  Cursor(std::shared_ptr<SuffixIndex> index, int max_match);
+  Cursor(std::shared_ptr<SuffixIndex> index, int max_match, int64_t seq_id = -1);
+  // Appends to the live sequence (if any; exclusive lock), then to the context.
   void extend(const Token* toks, size_t n);
-  void reset() { ctx_.clear(); cached_ = false; }
-  size_t context_len() const { return total_; }
+  const std::vector<Token>& context() const { return ctx_; }
   const std::shared_ptr<SuffixIndex>& index() const { return index_; }
   int max_match() const { return max_match_; }
+  int64_t seq_id() const { return seq_id_; }
   // Caller holds the index's mutex (shared).
-  void propose(int budget, const DraftParams& p, DraftOut& out);
-  uint64_t cache_hits = 0, cache_misses = 0;
+  void propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s) const;
 
  private:
   std::shared_ptr<SuffixIndex> index_;
   int max_match_;
-  std::vector<Token> ctx_;  // the last <= 2*max_match tokens of the context
-  std::vector<Token> pending_;  // tokens appended since the cached match
-  size_t total_ = 0;
-  bool cached_ = false;
-  uint64_t cached_version_ = 0;
-  Match match_;
+  int64_t seq_id_;
+  std::vector<Token> ctx_;
 };
+
+// One draft per cursor, cursors[i] capped at budgets[i], each under its index's shared lock.
+void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, double min_prob, int branching,
+                   DraftOut& out);
+// cursors[i] takes toks[offsets[i]..offsets[i+1]) (tokens already checked by the caller).
+void extend_batch(Cursor* const* cursors, size_t n, const Token* toks, const int64_t* offsets);
+
+// Index of the first token outside [0, limit), or -1 if all are inside.
+template <class T> int64_t first_out_of_range(const T* toks, size_t n, int64_t limit) {
+  for (size_t i = 0; i < n; ++i) {
+    bool bad;
+    if constexpr (std::is_signed_v<T>) bad = toks[i] < 0 || int64_t(toks[i]) >= limit;
+    else bad = uint64_t(toks[i]) >= uint64_t(limit);
+    if (bad) return int64_t(i);
+  }
+  return -1;
+}
 
 }  // namespace dasrl

@@ -1,0 +1,158 @@
+"""A DraftStore's window on disk: `store.json` (metadata) + one npz of tokens, no pickle.
+
+Atomic as a pair: the npz is written first under a content-addressed name (`store-<sha256[:16]>.npz`),
+then `store.json`, which names it and carries its sha256, is renamed into place: that rename is the commit
+point. A reader therefore sees the old pair or the new one; a crash in between leaves the old JSON naming
+the old npz (deleted only after the commit). A JSON and an npz that do not belong together (checksum
+differs) are refused, as is anything malformed: every field is validated before a store is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Hashable
+
+import numpy as np
+
+from dasrl.atomic import atomic_write, write_json
+from dasrl.drafter.suffix import first_bad
+
+if TYPE_CHECKING:
+    from dasrl.drafter.store import StoreConfig
+
+FORMAT = "dasrl-store/2"
+LEGACY = "dasrl-store/1"  # store.npz without a checksum: still read
+MAX_STEPS = 2**20
+"""Most steps a saved window may hold."""
+_DATA_NAME = re.compile(r"store-[0-9a-f]{16}\.npz")
+
+
+@dataclass(frozen=True)
+class SavedStore:
+    """What load_store() read and validated."""
+
+    config: "StoreConfig"
+    """The config to build the store with (the caller's, else the saved mode/window/decay)."""
+    step: int
+    """The store's step counter."""
+    num_steps: int
+    """Steps in the window (ages run 0..num_steps-1, 0 = the newest)."""
+    sequences: list[tuple[int, Hashable, float, np.ndarray]]
+    """(age, problem id, weight, tokens [n] int32) of every sequence in the window."""
+
+
+def save_store(folder: Path, *, step: int, num_steps: int, config: "StoreConfig",
+               sequences: list[tuple[int, Hashable, float, np.ndarray]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    offsets = np.zeros(len(sequences) + 1, np.int64)
+    np.cumsum([len(s[3]) for s in sequences], out=offsets[1:])
+    tokens = np.concatenate([s[3] for s in sequences]).astype(np.int32) if sequences else np.zeros(0, np.int32)
+    buf = io.BytesIO()
+    np.savez(buf, tokens=tokens, offsets=offsets)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"store-{digest[:16]}.npz"
+    atomic_write(folder / name, lambda f: f.write(data))
+    doc = {"format": FORMAT, "step": step, "num_steps": num_steps, "data": name, "sha256": digest,
+           "config": {"mode": config.mode, "window": config.window, "decay": config.decay},
+           "sequences": [[age, shard, weight] for age, shard, weight, _ in sequences]}
+    write_json(folder / "store.json", doc, indent=None)  # the commit point
+    for stale in folder.glob("store*.npz"):
+        if stale.name != name:
+            stale.unlink(missing_ok=True)
+
+
+def load_store(folder: Path, config: "StoreConfig | None" = None) -> SavedStore:
+    from dasrl.drafter.store import StoreConfig  # store.py imports this module
+
+    where = folder / "store.json"
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{where}: not a valid draft store: {what}")
+
+    try:
+        doc = json.loads(where.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"expected a JSON object, got {type(doc).__name__}")
+    if doc.get("format") not in (FORMAT, LEGACY):
+        raise ValueError(f"{where}: not a dasrl store (format {doc.get('format')!r})")
+    saved = doc.get("config")
+    if not isinstance(saved, dict):
+        raise bad(f"'config' must be an object, got {saved!r}")
+    try:
+        saved_cfg = StoreConfig(mode=saved.get("mode"), window=saved.get("window"), decay=saved.get("decay"))
+    except (ValueError, TypeError) as e:
+        raise bad(f"config: {e}") from None
+    cfg = config or saved_cfg
+    step, num_steps, seqs = doc.get("step"), doc.get("num_steps"), doc.get("sequences")
+    if not _int(step) or step < 0:
+        raise bad(f"'step' must be an int >= 0, got {step!r}")
+    limit = min(step, saved_cfg.window or MAX_STEPS, MAX_STEPS)
+    if not _int(num_steps) or not 0 <= num_steps <= limit:
+        raise bad(f"'num_steps' must be an int in [0, {limit}] (step {step}, window {saved_cfg.window}), "
+                  f"got {num_steps!r}")
+    if not isinstance(seqs, list):
+        raise bad(f"'sequences' must be a list, got {type(seqs).__name__}")
+    for i, s in enumerate(seqs):
+        if not (isinstance(s, list) and len(s) == 3):
+            raise bad(f"sequence {i} must be [age, problem id, weight], got {s!r}")
+        age, shard, weight = s
+        if not _int(age) or not 0 <= age < num_steps:
+            raise bad(f"sequence {i}: age must be an int in [0, {num_steps}), got {age!r}")
+        if not (isinstance(shard, (int, str)) and not isinstance(shard, bool)):
+            raise bad(f"sequence {i}: problem id must be an int or a str, got {shard!r}")
+        if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+                and 0 < weight <= 1e300):
+            raise bad(f"sequence {i}: weight must be positive and finite, got {weight!r}")
+    tokens, offsets = _read_data(folder, doc, bad)
+    if len(offsets) != len(seqs) + 1:
+        raise bad(f"{len(seqs)} sequences but {len(offsets)} offsets (expected {len(seqs) + 1})")
+    if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) < 0).any()):
+        raise bad(f"offsets must rise from 0 to {len(tokens)} (the token count) without decreasing")
+    pos = first_bad(tokens, cfg.token_limit)
+    if pos >= 0:
+        raise bad(f"token id {int(tokens[pos])} at position {pos} is outside [0, {cfg.token_limit})")
+    tokens = tokens.astype(np.int32, copy=False)
+    out = [(int(age), shard, float(w), tokens[offsets[i]:offsets[i + 1]]) for i, (age, shard, w) in enumerate(seqs)]
+    return SavedStore(cfg, int(step), int(num_steps), out)
+
+
+def _read_data(folder: Path, doc: dict, bad) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets) from the npz the JSON names, checked against its sha256."""
+    if doc["format"] == LEGACY:
+        name, digest = "store.npz", None
+    else:
+        name, digest = doc.get("data"), doc.get("sha256")
+        if not (isinstance(name, str) and _DATA_NAME.fullmatch(name)) or not isinstance(digest, str):
+            raise bad(f"'data' must name a store-<hash>.npz file and 'sha256' its digest, got {name!r}, {digest!r}")
+    try:
+        data = (folder / name).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
+    if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"{folder / name}: does not match {folder / 'store.json'} (checksum differs: a damaged "
+                         f"file, or files from different saves)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            tokens, offsets = z["tokens"], z["offsets"]
+    except Exception as e:  # zipfile.BadZipFile, EOFError, zlib.error, KeyError, ValueError (pickled): all one error
+        raise ValueError(f"cannot read a draft store from {folder}: {name}: {type(e).__name__}: {e}") from None
+    for key, arr in (("tokens", tokens), ("offsets", offsets)):
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise bad(f"{name}: '{key}' must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+    tokens = np.ascontiguousarray(tokens)
+    if tokens.size == 0:
+        tokens = np.zeros(0, np.int32)
+    return tokens, offsets.astype(np.int64)
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

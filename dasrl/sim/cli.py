@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -27,21 +28,58 @@ def _write_json(path: Path, obj: object) -> None:
     write_json(path, obj)
 
 
+def _bounds(*, scale: float | None = None, steps: int | None = None, warmup: int | None = None,
+            **at_least: tuple[int | None, int]) -> None:
+    """Refuse a bad number before any work: one usage error (rc 2) naming the flag and the value.
+    `at_least` maps a flag name to (value, minimum)."""
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise typer.BadParameter(f"must be a number > 0, got {scale}", param_hint="'--scale'")
+    if steps is not None and steps < 1:  # 0 is refused, not read as "the default"
+        raise typer.BadParameter(f"must be >= 1, got {steps}", param_hint="'--steps'")
+    if warmup is not None and warmup < 0:
+        raise typer.BadParameter(f"must be >= 0, got {warmup}", param_hint="'--warmup'")
+    for name, (value, low) in at_least.items():
+        if value is not None and value < low:
+            raise typer.BadParameter(f"must be >= {low}, got {value}", param_hint=f"'--{name.replace('_', '-')}'")
+
+
+def _workload(workload: Optional[str]):
+    if workload is None:
+        return None
+    try:
+        return get_workload(workload)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="'--workload'") from None
+
+
 def _load_responses(trace: Optional[Path], workload: Optional[str], scale: float,
-                    steps: Optional[int]) -> tuple[list[Response], LatencyModel | None, str]:
+                    steps: Optional[int], warmup: int = 0) -> tuple[list[Response], LatencyModel | None, str]:
+    """The responses of a trace or a generated workload; `warmup` must leave at least one step (checked
+    before a workload is generated)."""
     if (trace is None) == (workload is None):
         raise typer.BadParameter("give a TRACE file or --workload NAME (one of them)")
-    try:
-        if trace is not None:
-            return read_trace(trace).responses(), None, str(trace)
-        w = get_workload(workload)
-    except (TraceError, ValueError) as e:
-        raise typer.BadParameter(str(e)) from None
-    cfg = w.config.scaled(scale) if scale != 1.0 else w.config
-    if steps:
-        cfg = replace(cfg, steps=steps)
-    with console.status(f"generating workload {workload}"):
-        return generate(cfg), w.latency, f"workload {workload} (scale {scale})"
+    if trace is not None:
+        if steps is not None or scale != 1.0:
+            raise typer.BadParameter("--steps and --scale apply to a --workload, not to a TRACE")
+        try:
+            responses = read_trace(trace).responses()
+        except TraceError as e:
+            raise typer.BadParameter(str(e), param_hint="TRACE") from None
+        n = len({int(r.step) for r in responses})
+        source, lat = str(trace), None
+    else:
+        w = _workload(workload)
+        cfg = w.config.scaled(scale) if scale != 1.0 else w.config
+        if steps is not None:
+            cfg = replace(cfg, steps=steps)
+        n, source, lat = cfg.steps, f"workload {workload} (scale {scale})", w.latency
+    if warmup >= n:
+        raise typer.BadParameter(f"{warmup} leaves none of the {n} steps of {source} to measure "
+                                 f"(must be < {n})", param_hint="'--warmup'")
+    if trace is None:
+        with console.status(f"generating workload {workload}"):
+            responses = generate(cfg)
+    return responses, lat, source
 
 
 def _check(name: str, valid, what: str) -> None:
@@ -110,12 +148,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         the oracle drafter under the same policy."""
         _check(drafter, DRAFTERS, "drafter")
         _check(policy, POLICIES, "policy")
-        responses, wl_lat, source = _load_responses(trace, workload, scale, steps)
-        try:
-            lat = LatencyModel.load(latency) if latency else (wl_lat or SimConfig().latency)
+        _bounds(scale=scale, steps=steps, warmup=warmup, k=(k, 0), window=(window, 1), max_batch=(max_batch, 0))
+        w = _workload(workload)
+        try:  # every setting checked before the trace is read or the workload generated
+            lat = LatencyModel.load(latency) if latency else (w.latency if w else SimConfig().latency)
             cfg = SimConfig(latency=lat, batch_mode=batch_mode, max_batch=max_batch, window=window, warmup=warmup)
         except (ValueError, OSError) as e:
             raise typer.BadParameter(str(e)) from None
+        responses, _, source = _load_responses(trace, workload, scale, steps, warmup)
         runs = {f"{drafter}/{policy}": (drafter, policy), "none": ("none", "none"),
                 f"oracle/{policy}": ("oracle", policy)}
         results = _run_all(runs, responses, cfg, k)
@@ -148,6 +188,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                   scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
                   steps: Optional[int] = typer.Option(None, help="Override the number of steps.")) -> None:
         """Write a synthetic workload as a trace."""
+        _bounds(scale=scale, steps=steps)
         responses, _, source = _load_responses(None, workload, scale, steps)
         write_trace(out, responses, vocab_size=get_workload(workload).config.vocab)
         console.print(f"wrote {out}: {len(responses)} responses from {source}")
@@ -162,7 +203,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """Figure 12 of the paper: unbounded drafting vs the distribution-aware policy (and the closed-form
         optimum, fixed and no speculation) on a long-tail workload."""
         _check(drafter, DRAFTERS, "drafter")
-        responses, lat, source = _load_responses(None, workload, scale, steps)
+        _bounds(scale=scale, steps=steps, warmup=warmup)
+        responses, lat, source = _load_responses(None, workload, scale, steps, warmup)
         cfg = SimConfig(latency=lat, warmup=warmup)
         runs = {"unbounded": (drafter, "unbounded"), "das": (drafter, "das"), "optimal": (drafter, "optimal"),
                 "fixed(4)": (drafter, "fixed"), "none": ("none", "none")}
@@ -203,11 +245,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter(f"--workers must be comma-separated integers, got {workers!r}") from None
         if not counts or min(counts) < 1:
             raise typer.BadParameter(f"--workers needs counts >= 1, got {workers!r}")
-        responses, lat, source = _load_responses(None, workload, scale, steps)
+        _bounds(scale=scale, steps=steps, warmup=warmup)
         try:
-            lat = {"workload": lat, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
+            lat = {"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
         except (ValueError, OSError) as e:
-            raise typer.BadParameter(f"--latency {latency!r}: {e}") from None
+            raise typer.BadParameter(f"{latency!r}: {e}", param_hint="'--latency'") from None
+        responses, _, source = _load_responses(None, workload, scale, steps, warmup)
         cfg = SimConfig(latency=lat, warmup=warmup)
         results: dict[int, dict] = {}
         with Progress(console=console, transient=True) as prog:

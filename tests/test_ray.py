@@ -1,6 +1,7 @@
-"""DistributedRolloutSession on a local Ray (2 CPU actors, loopback): outputs equal a single-process
-plain session's under the same seeds, problems stay whole on one worker, and a worker killed mid-step has
-its requests re-run on the survivor with the same outputs, nothing lost or duplicated."""
+"""DistributedRolloutSession on a local Ray (2 CPU actors, loopback): every socket the local cluster
+listens on is bound to loopback; outputs equal a single-process plain session's under the same seeds,
+problems stay whole on one worker, and a worker killed mid-step has its requests re-run on the survivor
+with the same outputs, nothing lost or duplicated."""
 
 from __future__ import annotations
 
@@ -8,19 +9,77 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from dasrl.engine.sampling import SamplingParams  # noqa: E402
-from dasrl.rollout.session import RolloutSession, SessionConfig  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
 
-pytestmark = pytest.mark.slow
+from dasrl.engine.sampling import SamplingParams  # noqa: E402
+from dasrl.integrations.ray import LOOPBACK, init_local, is_loopback  # noqa: E402
+from dasrl.rollout.session import RolloutSession, SessionConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    init_local(num_cpus=2, log_to_driver=False)
     yield
     ray.shutdown()
 
 
+def _listening(psutil) -> dict[tuple[str, int], str]:
+    """(ip, port) -> process name, for every LISTEN socket of this process and its descendants (the
+    local cluster: gcs_server, raylet, agents, workers; the driver's own gRPC server is in this process)."""
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    out[(c.laddr.ip, c.laddr.port)] = p.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def test_every_local_ray_socket_listens_on_loopback_only(cluster):
+    psutil = pytest.importorskip("psutil")
+
+    @ray.remote(num_cpus=0)
+    class Probe:  # an actor: a worker process with its own gRPC server
+        def pid(self):
+            return os.getpid()
+
+    @ray.remote(num_cpus=0)
+    def task():
+        return os.getpid()
+
+    actor = Probe.remote()
+    pids = {ray.get(actor.pid.remote()), ray.get(task.remote())}
+    assert ray.util.get_node_ip_address() == LOOPBACK
+    # agents start their servers a moment after the node is up: look until nothing new appears
+    seen, stable = {}, 0
+    for _ in range(40):
+        now = _listening(psutil)
+        stable = stable + 1 if now.keys() == seen.keys() else 0
+        seen = now
+        if stable >= 3:
+            break
+        time.sleep(0.25)
+    exposed = {addr: name for addr, name in seen.items() if not is_loopback(addr[0])}
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    names = set(seen.values())
+    assert {"gcs_server", "raylet"} <= names, names  # the check saw the cluster, not nothing
+    assert any(n.startswith("ray::") for n in names), names  # and its workers / agents
+    assert pids  # the worker processes ran
+    ray.kill(actor)
+
+
+def test_init_local_refuses_what_would_not_be_local(cluster):
+    with pytest.raises(RuntimeError, match="already initialised"):
+        init_local()
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+    assert not is_loopback("::") and not is_loopback("192.0.2.2")
+
+
+@pytest.mark.slow
 def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, chat_prompts, tmp_path):
     from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
 
@@ -64,6 +123,11 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     dist.save(tmp_path / "dist")
     assert (tmp_path / "dist" / "distributed.json").is_file() and (tmp_path / "dist" / "worker-0").is_dir()
     dist.shutdown()
+
+
+def test_init_local_refuses_an_address():
+    with pytest.raises(ValueError, match="address='auto' is not allowed"):
+        init_local(address="auto")
 
 
 def test_bad_config_names_the_value():

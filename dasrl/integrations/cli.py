@@ -52,7 +52,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ImportError:
             raise typer.BadParameter("this bench needs Ray: pip install 'dasrl[ray]'") from None
         from dasrl.engine.sampling import SamplingParams
-        from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
+        from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession, init_local
         from dasrl.models import load_model
         from dasrl.rollout.routing import ROUTERS
         from dasrl.rollout.session import SessionConfig
@@ -70,8 +70,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         sp = SamplingParams(temperature=temperature, top_p=0.95)
         # every router's actors live side by side (idle while another runs), and the routers take turns
         # within each step, so a change in machine load hits them alike
-        ray.init(num_cpus=workers * len(names), include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=False, ignore_reinit_error=True)
+        if not ray.is_initialized():
+            init_local(num_cpus=workers * len(names), log_to_driver=False)  # loopback only
         load = os.getloadavg()[0]
         results = {n: [] for n in names}
         outputs = {n: [] for n in names}

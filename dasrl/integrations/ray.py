@@ -1,7 +1,7 @@
 """Rollout workers on a Ray cluster: `DistributedRolloutSession`, RolloutSession's interface over N actors.
 
-    import ray
-    ray.init()                                              # or an existing cluster
+    from dasrl.integrations.ray import init_local
+    init_local()                                            # or ray.init(address=...) for a cluster
     session = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=4))
     for step in range(steps):
         rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.8), max_new_tokens=512)
@@ -15,10 +15,15 @@ sample's seed from (run seed, step, problem, sample index), so a request gives t
 worker: when a worker dies mid-step, its requests are re-run on the survivors and the step completes
 with the outputs it would have had, each request exactly once. A replacement actor takes the dead one's
 place for the next step (with the latest weights; the history of its problems is rebuilt as they run).
+
+A local Ray started here (`init_local`, or by DistributedRolloutSession when Ray is not running) listens
+on 127.0.0.1 only: GCS, raylet, driver and worker gRPC servers, runtime-env and dashboard agents, metrics
+export (docs/distributed.md, "Network exposure"; tests/test_ray.py checks every listening socket).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -39,6 +44,53 @@ def _ray():
     except ImportError as e:
         raise ImportError("distributed rollouts need Ray: pip install 'dasrl[ray]'") from e
     return ray
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address (::ffff:127.0.0.1, what a dual-stack socket
+    bound to 127.0.0.1 reports)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def init_local(**kwargs) -> None:
+    """Start a local Ray whose every service listens on 127.0.0.1 only (kwargs go to ray.init: num_cpus,
+    log_to_driver, ...). Refuses to run when Ray is already initialised or an address is given.
+
+    Why not just `ray.init(_node_ip_address="127.0.0.1")`: Ray 2.60 resolves that to the machine's
+    routable address (services.resolve_ip_for_localhost) unless ray_constants.ENABLE_RAY_CLUSTER is False,
+    its Windows/macOS default (env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read once at import). So that flag
+    is held False for the duration of ray.init; every component then gets --node-ip-address=127.0.0.1, and
+    each binds its servers to loopback when its node IP is loopback. The node IP is checked afterwards:
+    if a Ray version resolves it otherwise, Ray is shut down and RuntimeError raised rather than left
+    listening on every interface."""
+    ray = _ray()
+    for key in ("address", "_node_ip_address"):
+        if kwargs.get(key) is not None:
+            raise ValueError(f"init_local starts a loopback-only local Ray: {key}={kwargs[key]!r} is not allowed")
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already initialised; init_local starts a fresh local instance")
+    kwargs.setdefault("include_dashboard", False)  # the dashboard is a web server nobody here needs
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(_node_ip_address=LOOPBACK, **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+    node_ip = ray.util.get_node_ip_address()
+    if not is_loopback(node_ip):
+        ray.shutdown()
+        raise RuntimeError(f"Ray {ray.__version__} bound its node to {node_ip}, not loopback: refusing to run "
+                           f"a local cluster that listens beyond this machine")
 
 
 @dataclass(frozen=True)
@@ -134,7 +186,7 @@ class DistributedRolloutSession:
                  dtype: str = "float32") -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")  # local: loopback only
+            init_local()  # local: every Ray service on loopback only
         self.model, self.config, self.dtype = str(model), config, dtype
         threads = max(1, int(config.cpus_per_worker))
         self._worker_session = replace(config.session, engine=replace(config.session.engine, num_threads=threads))

@@ -13,13 +13,16 @@ the same loop see the same random numbers and produce the same tokens.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import math
 import os
 import threading
 import time
+import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Sequence
 
@@ -31,10 +34,7 @@ from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.budget import make_policy
-from dasrl.policy.latency import LatencyModel
-
-CPU_LATENCY = LatencyModel(c_base=0.05, c_tok=0.0025)
-"""SmolLM2-135M fp32 forwards on this project's 2-core machine (DESIGN.md); `dasrl calibrate` measures yours."""
+from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 
 
 @dataclass(frozen=True)
@@ -243,39 +243,164 @@ class RolloutSession:
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
         """Session state without pickle: the drafter window (npz + JSON), length and acceptance
-        statistics and counters (JSON)."""
+        statistics and counters (JSON). session.json is written last and holds a digest of the store's
+        files, so load() can tell a store that does not belong to it (a save cut short between the two)."""
         self._join_upkeep()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        state = {"format": SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
+                 "history": [_jsonable(asdict(s)) for s in self.history], "store": None}
         if self.store is not None:
             self.store.save(folder / "store")
-        state = {"format": "dasrl-session/1", "step": self.step, "config": _jsonable(asdict(self.config)),
-                 "history": [_jsonable(asdict(s)) for s in self.history]}
+            state["store"] = {"digest": _folder_digest(folder / "store")}
         for name in ("lengths", "acceptance"):
             part = getattr(self.policy, name, None)
             if part is not None:
                 state[name] = part.state_dict()
-        write_json(folder / "session.json", state)
+        state = json.loads(json.dumps(state))  # as load() will see it (int dict keys become strings...)
+        write_json(folder / "session.json", {"checksum": _checksum(state), **state})
 
     def load(self, folder: str | os.PathLike) -> None:
-        """Restore what save() wrote into this session (same model; the config may differ)."""
+        """Restore what save() wrote into this session (same model; the config may differ).
+
+        All or nothing: everything is read and validated first (the store into a new DraftStore, the
+        policy statistics into throwaway copies) and assigned only when all of it passed, so a failed
+        load leaves the session as it was. A save that holds a store whose folder is missing or does not
+        match is refused (ValueError); loading a save without a store into a session with one, or the
+        other way round, warns (a legitimate change of setup, but its history is lost)."""
         folder = Path(folder)
+        src = folder / "session.json"
         try:
-            state = json.loads((folder / "session.json").read_text())
-        except (OSError, ValueError) as e:
+            state = json.loads(src.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
             raise ValueError(f"cannot read a session from {folder}: {e}") from None
-        if state.get("format") != "dasrl-session/1":
-            raise ValueError(f"{folder / 'session.json'}: not a dasrl session (format {state.get('format')!r})")
+        if not isinstance(state, dict):
+            raise ValueError(f"{src}: expected a JSON object, got {type(state).__name__}")
+        if state.get("format") != SESSION_FORMAT:
+            raise ValueError(f"{src}: not a dasrl session (format {state.get('format')!r})")
+        unknown = sorted(set(state) - _SESSION_KEYS)
+        if unknown:
+            raise ValueError(f"{src}: unknown field(s) {unknown}")
+        if "checksum" in state:  # absent only in files written before it existed
+            want = state.pop("checksum")
+            if want != _checksum(state):
+                raise ValueError(f"{src}: checksum mismatch (the file was changed or damaged after it was written)")
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{src}: field 'step' must be an int >= 0, got {step!r}")
+        history = _history_from(state.get("history"), src)
         self._join_upkeep()
-        self.step = int(state["step"])
-        self.history = [StepSummary(**{**h, "batch_curve": [tuple(x) for x in h["batch_curve"]]})
-                        for h in state["history"]]
-        if self.store is not None and (folder / "store" / "store.json").exists():
-            self.store = DraftStore.load(folder / "store", self.config.store)
+        store = self._load_store(folder, state, src)
+        parts = []
         for name in ("lengths", "acceptance"):
             part = getattr(self.policy, name, None)
-            if part is not None and name in state:
-                part.load_state_dict(state[name])
+            if part is None or name not in state:
+                continue
+            if not isinstance(state[name], dict):
+                raise ValueError(f"{src}: field {name!r} must be a JSON object, got {type(state[name]).__name__}")
+            try:
+                copy.copy(part).load_state_dict(state[name])  # validate on a throwaway copy
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                raise ValueError(f"{src}: field {name!r}: {e}") from None
+            parts.append((part, state[name]))
+        # everything passed: assign
+        self.step, self.history = step, history
+        if store is not None:
+            self.store = store
+        for part, sd in parts:
+            part.load_state_dict(sd)  # validated above: cannot fail now
+
+    def _load_store(self, folder: Path, state: dict, src: Path) -> DraftStore | None:
+        saved = state.get("store", ...)  # ... = a file from before this field (its store may be there)
+        where = folder / "store"
+        if saved is None or (saved is ... and not where.is_dir()):
+            if self.store is not None:
+                warnings.warn(f"{src}: the saved session has no draft store (no {where}); this session "
+                              f"keeps the draft store it has", stacklevel=3)
+            return None
+        if saved is not ... and not (isinstance(saved, dict) and isinstance(saved.get("digest"), str)):
+            raise ValueError(f"{src}: field 'store' must be null or {{\"digest\": str}}, got {saved!r}")
+        if not where.is_dir():
+            raise ValueError(f"{src}: the session was saved with a draft store but {where} is missing")
+        if saved is not ... and _folder_digest(where) != saved["digest"]:
+            raise ValueError(f"{where}: does not match {src} (digest differs: a save interrupted between "
+                             f"the store and session.json, or files from another save)")
+        if self.store is None:
+            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
+                          stacklevel=3)
+            return None
+        try:
+            return DraftStore.load(where, self.config.store)
+        except ValueError:
+            raise
+        except Exception as e:  # a loader that let a raw error through: still one clear error
+            raise ValueError(f"cannot read a draft store from {where}: {type(e).__name__}: {e}") from e
+
+
+SESSION_FORMAT = "dasrl-session/1"
+_SESSION_KEYS = {"format", "step", "config", "history", "store", "lengths", "acceptance", "checksum"}
+
+
+def _checksum(state: dict) -> str:
+    """Digest of session.json's content (canonical JSON: sorted keys, no spaces). A flipped bit that
+    still parses as JSON would otherwise load a different step count or statistics without a word."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _folder_digest(folder: Path) -> str:
+    """blake2b over the names and bytes of the files under `folder` (dotfiles, i.e. temporaries, left out)."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        h.update(str(rel.as_posix()).encode() + b"\0")
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_SUMMARY_FIELDS = {f.name: f for f in fields(StepSummary)}
+
+
+def _history_from(raw, src: Path) -> list[StepSummary]:
+    """StepSummary list from session.json's 'history', every field type-checked."""
+    if not isinstance(raw, list):
+        raise ValueError(f"{src}: field 'history' must be a list, got {type(raw).__name__}")
+    out = []
+    for i, h in enumerate(raw):
+        where = f"{src}: history[{i}]"
+        if not isinstance(h, dict):
+            raise ValueError(f"{where} must be a JSON object, got {type(h).__name__}")
+        unknown = set(h) - set(_SUMMARY_FIELDS)
+        missing = {"step", "rollout_s", "upkeep_wait_s"} - set(h)
+        if unknown or missing:
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)} / missing field(s) {sorted(missing)}")
+        kw = {}
+        for k, v in h.items():
+            kind = str(_SUMMARY_FIELDS[k].type)  # an annotation string (postponed annotations)
+            if kind == "list[tuple[float, int]]":
+                if not isinstance(v, list) or not all(
+                        isinstance(x, list) and len(x) == 2 and all(_is_number(y) for y in x) for x in v):
+                    raise ValueError(f"{where}: {k!r} must be a list of [seconds, rows] pairs")
+                v = [(float(x[0]), int(x[1])) for x in v]
+            elif kind.startswith("dict"):
+                if not isinstance(v, dict) or not all(_is_number(y) for y in v.values()):
+                    raise ValueError(f"{where}: field {k!r} must be an object of numbers, got {v!r}")
+            elif kind in ("int", "float"):
+                if not _is_number(v) or (kind == "int" and not isinstance(v, int)):
+                    raise ValueError(f"{where}: field {k!r} must be {'an int' if kind == 'int' else 'a number'}, "
+                                     f"got {v!r}")
+            kw[k] = v
+        out.append(StepSummary(**kw))
+    return out
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _jsonable(obj):

@@ -1,0 +1,287 @@
+"""Every loader a user points at a file, fed truncated, bit-flipped, wrong-typed and pickled files: one
+clear error (ValueError / TraceError) each, never a raw traceback from json, pyarrow or numpy, and the
+caller's state unchanged (a failed RolloutSession.load leaves step, history, store and policy statistics
+as they were). The draft store's own loader is covered in tests/test_store.py.
+
+Bit flips: session.json carries a checksum and trace files carry Parquet page checksums, so every flip
+is refused (or, for a flip in bytes nobody reads, loads the same content). A latency model is a small
+hand-editable JSON file without a checksum: a flipped digit is a different valid model, so there the
+contract is only "a ValueError or a valid LatencyModel, nothing else"."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import warnings
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from dasrl.policy.latency import LatencyModel
+from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
+from dasrl.rollout.trace import Response, TraceError, read_trace, write_trace
+
+
+def _flips(raw: bytes, every: int):
+    """(position, corrupted bytes) for one flipped bit at every `every`-th byte, two bit positions each."""
+    for pos in range(0, len(raw), every):
+        for bit in (0, 6):
+            b = bytearray(raw)
+            b[pos] ^= 1 << bit
+            yield pos, bytes(b)
+
+
+def _cuts(raw: bytes):
+    return sorted({0, 1, 2, len(raw) // 3, len(raw) // 2, len(raw) - 2, len(raw) - 1})
+
+
+# ---------------------------------------------------------------------------------------- session
+
+
+def _rollouts(step: int, pids=(1, 2, 3), n=3):
+    rng = np.random.default_rng(step)
+    return [Rollout(problem_id=p, sample=k, seed=0, prompt_ids=[10 + p, 11, 12],
+                    completion_ids=rng.integers(20, 200, size=8 + 4 * k).tolist(), logprobs=[-0.1] * (8 + 4 * k),
+                    finish_reason="stop", forwards=1, drafted=0, accepted=0)
+            for p in pids for k in range(n)]
+
+
+def _fill(session: RolloutSession, steps: int, pids) -> None:
+    for step in range(steps):
+        session.record(_rollouts(step, pids))
+        session.history.append(StepSummary(step=session.step, rollout_s=0.5 + step, upkeep_wait_s=0.0,
+                                           forwards=3, row_forwards=9, new_tokens=40,
+                                           batch_curve=[(0.0, 9), (0.25, 3)]))
+        session.end_step()
+    session._join_upkeep()
+
+
+def _snapshot(s: RolloutSession):
+    return (s.step, [asdict(h) for h in s.history], s.store, s.store.num_tokens if s.store else None,
+            json.dumps(s.policy.lengths.state_dict(), sort_keys=True),
+            json.dumps(s.policy.acceptance.state_dict(), sort_keys=True))
+
+
+@pytest.fixture(scope="module")
+def sessions(smollm, tmp_path_factory):
+    """(make a fresh speculating session, folder of a saved session with a store and statistics)."""
+    model, tok = smollm
+
+    def make():
+        return RolloutSession(model, tok, SessionConfig(speculate=True, policy="das", background_upkeep=False))
+
+    saved = make()
+    _fill(saved, 2, pids=(1, 2, 3))
+    folder = tmp_path_factory.mktemp("sess") / "saved"
+    saved.save(folder)
+    return make, folder, _snapshot(saved)
+
+
+@pytest.fixture
+def caller(sessions):
+    """A session with its own state (step 4, other problems), to check that a failed load keeps it."""
+    make, _, _ = sessions
+    s = make()
+    _fill(s, 4, pids=(7, 8))
+    return s
+
+
+def _copy(folder, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def test_a_good_save_loads_and_replaces_everything(sessions, caller):
+    make, folder, want = sessions
+    caller.load(folder)
+    got = _snapshot(caller)
+    assert got[0] == want[0] == 2 and got[1] == want[1] and got[3] == want[3] and got[4:] == want[4:]
+
+
+def test_session_json_truncated_flipped_wrong_typed_pickled(sessions, caller, tmp_path):
+    _, folder, _ = sessions
+    d = _copy(folder, tmp_path)
+    raw = (folder / "session.json").read_bytes()
+    before = _snapshot(caller)
+    state = json.loads(raw)
+    bad = [raw[:n] for n in _cuts(raw)]
+    bad += [b for _, b in _flips(raw, every=max(1, len(raw) // 400))]
+    bad += [json.dumps(x).encode() for x in (
+        [1, 2], "session", 3, None,
+        {**state, "step": "2"}, {**state, "step": -1}, {**state, "step": True},
+        {**state, "history": {"0": 1}}, {**state, "history": [[1, 2]]},
+        {**state, "history": [{**state["history"][0], "forwards": "many"}]},
+        {**state, "history": [{**state["history"][0], "batch_curve": [[0.1]]}]},
+        {**state, "lengths": [1]}, {**state, "acceptance": {"problems": [[1, "x"]]}},
+        {**state, "extra": 1}, {**state, "format": "dasrl-session/9"})]
+    bad += [pickle.dumps(state), pickle.dumps(caller.history), b"\x00" * 64, "\ufeff{}".encode()]
+    for i, b in enumerate(bad):
+        (d / "session.json").write_bytes(b)
+        with pytest.raises(ValueError) as e:
+            caller.load(d)
+        assert str(d) in str(e.value), (i, e.value)  # the error names the file it could not use
+        assert _snapshot(caller) == before, i
+
+
+def test_checksum_absent_still_validates(sessions, caller, tmp_path):
+    """A session.json from before the checksum (no 'checksum', no 'store' field) loads, and its fields
+    are still type-checked one by one."""
+    _, folder, want = sessions
+    d = _copy(folder, tmp_path)
+    state = json.loads((folder / "session.json").read_text())
+    del state["checksum"], state["store"]
+    (d / "session.json").write_text(json.dumps({**state, "history": [{"step": 0}]}))
+    before = _snapshot(caller)
+    with pytest.raises(ValueError, match=r"history\[0\]: .*missing field\(s\) \['rollout_s', 'upkeep_wait_s'\]"):
+        caller.load(d)
+    assert _snapshot(caller) == before
+    (d / "session.json").write_text(json.dumps(state))
+    caller.load(d)
+    assert caller.step == 2 and caller.store.num_tokens == want[3]
+
+
+def test_store_missing_mismatched_or_damaged(sessions, caller, tmp_path):
+    make, folder, _ = sessions
+    before = _snapshot(caller)
+    d = _copy(folder, tmp_path)
+    shutil.rmtree(d / "store")
+    with pytest.raises(ValueError, match=r"saved with a draft store but .*store is missing"):
+        caller.load(d)
+    assert _snapshot(caller) == before
+    # a store from another save (a save cut short between the store and session.json)
+    other = make()
+    _fill(other, 1, pids=(5,))
+    other.save(tmp_path / "other")
+    shutil.copytree(tmp_path / "other" / "store", d / "store")
+    with pytest.raises(ValueError, match="does not match"):
+        caller.load(d)
+    assert _snapshot(caller) == before
+    # a damaged store file: truncated, flipped, pickled, wrong-typed
+    d2 = _copy(folder, tmp_path / "x")
+    files = sorted(p for p in (d2 / "store").rglob("*") if p.is_file())
+    assert files
+    for f in files:
+        raw = f.read_bytes()
+        for b in (raw[: len(raw) // 2], raw[:-1] + bytes([raw[-1] ^ 1]), pickle.dumps({"tokens": [1, 2]}), b"[]"):
+            f.write_bytes(b)
+            with pytest.raises(ValueError, match="does not match"):
+                caller.load(d2)
+            assert _snapshot(caller) == before
+        f.write_bytes(raw)
+    caller.load(d2)  # restored bytes: loads again
+
+
+def test_store_mismatch_warnings(smollm, sessions, tmp_path):
+    """A save without a store into a session with one (and the reverse) is a change of setup, not
+    damage: it loads, with a warning that says what is not restored."""
+    model, tok = smollm
+    make, folder, _ = sessions
+    plain = RolloutSession(model, tok, SessionConfig(speculate=False))
+    plain.save(tmp_path / "plain")
+    spec = make()
+    _fill(spec, 1, pids=(4,))
+    keep = spec.store
+    with pytest.warns(UserWarning, match="has no draft store"):
+        spec.load(tmp_path / "plain")
+    assert spec.store is keep and spec.step == 0
+    with pytest.warns(UserWarning, match="not loaded: this session has no DraftStore"):
+        plain.load(folder)
+    assert plain.step == 2 and plain.store is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make().load(folder)  # the matching setup: no warning
+
+
+# ------------------------------------------------------------------------------------------ trace
+
+
+def _trace_file(tmp_path):
+    rs = [Response(s, p, k, np.arange(4) + p, (np.arange(12) * 7 + k) % 500, reward=0.5,
+                   logprobs=np.full(12, -0.2, np.float32))
+          for s in range(2) for p in range(3) for k in range(2)]
+    p = tmp_path / "t.parquet"
+    write_trace(p, rs, vocab_size=500)
+    return p
+
+
+def _content(trace):
+    return [(r.step, r.problem_id, r.sample, r.prompt_ids.tolist(), r.response_ids.tolist(), r.reward,
+             r.finish_reason, r.logprobs.tolist()) for r in trace.responses()]
+
+
+def test_trace_reader_truncated_flipped_wrong_typed_pickled(tmp_path):
+    p = _trace_file(tmp_path)
+    raw = p.read_bytes()
+    want = _content(read_trace(p))
+    q = tmp_path / "bad.parquet"
+    same = 0
+    for b in [raw[:n] for n in _cuts(raw)] + [b for _, b in _flips(raw, every=5)]:
+        q.write_bytes(b)
+        try:
+            got = _content(read_trace(q))
+        except TraceError as e:
+            assert str(q) in str(e)
+            continue
+        assert got == want  # a flip in bytes the reader does not use (statistics, padding): same content
+        same += 1
+    assert same < len(raw) // 5  # most flips are caught, not ignored
+    for b in (pickle.dumps(read_trace(p).responses()), json.dumps({"step": [0]}).encode(), b"PAR1" * 8, b""):
+        q.write_bytes(b)
+        with pytest.raises(TraceError, match="not a readable Parquet file"):
+            read_trace(q)
+    assert p.read_bytes() == raw  # the reader never writes
+
+
+def test_trace_reader_wrong_types(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = {"step": [0], "problem_id": [1], "sample": [0], "prompt_ids": [[1]], "response_ids": [[2]],
+            "reward": pa.array([None], pa.float64()), "finish_reason": ["stop"]}
+    for col, value, msg in [("step", ["0"], "column 'step' has type string"),
+                            ("prompt_ids", [["a"]], "column 'prompt_ids' has type list<.*string>"),
+                            ("reward", ["high"], "column 'reward' has type string"),
+                            ("problem_id", [1.5], "column 'problem_id' has type double"),
+                            ("response_ids", [[2.5]], "column 'response_ids' has type list<.*double>")]:
+        q = tmp_path / f"{col}.parquet"
+        pq.write_table(pa.table({**base, col: value}), q)
+        with pytest.raises(TraceError, match=msg):
+            read_trace(q)
+
+
+# ---------------------------------------------------------------------------------------- latency
+
+
+def test_latency_loader_truncated_flipped_wrong_typed_pickled(tmp_path):
+    p = tmp_path / "latency.json"
+    LatencyModel(c_base=0.05, c_tok=0.0025, c_other=1e-6).save(p)
+    raw = p.read_bytes()
+    assert LatencyModel.load(p) == LatencyModel(0.05, 0.0025, 1e-6)
+    q = tmp_path / "bad.json"
+    bad = [raw[:n] for n in _cuts(raw)] + [b for _, b in _flips(raw, every=1)]
+    bad += [json.dumps(x).encode() for x in ([0.05, 0.0025], "x", None, {"c_base": 0.05},
+                                             {"c_base": "0.05", "c_tok": 0.1}, {"c_base": -1, "c_tok": 0.1},
+                                             {"c_base": True, "c_tok": 0.1}, {"c_base": [1], "c_tok": 0.1},
+                                             {"format": "dasrl.latency/2", "c_base": 0.1, "c_tok": 0.1})]
+    bad += [b'{"c_base": NaN, "c_tok": 0.1}', b'{"c_base": 1e999, "c_tok": 0.1}',
+            b'{"c_base": 1' + b"0" * 400 + b', "c_tok": 0.1}', b"[" * 100_000 + b"]" * 100_000,
+            pickle.dumps({"c_base": 0.05, "c_tok": 0.0025}), b"\xff\xfe{}"]
+    refused = 0
+    for b in bad:
+        q.write_bytes(b)
+        try:
+            m = LatencyModel.load(q)
+        except ValueError as e:
+            assert str(q) in str(e)
+            refused += 1
+        else:  # a flipped digit: a different but valid model
+            assert isinstance(m, LatencyModel)
+    assert refused > len(bad) // 2
+    with pytest.raises(FileNotFoundError):
+        LatencyModel.load(tmp_path / "missing.json")
+    assert os.listdir(tmp_path) == sorted(["latency.json", "bad.json"]) or set(os.listdir(tmp_path)) == {
+        "latency.json", "bad.json"}

@@ -89,3 +89,14 @@ def test_demo_out_is_a_file(tmp_path):
     f.write_text("x")
     code, text = _run(["demo", "--out", str(f), "--model", str(tmp_path / "no-model-here")])
     assert code == 2 and "is a file; it must be a folder" in text
+
+
+@pytest.mark.parametrize("args, msg", [(["--max-new-tokens", "0"], "'--max-new-tokens': must be >= 1, got 0"),
+                                       (["--temperature", "-1"], "'--temperature': temperature must be a finite"),
+                                       (["--routers", ","], "'--routers': no router in ','"),
+                                       (["--routers", "nearest"], "unknown router 'nearest'"),
+                                       (["--steps", "1"], "steps >= 2; got 2, 4, 1")])
+def test_bench_ray_bad_flags_before_the_model(args, msg, tmp_path):
+    pytest.importorskip("ray")
+    code, text = _run(["bench", "ray", "--model", str(tmp_path / "no-model-here"), *args])
+    assert code == 2 and msg in text, text

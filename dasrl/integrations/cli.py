@@ -61,8 +61,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names:
             if n not in ROUTERS:
                 raise typer.BadParameter(f"unknown router {n!r}; valid routers: {', '.join(ROUTERS)}")
+        if not names:
+            raise typer.BadParameter(f"no router in {routers!r}", param_hint="'--routers'")
         if workers < 1 or samples < 1 or steps < 2:
             raise typer.BadParameter(f"need workers >= 1, samples >= 1, steps >= 2; got {workers}, {samples}, {steps}")
+        if max_new_tokens < 1:
+            raise typer.BadParameter(f"must be >= 1, got {max_new_tokens}", param_hint="'--max-new-tokens'")
+        try:
+            SamplingParams(temperature=temperature, top_p=0.95)  # checked before the model loads
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--temperature'") from None
         _, tok = load_model(model)
         problems = [_chat(tok, text) for text, _ in PROMPTS]
         rng = np.random.default_rng(0)

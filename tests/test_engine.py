@@ -374,4 +374,4 @@ def test_goal_lines():
     rows = [{"drafter": d, "wall_s": w} for d, w in
             [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]
     text = "\n".join(goals(rows))
-    assert "0.40" in text and "2.00x" in text and "62%" in text and "1.20x" in text
+    assert "0.40" in text and "2.00x" in text and "80%" in text and "1.20x" in text  # saved: 6 s of 7.5 s

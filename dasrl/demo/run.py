@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl.demo.tasks import PRESETS, SYSTEM, Task, make_tasks, preset, reward
+from dasrl.tasks import PRESETS, Task, chat_ids, make_tasks, preset, reward
 from dasrl.engine.sampling import SamplingParams
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig
 from dasrl.rollout.trace import Response, TraceWriter
@@ -110,12 +110,6 @@ def tail_share(curve: Sequence[tuple[float, int]], rows: int, *, live_fraction: 
     live = np.array([c[1] for c in curve])
     dt = np.diff(t)  # step i (i >= 1) took dt[i-1] with live[i] rows
     return float(dt[live[1:] <= live_fraction * rows].sum() / max(t[-1] - t[0], 1e-12))
-
-
-def chat_ids(tokenizer, question: str) -> list[int]:
-    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def step_batch(tokenizer, tasks: Sequence[Task], samples: int) -> tuple[list[list[int]], list[int], list[int]]:

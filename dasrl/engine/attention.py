@@ -28,10 +28,14 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     groups = heads // kv_heads
     q = query.reshape(batch, kv_heads, groups * q_len, dim)  # [B, Hkv, G*q, D]
     mask = attention_mask
+    if mask is None and q_len > 1:  # causal, bottom-right aligned (the queries are the last q of S keys)
+        s = key.shape[2]
+        mask = (torch.arange(s, device=query.device)[None, :]
+                <= torch.arange(s - q_len, s, device=query.device)[:, None])[None, None]  # [1, 1, q, S]
     if mask is not None and groups > 1:
         mask = mask.repeat(1, 1, groups, 1)  # [B, 1, G*q, S]
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling,
-                                         is_causal=mask is None and q_len > 1)  # [B, Hkv, G*q, D]
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0,
+                                         scale=scaling)  # [B, Hkv, G*q, D]
     out = out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous()  # [B, q, H, D]
     return out, None
 

@@ -1,11 +1,13 @@
 """`dasrl bench engine` and `dasrl calibrate`: the measurements behind docs/benchmarks.md "## Engine".
 
-Engine bench: a workload with history. The same problems are rolled out for two "epochs" (G samples
-each, T = 0.6, different seeds per epoch); history drafters index epoch 1 and epoch 2 is measured, side by
-side in one run: no speculation, n-gram, global suffix (DraftStore mode global; arctic-inference too when
-installed), DAS (DraftStore problem+request, fixed budget), the oracle (knows epoch 2's outputs: the
-limit), and HF `model.generate` on the same batch as the external baseline. Every speculative row must
-reproduce the no-speculation outputs token for token (`exact`).
+Engine bench: a workload with history. The long-tail task set (dasrl/tasks.py: short arithmetic next to
+enumerating problems, the limit far above the median) is rolled out for two "epochs" (G samples each,
+T = 0.6, top-p 0.95, other seeds per epoch); history drafters index epoch 1 and epoch 2 is measured, side
+by side in one run: no speculation, n-gram, global suffix (DraftStore mode global; arctic-inference too
+when installed), DAS (DraftStore problem+request), the oracle (knows epoch 2's outputs: the limit), and
+HF `model.generate` on the same batch as the external baseline. Every drafter runs under the same
+policy (DAS's length classes learnt from epoch 1, within the per-forward allowance), so the drafter is the
+only difference. Every speculative row must reproduce the no-speculation outputs token for token (`exact`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,20 @@ from typing import Callable
 import numpy as np
 import torch
 
+from dasrl.drafter.base import DraftBatch
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.engine.cache import RowCache
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
+from dasrl.engine.packing import pack_drafts
 from dasrl.engine.sampling import SamplingParams
+from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.base import FixedBudget
+from dasrl.policy.budget import DASPolicy
+from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+from dasrl.tasks import chat_ids, make_tasks, preset
 
+
+# General chat prompts (the fidelity bench's requests); the engine bench runs the long-tail task set.
 PROBLEMS = [
     "What is 17 + 25? Explain step by step.",
     "A farmer has 12 cows and buys 7 more. How many cows does he have?",
@@ -52,28 +62,6 @@ PROBLEMS = [
 ]
 
 
-@dataclass(frozen=True)
-class EngineBenchConfig:
-    """Size of the engine benchmark workload."""
-
-    problems: int = 12
-    """Distinct prompts (problems)."""
-    group: int = 4
-    """Rollouts per problem per epoch (GRPO group size): batch = problems x group."""
-    max_new_tokens: int = 256
-    """Cap on each rollout's length."""
-    budget: int = 6
-    """Fixed draft budget of the speculative rows."""
-    temperature: float = 0.6
-    """Sampling temperature of both epochs."""
-    threads: int | None = None
-    """torch threads for every row (HF generate included); None = the cores this process may use."""
-
-    @staticmethod
-    def quick() -> "EngineBenchConfig":
-        return EngineBenchConfig(problems=8, group=2, max_new_tokens=128)
-
-
 def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
     out = []
     for t in texts:
@@ -82,10 +70,47 @@ def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    """Size of the engine benchmark workload."""
+
+    problems: int = 8
+    """Distinct prompts (problems), drawn from the long-tail task set."""
+    group: int = 4
+    """Rollouts per problem per epoch (GRPO group size): batch = problems x group."""
+    max_new_tokens: int = 512
+    """Cap on each rollout's length."""
+    policy: str = "das"
+    """Policy of every speculative row: das (length classes from epoch 1, allowance) | fixed (budget k)."""
+    budget: int = 6
+    """Draft budget k of the fixed policy."""
+    temperature: float = 0.6
+    """Sampling temperature of both epochs."""
+    top_p: float = 0.95
+    """Nucleus sampling mass."""
+    threads: int | None = None
+    """torch threads for every row (HF generate included); None = the cores this process may use."""
+    seed: int = 0
+    """Seed of the task draw."""
+
+    @staticmethod
+    def quick() -> "EngineBenchConfig":
+        return EngineBenchConfig(problems=8, group=2, max_new_tokens=384)
+
+
+def das_policy(problem_ids: list[int], history: list[Completion], latency: LatencyModel = CPU_LATENCY):
+    """DAS's policy with its length history taken from `history` (epoch 1), within the allowance."""
+    inner = DASPolicy()
+    for pid, c in zip(problem_ids, history):
+        inner.lengths.record(pid, len(c.token_ids))
+    return ForwardAllowance(inner, allowance_for(latency), latency=latency)
+
+
 def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list[Completion] | None) -> dict:
     s = engine.last_run
     new = sum(len(c.token_ids) for c in completions)
     return {"drafter": name, "wall_s": round(s.wall_s, 3), "forward_passes": s.forwards, "new_tokens": new,
+            "forward_s": round(s.forward_s, 3),
             "tokens_per_s": round(new / s.wall_s, 2), "accepted_per_forward": round(s.accepted / s.forwards, 3),
             "drafted": s.drafted, "accepted": s.accepted, "draft_s": round(s.draft_s, 3),
             "verify_s": round(s.verify_s, 3),
@@ -96,10 +121,11 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
                      progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """Rows of the side-by-side run. progress(name, total_tokens) returns an on_step callback."""
     engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
-    base = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(cfg.problems)])
+    tasks = make_tasks(cfg.problems, seed=cfg.seed, families=preset("long-tail").families)
+    base = [chat_ids(tokenizer, t.question) for t in tasks]
     prompts = [p for p in base for _ in range(cfg.group)]
     problem_ids = [i for i in range(cfg.problems) for _ in range(cfg.group)]
-    sampling = SamplingParams(temperature=cfg.temperature)
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
     total = len(prompts) * cfg.max_new_tokens
     cb = progress or (lambda name, n: None)
 
@@ -136,18 +162,22 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
         ("das", lambda: with_history(DraftStore(StoreConfig(mode="problem+request")))),
         ("oracle", lambda: OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})),
     ]
+    def policy():
+        return das_policy(problem_ids, epoch1) if cfg.policy == "das" else FixedBudget(cfg.budget)
+
     for name, make in makers:
-        out = gen(name, seeds2, drafter=make(), policy=FixedBudget(cfg.budget))
+        out = gen(name, seeds2, drafter=make(), policy=policy())
         rows.append(_row(name, out, engine, ref))
     rows.append(hf_generate_row(model, tokenizer, prompts, cfg, engine.eos_ids))
     none_wall = rows[0]["wall_s"]
     for r in rows:
         r["speedup_vs_none"] = round(none_wall / r["wall_s"], 3)
+        r["policy"] = "none" if r["drafter"] in ("none", "hf_generate") else cfg.policy
     return rows
 
 
 def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBenchConfig, eos_ids) -> dict:
-    """HF model.generate on the same batch (left padding, same temperature, no top-k/top-p)."""
+    """HF model.generate on the same batch (left padding, same temperature and top-p)."""
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, L]
@@ -159,7 +189,7 @@ def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBench
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_k=None,
-                             top_p=None, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
+                             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
                              eos_token_id=list(eos_ids))
     wall = time.perf_counter() - t0
     gen = out[:, width:]  # [B, T]
@@ -195,23 +225,28 @@ class CalibrationGrid:
         return CalibrationGrid(batch_sizes=(1, 8, 32), tokens_per_row=(1, 4, 12), contexts=(128, 384), repeats=2)
 
 
-def time_forward(engine: SpecEngine, *, batch: int, q: int, context: int, repeats: int) -> float:
-    """Median seconds of one engine forward: batch rows x q tokens (a chain) on `context` cached tokens."""
-    cache = RowCache.for_model(engine.model, rows=batch, capacity=context + q)
+def time_forward(engine: SpecEngine, *, batch: int, q: int | list[int], context: int, repeats: int) -> float:
+    """Median seconds of one packed engine forward: `batch` rows on `context` cached tokens each, row b
+    feeding q (or q[b]) tokens (its pending token and a chain draft of q - 1)."""
+    qs = [q] * batch if isinstance(q, int) else list(q)
+    if len(qs) != batch or min(qs) < 1:
+        raise ValueError(f"need {batch} token counts >= 1, got {qs}")
+    cache = RowCache.for_model(engine.model, rows=batch, capacity=context + max(qs))
     cache.lengths[:] = context
-    lengths = torch.full((batch,), context, dtype=torch.long)
-    slots = lengths[:, None] + torch.arange(q)[None, :]  # [B, q]
-    view = context + q
-    mask = (torch.arange(view)[None, None, :] <= slots[:, :, None])  # [B, q, S] causal over the context
-    ids = torch.randint(0, engine.vocab_size, (batch, q), generator=torch.Generator().manual_seed(0))
-    rows, cols = torch.nonzero(torch.ones(batch, q, dtype=torch.bool), as_tuple=True)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, engine.vocab_size, (sum(qs) - batch,), generator=gen).numpy().astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(qs) - 1)]).astype(np.int64)
+    parents = np.concatenate([np.arange(-1, k - 2, dtype=np.int32) for k in qs]) if len(tokens) else \
+        np.zeros(0, np.int32)
+    drafts = DraftBatch(tokens, parents, np.ones(len(tokens)), offsets, np.zeros(batch, np.int64))
+    inputs = pack_drafts(pending=np.zeros(batch, np.int64), lengths=cache.lengths.copy(), drafts=drafts)
     times = []
     from dasrl.engine.attention import attention_implementation
 
     with torch.inference_mode(), attention_implementation(engine.model, engine.attn_name):
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            engine._forward(cache, ids=ids, pos=slots, slots=slots, mask=mask, view_len=view, rows=rows, cols=cols)
+            engine._forward(cache, inputs)
             if i:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -238,3 +273,17 @@ def fit_latency(samples: list[dict]):
     secs = np.array([s["seconds"] for s in samples], dtype=float)
     model = LatencyModel.fit(n, secs, kv)
     return model, model.mean_rel_error(n, secs, kv)
+
+
+def packed_vs_padded(engine: SpecEngine, latency, *, rows: int = 32, draft: int = 16, context: int = 256,
+                     repeats: int = 5) -> list[str]:
+    """One row drafting `draft` tokens and rows - 1 drafting none: the packed forward measured against the
+    fitted model for its rows + draft tokens, beside the [rows, 1 + draft] tokens a padded forward computes."""
+    qs = [1 + draft] + [1] * (rows - 1)
+    packed = time_forward(engine, batch=rows, q=qs, context=context, repeats=repeats)
+    padded = time_forward(engine, batch=rows, q=1 + draft, context=context, repeats=repeats)
+    n = sum(qs)
+    pred = float(latency.predict(n, rows * context))
+    return [f"packed forward, {rows} rows (one drafting {draft}), context {context}: {packed * 1e3:.1f} ms measured, "
+            f"{pred * 1e3:.1f} ms predicted for its {n} tokens ({packed / pred - 1:+.0%})",
+            f"the padded shape [{rows}, {1 + draft}] ({rows * (1 + draft)} tokens): {padded * 1e3:.1f} ms"]

@@ -27,10 +27,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = typer.Option("smollm2-135m", help="Model of the real rollouts."),
+        preset: Optional[str] = typer.Option(None, help="Collection run: task set, long-tail (default) | short."),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3)."),
         prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3)."),
         samples: Optional[int] = typer.Option(None, help="Collection run: samples per problem (default 6; quick 3)."),
-        max_new_tokens: Optional[int] = typer.Option(None, help="Collection run: tokens per sample (default 128; "
+        max_new_tokens: Optional[int] = typer.Option(None, help="Collection run: tokens per sample (default 512; "
                                                                 "quick 48)."),
         variant_every: Optional[int] = typer.Option(None, help="Collection run: engine variants every N steps "
                                                                "(default 8; quick 3)."),
@@ -51,6 +52,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for k, v in collect:
             if v < 1:
                 raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+        if preset is not None:
+            from dasrl.tasks import PRESETS
+
+            if preset not in PRESETS:
+                raise typer.BadParameter(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}", param_hint="--preset")
+            collect += (("preset", preset),)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect), console)

@@ -21,7 +21,7 @@ from typing import Callable
 from dasrl.atomic import write_json
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl.demo.run import score, step_batch, trace_rows
-from dasrl.demo.tasks import make_tasks
+from dasrl.tasks import make_tasks, preset
 from dasrl.drafter.base import DraftParams, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import StoreConfig
@@ -31,7 +31,7 @@ from dasrl.experiments.base import load_avg
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
 from dasrl.rollout.trace import Trace, TraceWriter, read_trace
 
-FORMAT = "dasrl-experiments-collect/2"
+FORMAT = "dasrl-experiments-collect/3"
 UNBOUNDED_CAP = ClassCaps().long
 """Draft cap of the unbounded variant: the most DAS ever gives a request (its long class)."""
 NO_ALLOWANCE = 1 << 20
@@ -42,6 +42,8 @@ NO_ALLOWANCE = 1 << 20
 class CollectConfig:
     """The GRPO run the experiments share."""
 
+    preset: str = "long-tail"
+    """Task set (dasrl/tasks.py): long-tail (mixed short and enumerating problems) | short."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 24
@@ -50,8 +52,8 @@ class CollectConfig:
     """Distinct problems."""
     samples: int = 6
     """Samples per problem (GRPO group size)."""
-    max_new_tokens: int = 128
-    """Generation limit per sample."""
+    max_new_tokens: int = 512
+    """Generation limit per sample (far above the median on the long-tail set)."""
     temperature: float = 0.6
     """Sampling temperature."""
     top_p: float = 0.95
@@ -189,7 +191,8 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
     model, tok = ctx.model()
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
-    prompts, answers, pids = step_batch(tok, make_tasks(cfg.prompts, seed=cfg.seed), cfg.samples)
+    tasks = make_tasks(cfg.prompts, seed=cfg.seed, families=preset(cfg.preset).families)
+    prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
     base = RolloutSession(model, tok, SessionConfig(speculate=False, seed=cfg.seed))
     sessions = {v.name: v.session(model, tok, cfg.seed) for v in VARIANTS}
@@ -208,7 +211,7 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                 def tick(info) -> None:
                     advance(info.finished, note=f"step {step} {name}: {info.batch_size} live")
                     seen[0] += info.finished
-                    shapes.append([info.batch_size, info.width, info.kv_tokens])
+                    shapes.append([info.batch_size, info.tokens, info.kv_tokens])  # the packed forward's cost
 
                 out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,
                                     max_new_tokens=cfg.max_new_tokens, on_step=tick)

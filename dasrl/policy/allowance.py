@@ -12,8 +12,11 @@ forward: drafting that doubles the forward at most) is split by the distribution
 
 What acceptance justifies: with a per-token acceptance rate p, the j-th drafted token is accepted with
 probability p^j and, on the critical path, saves a forward (t_fwd); it costs c_tok. It pays while
-p^j * t_fwd >= c_tok, i.e. for j <= ln(c_tok / t_fwd) / ln(p). p is the row's own running acceptance
-(accepted / drafted) pulled to its problem's (or the prior) by a few pseudo-tokens.
+p^j * t_fwd >= c_tok, i.e. for j <= ln(c_tok / t_fwd) / ln(p). p is estimated as a geometric rate: a
+verified chain gives its accepted tokens and, unless it was accepted whole, one rejection, so
+p = accepted / (accepted + rejections) (accepted / drafted would understate it badly for long drafts:
+0.39 for p = 0.9 at 20 tokens). The row's own counts are pulled to its problem's, and those to a prior,
+by a few pseudo-tokens each.
 
 The spending is logged per length class (`spent`: drafted tokens per class since the last `take_spent`).
 """
@@ -61,7 +64,8 @@ class ForwardAllowance:
         self.spent: Counter = Counter()
         """Drafted tokens per length class since the last take_spent()."""
         self._seen: dict[Hashable, tuple[int, int, str]] = {}  # req -> (drafted, accepted, last class)
-        self._problem: dict[Hashable, tuple[float, float]] = {}  # problem -> (accepted, drafted) so far
+        self._row: dict[Hashable, tuple[int, int]] = {}  # req -> (accepted, rejections)
+        self._problem: dict[Hashable, tuple[int, int]] = {}  # problem -> (accepted, rejections), all steps
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
@@ -87,6 +91,10 @@ class ForwardAllowance:
             self._seen[s.req_id] = (*self._seen[s.req_id][:2], s.classes[-1] if s.classes else "none")
         return out
 
+    def acceptance_rate(self, state: RequestState) -> float:
+        """The per-token acceptance rate the row's drafts are expected to have (see the module docstring)."""
+        return self._p(state)
+
     def _remaining(self, states: Sequence[RequestState]) -> np.ndarray:
         lengths = getattr(self.inner, "lengths", None)
         if lengths is None:
@@ -99,25 +107,31 @@ class ForwardAllowance:
         return 0.0 if lat is None else lat.c_base + lat.c_tok * rows
 
     def _p(self, s: RequestState) -> float:
-        a0, d0 = self._problem.get(s.problem_id, (0.0, 0.0))
-        prior = (a0 + self.prior_p * self.prior_tokens) / (d0 + self.prior_tokens) if (d0 + self.prior_tokens) else \
-            self.prior_p
         w = self.prior_tokens
-        return (s.accepted + prior * w) / (s.drafted + w) if (s.drafted + w) > 0 else prior
+        a, r = self._problem.get(s.problem_id, (0, 0))
+        problem = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
+        a, r = self._row.get(s.req_id, (0, 0))
+        return (a + problem * w) / (a + r + w) if a + r + w > 0 else problem
 
     # ------------------------------------------------------------------ bookkeeping
     def _account(self, s: RequestState) -> None:
+        """Fold in what the row's last step drafted and accepted (budgets() runs once per engine step)."""
         drafted, accepted, cls = self._seen.get(s.req_id, (0, 0, "none"))
-        if s.drafted > drafted:
-            self.spent[cls] += s.drafted - drafted
-            a, d = self._problem.get(s.problem_id, (0.0, 0.0))
-            self._problem[s.problem_id] = (a + s.accepted - accepted, d + s.drafted - drafted)
+        d, a = s.drafted - drafted, s.accepted - accepted
+        if d > 0:
+            self.spent[cls] += d
+            rejected = int(a < d)  # a chain is accepted up to its first rejection
+            ra, rr = self._row.get(s.req_id, (0, 0))
+            self._row[s.req_id] = (ra + a, rr + rejected)
+            pa, pr = self._problem.get(s.problem_id, (0, 0))
+            self._problem[s.problem_id] = (pa + a, pr + rejected)
         self._seen[s.req_id] = (s.drafted, s.accepted, cls)
 
     def finish(self, state: RequestState) -> None:
         """The request left the batch: count its last step's drafts; the wrapped policy learns from it."""
         self._account(state)
         self._seen.pop(state.req_id, None)
+        self._row.pop(state.req_id, None)
         fin = getattr(self.inner, "finish", None)
         if fin is not None:
             fin(state)
@@ -129,6 +143,7 @@ class ForwardAllowance:
 
     def end_step(self) -> None:
         self._seen.clear()
+        self._row.clear()
         end = getattr(self.inner, "end_step", None)
         if end is not None:
             end()

@@ -114,6 +114,11 @@ class LatencyModel:
             raise ValueError(f"{path}: a coefficient is too large for a float") from None
 
 
+CPU_LATENCY = LatencyModel(c_base=0.050, c_tok=2.5e-3, c_other=4e-6)
+"""SmolLM2-135M fp32 forwards on this project's 2-core machine, unloaded (DESIGN.md): the one CPU
+default of the session, the simulator and the benchmarks; `dasrl calibrate` measures yours."""
+
+
 def _arrays(n_tokens, seconds, kv_tokens):
     n = np.asarray(n_tokens, dtype=np.float64).ravel()
     s = np.asarray(seconds, dtype=np.float64).ravel()

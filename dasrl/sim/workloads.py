@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.trace import Response
 
 
@@ -109,7 +109,6 @@ class Workload:
 PAPER_LATENCY = LatencyModel(c_base=0.020, c_tok=20e-6, c_other=0.0)
 # The CPU engine here (SmolLM2-135M fp32, DESIGN.md): ~50 ms per forward, ~2.5 ms per token, ~4 ms per 1k
 # row-context tokens.
-CPU_LATENCY = LatencyModel(c_base=0.050, c_tok=2.5e-3, c_other=4e-6)
 
 WORKLOADS: dict[str, Workload] = {
     "tiny": Workload(WorkloadConfig(problems=6, samples=4, steps=3, vocab=512, max_len=256, median_len=60,

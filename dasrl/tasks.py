@@ -1,4 +1,4 @@
-"""Task sets with verifiable answers, and the demo's presets.
+"""Task sets with verifiable answers, and the presets the demo, the engine bench and the experiments run.
 
 Two families of problems, so that lengths differ by problem the way RL prompts do:
 
@@ -101,6 +101,13 @@ PRESETS: dict[str, Preset] = {
     "short": Preset("short", ("add", "times", "apples", "pencils", "stickers", "minus"),
                     prompts=4, samples=8, max_new_tokens=128, temperature=0.6),
 }
+
+
+def chat_ids(tokenizer, question: str, system: str = SYSTEM) -> list[int]:
+    """The prompt token ids of a question under the model's chat template."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def preset(name: str) -> Preset:

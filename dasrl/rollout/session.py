@@ -94,6 +94,8 @@ class StepSummary:
     accepted: int = 0
     batch_curve: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since start, live rows) per engine step: the effective batch over decoding time."""
+    drafted_by_class: dict[str, int] = field(default_factory=dict)
+    """Drafted tokens per length class the policy gave the drafting row (short / medium / long)."""
 
     @property
     def accepted_per_forward(self) -> float:
@@ -135,7 +137,8 @@ class RolloutSession:
         if config.speculate:
             latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
             allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
-            self.policy = ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance)
+            self.policy = ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance,
+                                           latency=latency)
         self.step = 0
         self.history: list[StepSummary] = []
         self._upkeep: threading.Thread | None = None
@@ -171,8 +174,9 @@ class RolloutSession:
         run = self.engine.last_run
         self.history.append(StepSummary(
             step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
-            forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens, drafted=run.drafted, accepted=run.accepted,
-            batch_curve=curve))
+            forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens,
+            drafted=run.drafted, accepted=run.accepted, batch_curve=curve,
+            drafted_by_class=self.policy.take_spent() if hasattr(self.policy, "take_spent") else {}))
         return [Rollout(problem_id=pid, sample=k, seed=int(seed), prompt_ids=list(c.prompt_ids),
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,
                         forwards=c.forwards, drafted=c.drafted, accepted=c.accepted)

@@ -58,7 +58,17 @@ test-vllm: $(VSTAMP)
 demo: $(STAMP)
 	.venv/bin/dasrl demo
 
+# Optional: arctic-inference 0.3.0 (vLLM's `suffix` drafter), built from source (~1.5 min here) into .venv
+# for `dasrl bench drafter` side by side. Needs the venv's bin first on PATH (its cmake, ninja, nanobind).
+.PHONY: arctic-install
+arctic-install: $(STAMP)
+	@$(PY) -c "import arctic_inference.suffix_decoding" 2>/dev/null || { \
+	  $(PIP) install -q cmake ninja && \
+	  PATH="$(CURDIR)/.venv/bin:$$PATH" $(PIP) install -q --no-build-isolation --no-deps arctic-inference==0.3.0; }
+
+# arctic-inference is optional: when its build fails the drafter bench runs without it and says "absent".
 bench: $(STAMP)
+	-$(MAKE) arctic-install || echo "arctic-inference did not build: the drafter bench reports it absent"
 	.venv/bin/dasrl bench drafter --json benchmarks/drafter.json
 	.venv/bin/dasrl bench engine --json benchmarks/engine.json
 

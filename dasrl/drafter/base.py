@@ -104,7 +104,9 @@ class DraftBatch:
         return Draft(self.tokens[a:b], self.parents[a:b], self.probs[a:b], int(self.match_len[i]))
 
     def drafts(self) -> list[Draft]:
-        return [self.draft(i) for i in range(len(self))]
+        bounds, mlen = self.offsets.tolist(), self.match_len.tolist()
+        t, p, q = self.tokens, self.parents, self.probs
+        return [Draft(t[a:b], p[a:b], q[a:b], m) for a, b, m in zip(bounds[:-1], bounds[1:], mlen)]
 
     @staticmethod
     def empty(n: int) -> "DraftBatch":
@@ -209,6 +211,8 @@ def budget_array(req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarra
     """[n] int64 budgets, each in [0, MAX_BUDGET], or an error naming the bad value and its request."""
     if len(req_ids) != len(budgets):
         raise ValueError(f"{len(req_ids)} request ids but {len(budgets)} budgets")
+    if type(budgets) is list and all(type(b) is int and 0 <= b <= MAX_BUDGET for b in budgets):
+        return np.array(budgets, dtype=np.int64)  # the common case, without numpy reductions
     try:
         arr = np.asarray(budgets, dtype=np.int64)
     except (OverflowError, TypeError, ValueError):

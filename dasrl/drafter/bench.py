@@ -121,7 +121,7 @@ def decode(drafter: Drafter, problems: list[Problem], *, budget: int, tokens: in
         on_request()
     s = np.asarray(spec_us)
     return {"speculate_us_mean": float(s.mean()), "speculate_us_p50": float(np.median(s)),
-            "speculate_us_p99": float(np.percentile(s, 99)), "append_us_per_token": observe_s / observed * 1e6,
+            "speculate_us_p99": float(np.percentile(s, 99)), "observe_single_us_per_token": observe_s / observed * 1e6,
             "accepted_per_step": accepted / steps}
 
 
@@ -139,22 +139,33 @@ def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budge
         drafter.observe(rid, prob.fresh[: pos[j]])
     budgets = [budget] * batch
     propose_flat(drafter, rids, budgets)  # warm
-    flat = _median(lambda: propose_flat(drafter, rids, budgets))
-    drafts = _median(lambda: drafter.propose(rids, budgets))
+    flat, flat_cpu = _median(lambda: propose_flat(drafter, rids, budgets))
+    drafts, _ = _median(lambda: drafter.propose(rids, budgets))
     obs = []
     for _ in range(7):
         toks = [problems[j % len(problems)].fresh[pos[j]: pos[j] + observe_tokens] for j in range(batch)]
         pos = [p + observe_tokens for p in pos]
-        obs.append(_timed(lambda: observe_batch(drafter, rids, toks)) / sum(len(t) for t in toks))
+        n = sum(len(t) for t in toks)
+        obs.append([t / n for t in _timed2(lambda: observe_batch(drafter, rids, toks))])
     for rid in rids:
         drafter.finish(rid)
-    return {"batched_speculate_us_per_request": flat / batch * 1e6,
-            "batched_drafts_us_per_request": drafts / batch * 1e6,
-            "observe_batch_us_per_token": float(np.median(obs)) * 1e6}
+    obs_wall, obs_cpu = np.median(obs, axis=0)
+    return {"batched_speculate_us_per_request": flat / batch * 1e6, "batched_speculate_cpu_us_per_request":
+            flat_cpu / batch * 1e6, "batched_drafts_us_per_request": drafts / batch * 1e6,
+            "append_us_per_token": float(obs_wall) * 1e6, "append_cpu_us_per_token": float(obs_cpu) * 1e6}
 
 
-def _median(fn: Callable[[], object], n: int = 7) -> float:
-    return float(np.median([_timed(fn) for _ in range(n)]))
+def _timed2(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall, this thread's CPU) seconds of fn(); CPU time is what a loaded machine does not inflate."""
+    w, c = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - w, time.thread_time() - c
+
+
+def _median(fn: Callable[[], object], n: int = 7) -> tuple[float, float]:
+    """Median (wall, CPU) seconds of n calls."""
+    w, c = np.median([_timed2(fn) for _ in range(n)], axis=0)
+    return float(w), float(c)
 
 
 def index_costs(problems: list[Problem]) -> dict[str, float]:
@@ -200,7 +211,7 @@ def core_costs(problems: list[Problem], *, batch: int, budget: int, observe_toke
         cursors.append(c)
     budgets = np.full(batch, budget, dtype=np.int64)
     propose_flat_core(cursors, budgets)
-    flat = _median(lambda: propose_flat_core(cursors, budgets))
+    flat, flat_cpu = _median(lambda: propose_flat_core(cursors, budgets))
     obs = []
     for _ in range(7):
         toks = [problems[j % len(problems)].fresh[pos[j]: pos[j] + observe_tokens] for j in range(batch)]
@@ -208,9 +219,11 @@ def core_costs(problems: list[Problem], *, batch: int, budget: int, observe_toke
         flat_toks = np.concatenate(toks)
         offsets = np.zeros(batch + 1, np.int64)
         np.cumsum([len(t) for t in toks], out=offsets[1:])
-        obs.append(_timed(lambda: extend_batch(cursors, flat_toks, offsets)) / len(flat_toks))
+        obs.append([t / len(flat_toks) for t in _timed2(lambda: extend_batch(cursors, flat_toks, offsets))])
+    obs_wall, obs_cpu = np.median(obs, axis=0)
     return {"batched_speculate_us_per_request_core": flat / batch * 1e6,
-            "observe_batch_us_per_token_core": float(np.median(obs)) * 1e6}
+            "batched_speculate_cpu_us_per_request_core": flat_cpu / batch * 1e6,
+            "append_us_per_token_core": float(obs_wall) * 1e6, "append_cpu_us_per_token_core": float(obs_cpu) * 1e6}
 
 
 def runs(config: DrafterBenchConfig) -> Iterator[tuple[int, str, list[Problem]]]:

@@ -37,7 +37,7 @@ def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], c
             drafter.add_rollout(i, p.prompt, h)
     build_s = time.perf_counter() - t0
     drafter.end_step()
-    row = {"drafter": name, "protocol_build_us_per_token": build_s / tokens * 1e6,
+    row = {"drafter": name, "load_avg_1m": os.getloadavg()[0], "protocol_build_us_per_token": build_s / tokens * 1e6,
            "rss_bytes_per_token": max(0, _rss() - rss0) / tokens}
     row |= B.decode(drafter, problems, budget=cfg.budget, tokens=cfg.decode_tokens, on_request=tick)
     row |= B.batched_call(drafter, problems, batch=cfg.batch, budget=cfg.budget)
@@ -75,9 +75,11 @@ COLUMNS = [("drafter", "drafter", "{}"), ("mutation", "mutation", "{}"), ("corpu
            ("speculate_us_p50", "spec p50 µs", "{:.2f}"), ("speculate_us_p99", "spec p99 µs", "{:.2f}"),
            ("batched_speculate_us_per_request", "batched µs/req", "{:.2f}"),
            ("batched_speculate_us_per_request_core", "core µs/req", "{:.2f}"),
-           ("append_us_per_token", "observe µs/tok", "{:.3f}"),
-           ("observe_batch_us_per_token", "obs batch µs/tok", "{:.3f}"),
-           ("observe_batch_us_per_token_core", "core µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
+           ("batched_speculate_cpu_us_per_request", "batched cpu µs/req", "{:.2f}"),
+           ("append_us_per_token", "append µs/tok", "{:.3f}"),
+           ("append_us_per_token_core", "core µs/tok", "{:.3f}"),
+           ("append_cpu_us_per_token", "append cpu µs/tok", "{:.3f}"),
+           ("observe_single_us_per_token", "1-req observe µs/tok", "{:.3f}"), ("build_us_per_token", "build µs/tok", "{:.3f}"),
            ("bytes_per_token", "bytes/tok", "{:.0f}"), ("accepted_per_step", "accepted/step", "{:.2f}")]
 
 

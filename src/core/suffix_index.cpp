@@ -58,6 +58,13 @@ Ref HeadTable::exchange(uint64_t key, Ref ref) {
   }
 }
 
+void HeadTable::prefetch(uint64_t key) const {
+  if (keys_.empty()) return;
+  size_t i = mix64(key) & (keys_.size() - 1);
+  __builtin_prefetch(&keys_[i]);
+  __builtin_prefetch(&vals_[i]);
+}
+
 void HeadTable::grow() {
   std::vector<uint64_t> old_keys = std::move(keys_);
   std::vector<Ref> old_vals = std::move(vals_);
@@ -126,6 +133,10 @@ void SuffixIndex::append(int64_t seq_id, const Token* toks, size_t n) {
   s.tokens.insert(s.tokens.end(), toks, toks + n);
   s.prev1.resize(s.tokens.size());
   s.prevk.resize(s.tokens.size());
+  for (size_t off = start; off < s.tokens.size(); ++off) {  // the chain heads' misses overlap
+    heads1_.prefetch(uint32_t(s.tokens[off]));
+    if (off + 1 >= size_t(kOrder)) headsk_.prefetch(gram_key(&s.tokens[off + 1 - kOrder]));
+  }
   for (size_t off = start; off < s.tokens.size(); ++off) thread_position(slot, uint32_t(off));
   live_tokens_ += n;
 }

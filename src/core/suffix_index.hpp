@@ -41,6 +41,8 @@ class HeadTable {
   Ref get(uint64_t key) const;
   // Replace the head for key with ref; returns the previous head (kNil if none).
   Ref exchange(uint64_t key, Ref ref);
+  // Hint that key is about to be looked up (overlaps the cache misses of a run of appends).
+  void prefetch(uint64_t key) const;
   void clear();
   size_t size() const { return size_; }
   size_t bytes() const { return keys_.capacity() * (sizeof(uint64_t) + sizeof(Ref)); }

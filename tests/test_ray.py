@@ -122,6 +122,13 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     assert len(pids) == 4 and dist.stats()["steps"] == 3
     dist.save(tmp_path / "dist")
     assert (tmp_path / "dist" / "distributed.json").is_file() and (tmp_path / "dist" / "worker-0").is_dir()
+    before = dist.step
+    dist.load(tmp_path / "dist")
+    assert dist.step == before == 2
+    (tmp_path / "dist" / "distributed.json").write_text('{"format": "dasrl-distributed/1", "step": "x"}')
+    with pytest.raises(ValueError, match="field 'step' must be an int >= 0, got 'x'"):
+        dist.load(tmp_path / "dist")
+    assert dist.step == 2  # the failed load changed nothing
     dist.shutdown()
 
 

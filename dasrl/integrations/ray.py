@@ -23,6 +23,7 @@ export (docs/distributed.md, "Network exposure"; tests/test_ray.py checks every 
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import os
 import time
@@ -332,16 +333,31 @@ class DistributedRolloutSession:
         folder = Path(folder).resolve()
         try:
             state = json.loads((folder / "distributed.json").read_text())
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise ValueError(f"cannot read a distributed session from {folder}: {e}") from None
-        if state.get("format") != "dasrl-distributed/1":
-            raise ValueError(f"{folder / 'distributed.json'}: not a dasrl distributed session "
-                             f"(format {state.get('format')!r})")
-        self.step = int(state["step"])
+        src = folder / "distributed.json"
+        if not isinstance(state, dict) or state.get("format") != "dasrl-distributed/1":
+            raise ValueError(f"{src}: not a dasrl distributed session "
+                             f"(format {state.get('format') if isinstance(state, dict) else state!r})")
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{src}: field 'step' must be an int >= 0, got {step!r}")
+        router = self.router
         if state.get("router") == self.config.router:
-            self.router.load_state_dict(state["routing"])
-        ray.get([self.workers[w].load.remote(str(folder / f"worker-{w}")) for w in self.live_workers
-                 if (folder / f"worker-{w}").is_dir()])
+            router = copy.deepcopy(self.router)  # loaded on a copy: a bad routing state changes nothing
+            try:
+                router.load_state_dict(state["routing"])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise ValueError(f"{src}: field 'routing': {type(e).__name__}: {e}") from None
+        # each worker's load is all or nothing; a worker that fails leaves those before it loaded
+        for w in self.live_workers:
+            where = folder / f"worker-{w}"
+            if where.is_dir():
+                try:
+                    ray.get(self.workers[w].load.remote(str(where)))
+                except ray.exceptions.RayTaskError as e:
+                    raise ValueError(f"worker {w} could not load {where}: {e.cause if hasattr(e, 'cause') else e}") from None
+        self.step, self.router = step, router
 
     def shutdown(self) -> None:
         """Stop the actors (the Ray runtime stays up)."""

@@ -212,7 +212,8 @@ class DraftStore:
             raise token_error(tokens, bad, vocab_size=self.config.vocab_size)
 
     def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int] | np.ndarray]) -> None:
-        """observe() for many requests in one native call; all or nothing (a bad token changes nothing)."""
+        """observe() for many requests in one native call, in order; all or nothing (a bad token changes
+        nothing)."""
         if len(req_ids) != len(token_lists):
             raise ValueError(f"{len(req_ids)} request ids but {len(token_lists)} token lists")
         live = self._live
@@ -220,8 +221,6 @@ class DraftStore:
             cursors = [live[r].cursor for r in req_ids]
         except (KeyError, TypeError):
             cursors = [self._request(r).cursor for r in req_ids]
-        if len(set(map(id, cursors))) != len(cursors):
-            raise ValueError("a request appears twice in one observe_batch")
         flat, offsets = _flatten(token_lists)
         bad = extend_batch(cursors, flat, offsets, self._limit) if cursors else -1
         if bad >= 0:

@@ -90,8 +90,15 @@ class _Live:
     cursor: Cursor
     """The request's context (prompt + output); in problem+request and global modes it also grows the
     request's live sequence in the shard."""
+    prompt_len: int
+    """Tokens of the prompt at the start of the context."""
     seq_id: int | None = None
     """Its sequence in the shard while live (problem+request and global modes)."""
+
+    @property
+    def output(self) -> list[int]:
+        """The tokens observed so far (the context after the prompt)."""
+        return self.cursor.context()[self.prompt_len:].tolist()
 
 
 class DraftStore:
@@ -182,7 +189,7 @@ class DraftStore:
         self._done.discard(req_id)  # an id may be reused once its request is finished
         cursor = ix.cursor(self.config.params.max_match, seq_id)
         cursor.feed(prompt)  # the context and, when live-indexed, the live sequence
-        self._live[req_id] = _Live(shard, cursor, seq_id)
+        self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
         return self.propose_flat(req_ids, budgets).drafts()

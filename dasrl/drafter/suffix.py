@@ -162,20 +162,19 @@ class SuffixIndex:
 class Cursor:
     """A request's context (natively held) on one index, and optionally its live sequence there."""
 
-    __slots__ = ("index", "_c")
+    __slots__ = ("index", "_c", "feed")
 
     def __init__(self, index: SuffixIndex, max_match: int, seq_id: int | None = None) -> None:
         DraftParams(max_match=max_match)  # the same bounds as the params
         self.index = index
         self._c = _core.Cursor(index._ix, int(max_match), -1 if seq_id is None else int(seq_id))
+        self.feed = self._c.extend
+        """feed(tokens, limit=2^31) -> int: the unchecked fast extend (the native method itself, no Python
+        frame). `tokens` is a 1-D integer array (see token_array); returns -1 when every token is in
+        [0, limit) and all were appended, else the first bad position (nothing changed)."""
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         self._c.extend(as_tokens(tokens))
-
-    def feed(self, tokens: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
-        """Unchecked fast extend: `tokens` is a 1-D integer array (see token_array). Returns -1 when every
-        token is in [0, limit) and all were appended, else the first bad position (nothing changed)."""
-        return self._c.extend(tokens, limit)
 
     def context(self) -> np.ndarray:
         """[n] int32: everything this cursor was extended with."""

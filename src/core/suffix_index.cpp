@@ -36,22 +36,21 @@ std::string id_str(int64_t id) { return std::to_string(id); }
 // ---------------------------------------------------------------------------------------- HeadTable
 
 Ref HeadTable::get(uint64_t key) const {
-  if (keys_.empty()) return kNil;
-  size_t mask = keys_.size() - 1;
+  if (slots_.empty()) return kNil;
+  size_t mask = slots_.size() - 1;
   for (size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
-    if (keys_[i] == key) return vals_[i];
-    if (keys_[i] == kEmpty) return kNil;
+    if (slots_[i].key == key) return slots_[i].ref;
+    if (slots_[i].key == kEmpty) return kNil;
   }
 }
 
 Ref HeadTable::exchange(uint64_t key, Ref ref) {
-  if ((size_ + 1) * 2 > keys_.size()) grow();
-  size_t mask = keys_.size() - 1;
+  if ((size_ + 1) * 2 > slots_.size()) grow();
+  size_t mask = slots_.size() - 1;
   for (size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
-    if (keys_[i] == key) return std::exchange(vals_[i], ref);
-    if (keys_[i] == kEmpty) {
-      keys_[i] = key;
-      vals_[i] = ref;
+    if (slots_[i].key == key) return std::exchange(slots_[i].ref, ref);
+    if (slots_[i].key == kEmpty) {
+      slots_[i] = {key, ref};
       ++size_;
       return kNil;
     }
@@ -59,28 +58,20 @@ Ref HeadTable::exchange(uint64_t key, Ref ref) {
 }
 
 void HeadTable::prefetch(uint64_t key) const {
-  if (keys_.empty()) return;
-  size_t i = mix64(key) & (keys_.size() - 1);
-  __builtin_prefetch(&keys_[i]);
-  __builtin_prefetch(&vals_[i]);
+  if (!slots_.empty()) __builtin_prefetch(&slots_[mix64(key) & (slots_.size() - 1)]);
 }
 
 void HeadTable::grow() {
-  std::vector<uint64_t> old_keys = std::move(keys_);
-  std::vector<Ref> old_vals = std::move(vals_);
-  size_t cap = std::max<size_t>(16, old_keys.size() * 2);
-  keys_.assign(cap, kEmpty);
-  vals_.assign(cap, kNil);
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(std::max<size_t>(16, old.size() * 2), Slot{kEmpty, kNil});
   size_ = 0;
-  for (size_t i = 0; i < old_keys.size(); ++i)
-    if (old_keys[i] != kEmpty) exchange(old_keys[i], old_vals[i]);
+  for (const Slot& e : old)
+    if (e.key != kEmpty) exchange(e.key, e.ref);
 }
 
 void HeadTable::clear() {
-  keys_.clear();
-  vals_.clear();
-  keys_.shrink_to_fit();
-  vals_.shrink_to_fit();
+  slots_.clear();
+  slots_.shrink_to_fit();
   size_ = 0;
 }
 

@@ -45,17 +45,20 @@ class HeadTable {
   void prefetch(uint64_t key) const;
   void clear();
   size_t size() const { return size_; }
-  size_t bytes() const { return keys_.capacity() * (sizeof(uint64_t) + sizeof(Ref)); }
+  size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
   template <class F> void for_each(F f) const {
-    for (size_t i = 0; i < keys_.size(); ++i)
-      if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
+    for (const Slot& e : slots_)
+      if (e.key != kEmpty) f(e.key, e.ref);
   }
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t(0);
   void grow();
-  std::vector<uint64_t> keys_;
-  std::vector<Ref> vals_;
+  struct Slot {
+    uint64_t key;
+    Ref ref;
+  };
+  std::vector<Slot> slots_;  // key and value side by side: one cache miss per lookup
   size_t size_ = 0;
 };
 

@@ -232,3 +232,29 @@ def test_same_tokens_on_cpu_and_cuda():
         a, la = draw(logits, params, seeds=seeds, positions=pos)
         b, lb = draw(logits.cuda(), params, seeds=seeds, positions=pos)
         assert np.array_equal(a, b) and np.allclose(la, lb)
+
+
+def _reference_kept(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+    """Brute force: sort the whole row, walk the prefix until its mass reaches top_p, keep logit >= that."""
+    s = logits.astype(np.float64) / temperature
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    order = np.argsort(-logits, kind="stable")
+    k = int(np.argmax(np.cumsum(p[order]) >= top_p))
+    return logits >= logits[order[k]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_top_p_cut_matches_a_full_sort_in_every_stage(temperature):
+    """Rows whose cut lies within 8 nats of the best, within 10.5, and far beyond (the sure superset)."""
+    g = torch.Generator().manual_seed(11)
+    vocab = 6000
+    rows = [torch.randn(vocab, generator=g) * 3,  # wide: cut a few nats down
+            torch.randn(vocab, generator=g) * 0.3,  # flat: cut near the best
+            torch.cat([torch.tensor([14.0]), torch.randn(vocab - 1, generator=g) * 0.1]),  # cut ~13 nats down
+            torch.cat([torch.tensor([9.5, 9.5]), torch.randn(vocab - 2, generator=g) * 0.05])]  # in between
+    logits = torch.stack(rows)  # [4, V]
+    for top_p in (0.5, 0.9, 0.95, 0.999):
+        got = filtered_probs(logits, SamplingParams(temperature=temperature, top_p=top_p)).numpy() > 0
+        for i in range(len(rows)):
+            assert np.array_equal(got[i], _reference_kept(logits[i].numpy(), temperature, top_p)), (i, top_p)

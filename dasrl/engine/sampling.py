@@ -41,8 +41,8 @@ _STREAM = np.uint64(0xD1B54A32D192ED03)  # inverse-CDF uniforms
 _RACE = np.uint64(0x8CB92BA72F3D8DD7)  # race key of a (seed, position)
 _BLOCK_STREAM = np.uint64(0xA24BAED4963EE407)
 _TOKEN_STREAM = np.uint64(0x9FB21C651E98DF25)
-_TOP_P_WIDTHS = (256, 4096)
-"""top-p looks for its cut among this many largest logits first (a full sort only if needed)."""
+_TOP_P_NATS = (8.0, 10.5)
+"""top-p looks for its cut among the tokens within this many nats (tempered) of the best first."""
 BLOCK = 256
 """Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
 SAMPLERS = ("gumbel", "inverse_cdf")
@@ -151,35 +151,73 @@ def kept(logits: torch.Tensor, params: SamplingParams) -> Kept:
     floor = torch.full_like(lmax, float("-inf"))  # [n, 1]
     if 0 < params.top_k < vocab:
         floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [n, 1]: ties at rank k kept
-    w = logits.double().sub_(lmax.double()).div_(params.temperature)  # [n, V] scores - max, float64
-    w = w.masked_fill_(logits < floor, float("-inf")).exp_()  # [n, V]
+    w = logits.double().sub_(lmax.double())  # [n, V] (scores - max) * T, float64
+    if params.temperature != 1.0:
+        w.div_(params.temperature)
+    if 0 < params.top_k < vocab:
+        w.masked_fill_(logits < floor, float("-inf"))
+    w = w.exp_()  # [n, V]
     mass = _block_sums(w)  # [n, nb]
     if params.top_p < 1.0:
-        floor = torch.maximum(floor, _top_p_floor(logits, w, mass.sum(-1), params.top_p))
+        floor = torch.maximum(floor, _top_p_floor(logits, w, mass.sum(-1), params.top_p, params.temperature))
         w = w.masked_fill_(logits < floor, 0.0)
         mass = _block_sums(w)
     return Kept(weights=w, lmax=lmax, floor=floor, block_mass=mass, total=mass.sum(-1))
 
 
-def _top_p_floor(logits: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
-    """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p."""
+def _top_p_floor(logits: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float,
+                 temperature: float) -> torch.Tensor:
+    """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p.
+
+    Only candidates are sorted: the tokens within each of _TOP_P_NATS nats (tempered) of the best, then,
+    for rows whose candidates still fall short of top_p, those with weight >= (1 - top_p) total / V (all
+    tokens below it hold less than 1 - top_p together: a sure superset of the nucleus).
+    """
     n, vocab = logits.shape
     cut = torch.empty(n, 1, dtype=logits.dtype, device=logits.device)  # [n, 1]
     rows = torch.arange(n, device=logits.device)
-    for width in (*[x for x in _TOP_P_WIDTHS if x < vocab], vocab):
-        sub_l, sub_w, sub_t = (logits, w, total) if len(rows) == n else (logits[rows], w[rows], total[rows])
-        top_l, top_i = torch.topk(sub_l, width, dim=-1)  # [m, width] descending
-        # Probabilities in descending order; a tie at the window's edge has the same value whichever
-        # index topk picked, so the prefix masses do not depend on the tie order.
-        mass = (sub_w.gather(1, top_i) / sub_t[:, None]).cumsum(dim=-1)  # [m, width]
-        reached = mass >= top_p  # [m, width]
-        found = reached.any(dim=-1) | (width == vocab)  # [m]
-        idx = torch.where(reached.any(dim=-1), reached.int().argmax(dim=-1), width - 1)  # [m]
-        cut[rows[found]] = top_l[found].gather(1, idx[found, None])
-        rows = rows[~found]
+    sure = ((1.0 - top_p) * total / vocab)[:, None]  # [n, 1]
+    for stage in range(len(_TOP_P_NATS) + 1):
+        whole = len(rows) == n
+        sub_l, sub_w, sub_t = (logits, w, total) if whole else (logits[rows], w[rows], total[rows])
+        if stage < len(_TOP_P_NATS):  # compared on the logits (cheaper than the float64 weights)
+            lmax = sub_l.amax(dim=-1, keepdim=True)
+            cand = sub_l >= lmax - _TOP_P_NATS[stage] * temperature
+        else:
+            cand = sub_w >= (sure if whole else sure[rows])
+        c, ok = _cut_among(sub_l, sub_w, sub_t, cand, top_p)
+        cut[rows[ok]] = c[ok]
+        rows = rows[~ok]
         if len(rows) == 0:
             break
+    if len(rows):  # rounding left the sure candidates a hair short of top_p: keep them all
+        cut[rows] = _cut_among(logits[rows], w[rows], total[rows], w[rows] >= sure[rows], 2.0)[0]
     return cut
+
+
+def _cut_among(l: torch.Tensor, w: torch.Tensor, total: torch.Tensor, cand: torch.Tensor,
+               top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p cut of each row of l [m, V] among its candidates cand [m, V] (bool; the row's best among them):
+    ([m, 1] cut logit, [m] reached); where not reached, the smallest candidate's logit."""
+    m = l.shape[0]
+    r, col = torch.nonzero(cand, as_tuple=True)  # [N] row-major
+    lv = l[r, col]
+    order = torch.argsort(lv, descending=True, stable=True)
+    order = order[torch.argsort(r[order], stable=True)]  # by row, each row by descending logit
+    r, col = r[order], col[order]
+    counts = torch.bincount(r, minlength=m)  # [m]
+    at = torch.arange(len(r), device=l.device) - (counts.cumsum(0) - counts)[r]  # rank within the row
+    width = int(counts.max())
+    # Row by row (no cumulative sum across rows: each row's masses depend on that row alone). Ties have
+    # equal masses, so the order among them does not change any prefix mass.
+    mass = torch.zeros(m, width, dtype=w.dtype, device=l.device)  # [m, width]
+    mass[r, at] = w[r, col] / total[r]
+    cand = torch.full((m, width), float("inf"), dtype=l.dtype, device=l.device)  # [m, width]
+    cand[r, at] = l[r, col]
+    reached = mass.cumsum(dim=-1) >= top_p  # [m, width]
+    ok = reached.any(dim=-1)  # [m]
+    idx = torch.where(ok, reached.int().argmax(dim=-1), counts - 1)  # [m]
+    return cand.gather(1, idx[:, None]), ok
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -200,7 +238,9 @@ def _race(logits: torch.Tensor, k: Kept, params: SamplingParams, keys: np.ndarra
     idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
     l = logits.gather(1, idx)  # [n, BLOCK]
     # The same float64 scores as the weights were made from: (logit - max) / T, -inf outside the kept set.
-    s = l.double().sub_(k.lmax.double()).div_(params.temperature)
+    s = l.double().sub_(k.lmax.double())
+    if params.temperature != 1.0:
+        s.div_(params.temperature)
     s = s.masked_fill_(l < k.floor, float("-inf")).cpu().numpy()  # [n, BLOCK]
     s[~inside] = -np.inf
     j = (s + _gumbel(keys, cols, _TOKEN_STREAM)).argmax(axis=1)  # [n]: ties go to the lowest token id

@@ -1,0 +1,102 @@
+"""How often does last-bit logit noise flip a sampled token? Predicted and measured, for both samplers.
+
+Model: the logits a sampler sees are the true ones plus independent noise delta_i ~ N(0, sigma^2) per
+token (what a different GEMM shape does to fp32 logits, to first order). For small sigma:
+
+- inverse CDF (u against the cumulative probability C_k in token-id order): the draw flips when u falls
+  between C_k and its perturbed value for some kept k. C_k moves by sum_i p_i (1[i <= k] - C_k) delta_i,
+  so P(flip) = sigma sqrt(2/pi) sum_k sqrt(sum_i p_i^2 (1[i <= k] - C_k)^2): one exposed boundary per kept
+  token (~0.31 sigma sqrt(K) for K equal probabilities).
+- Gumbel race: the draw flips when the two best perturbed scores swap. The density of the gap between
+  the best and the second best at 0 is sum_{i != j} p_i p_j = 1 - sum p^2 (the integral of
+  p_i p_j e^{-2x} exp(-e^{-x}) is p_i p_j), and the two scores' noises differ by N(0, 2 sigma^2), so
+  P(flip) = (2 / sqrt(pi)) sigma (1 - sum p^2) <= 1.13 sigma, whatever the size of the kept set. (The
+  two-level race adds the block level: block log-masses carry noise of at most sigma, so the bound stays
+  of the same order; measured below.)
+
+Both ignore flips of the kept set itself (a top-k / top-p boundary token whose logit crosses the cut),
+which matter only when that token would be drawn. `measure` counts everything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from dasrl.engine.sampling import SamplingParams, draw, filtered_probs
+
+
+def predicted(probs: torch.Tensor, sigma: float) -> dict[str, float]:
+    """Mean predicted flip probability per token over rows of probs [n, V] (the sampling distribution)."""
+    p = probs.double()  # [n, V]
+    race = (2 / math.sqrt(math.pi)) * sigma * (1 - (p**2).sum(-1))  # [n]
+    c = p.cumsum(-1)  # [n, V] token-id order
+    a = (p**2).cumsum(-1)  # [n, V]
+    var = (1 - c) ** 2 * a + c**2 * (a[:, -1:] - a)  # [n, V]: sum_i p_i^2 (1[i<=k] - C_k)^2
+    kept = p > 0
+    inv = math.sqrt(2 / math.pi) * sigma * (var.clamp(min=0).sqrt() * kept).sum(-1)  # [n]
+    return {"gumbel": float(race.mean()), "inverse_cdf": float(inv.mean())}
+
+
+def noise_sigma(a: torch.Tensor, b: torch.Tensor, probs: torch.Tensor, mass: float = 0.999) -> float:
+    """The rms of the logit differences a - b [n, V] (less each row's mean shift, which no sampler
+    sees) over the tokens that carry the mass: the sigma of the model above."""
+    d = (a.double() - b.double())  # [n, V]
+    order = probs.argsort(dim=-1, descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(
+        1, order, (probs.gather(1, order).cumsum(-1) - probs.gather(1, order)) < mass)  # [n, V]
+    d = d - (d * keep).sum(-1, keepdim=True) / keep.sum(-1, keepdim=True)
+    return float(((d**2) * keep).sum() / keep.sum()) ** 0.5
+
+
+def measure(a: torch.Tensor, b: torch.Tensor, params: SamplingParams, *, seeds: int) -> tuple[int, int]:
+    """(flips, draws): draws from logits rows a [n, V] and b [n, V] under the same `seeds` keys per row."""
+    n = a.shape[0]
+    flips = 0
+    for s in range(seeds):
+        sd = np.arange(n, dtype=np.int64) * 1_000_003 + s
+        pos = np.arange(n, dtype=np.int64)
+        ta, _ = draw(a, params, seeds=sd, positions=pos)
+        tb, _ = draw(b, params, seeds=sd, positions=pos)
+        flips += int((ta != tb).sum())
+    return flips, n * seeds
+
+
+def shape_logits(model, seqs: list[list[int]], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced logits of the outputs of seqs (prompt + output; output from starts[i]) in two forward
+    shapes: each sequence alone, and all of them in one right-padded batch. ([n, V], [n, V]) float32."""
+    alone, batched = [], []
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)  # [B, L]
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s)
+        mask[i, : len(s)] = 1
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask).logits.float()  # [B, L, V]
+        for i, (s, st) in enumerate(zip(seqs, starts)):
+            # logits at position j predict token j + 1: the outputs are predicted from st - 1 to len - 2
+            one = model(input_ids=torch.as_tensor([s])).logits[0].float()  # [L, V]
+            alone.append(one[st - 1 : len(s) - 1])
+            batched.append(out[i, st - 1 : len(s) - 1])
+    return torch.cat(alone), torch.cat(batched)
+
+
+def flip_rows(model, seqs: list[list[int]], starts: list[int], params_by_sampler: dict[str, SamplingParams],
+              *, seeds: int = 16) -> list[dict]:
+    """Measured flips between two forward shapes (alone vs batched) on real logits, and the prediction of
+    the noise model at the measured sigma; one dict per sampler."""
+    a, b = shape_logits(model, seqs, starts)
+    any_params = next(iter(params_by_sampler.values()))
+    probs = filtered_probs(a, any_params)
+    sigma = noise_sigma(a, b, torch.softmax(a.double(), -1))
+    pred = predicted(probs, sigma)
+    out = []
+    for sampler, params in params_by_sampler.items():
+        flips, draws = measure(a, b, params, seeds=seeds)
+        out.append({"sampler": sampler, "draws": draws, "flips": flips, "flip_rate": flips / draws,
+                    "sigma": sigma, "predicted_flip_rate": pred[sampler],
+                    "max_abs_logit_diff": float((a - b).abs().max())})
+    return out

@@ -94,6 +94,12 @@ class ReferenceStore:
             self.steps.popleft()
         self.step += 1
 
+    def add_rollout(self, problem, prompt, response) -> None:
+        self.current.append([self.shard(problem), list(prompt) + list(response), 1.0])
+
+    def discard_step(self) -> None:
+        self.live, self.done, self.current, self.pending = {}, set(), [], []
+
     def reload(self) -> None:
         """What a save + load keeps: the window and the step counter."""
         self.live, self.done, self.current, self.pending = {}, set(), [], []
@@ -154,6 +160,20 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.store.abort(rid)
         self.ref.abort(rid)
+
+    @rule(problem=PROBLEMS, prompt=TOKENS, response=TOKENS)
+    def add_rollout(self, problem, prompt, response):
+        if not prompt:
+            with pytest.raises(ValueError, match="empty prompt"):
+                self.store.add_rollout(problem, prompt, response)
+            return
+        self.store.add_rollout(problem, prompt, response)
+        self.ref.add_rollout(problem, prompt, response)
+
+    @rule()
+    def discard_step(self):
+        self.store.discard_step()
+        self.ref.discard_step()
 
     @rule()
     def end_step(self):

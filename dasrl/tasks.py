@@ -96,8 +96,9 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "long-tail": Preset("long-tail", ("add", "count", "stickers", "table", "minus", "evens", "shop", "apples"),
-                        prompts=8, samples=4, max_new_tokens=512, temperature=0.6),
+    "long-tail": Preset("long-tail", ("add", "count", "stickers", "table", "minus", "shop", "apples", "times",
+                                      "pencils", "minus"),
+                        prompts=10, samples=4, max_new_tokens=512, temperature=0.6),
     "short": Preset("short", ("add", "times", "apples", "pencils", "stickers", "minus"),
                     prompts=4, samples=8, max_new_tokens=128, temperature=0.6),
 }

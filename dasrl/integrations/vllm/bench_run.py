@@ -3,9 +3,9 @@
     python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json
 
 Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
-sampled `samples` times, every step; seeds fixed per (step, prompt, sample) so every method sees the same
-random numbers), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
-token ids to OUT.json. The parent (bench.py) compares methods.
+sampled `samples` times, every step; no per-request seed unless the config says `seeded`, see
+VLLMBenchConfig.seeded), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
+token ids to OUT.json. The parent (bench.py) compares methods; this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,28 @@ import time
 from pathlib import Path
 
 METHODS = ("none", "ngram", "suffix", "das", "das-fixed")
+
+QUESTIONS = [
+    "Explain step by step how to compute 17 times 23.",
+    "Write a short story about a robot who learns to paint.",
+    "List five prime numbers and explain why each one is prime.",
+    "Describe how a bicycle works, part by part.",
+    "What is photosynthesis? Explain it to a ten-year-old.",
+    "Give three tips for writing clear Python code, with an example for each.",
+    "Tom has 12 apples and buys 7 more, then eats 3. How many apples does he have? Show your work.",
+    "Summarise the water cycle in a few sentences.",
+    "Write a haiku about the sea, then explain its imagery.",
+    "How do you make a cup of tea? Give numbered steps.",
+    "Explain the difference between a list and a tuple in Python.",
+    "A train travels 60 km in 45 minutes. What is its speed in km/h? Explain.",
+]
+
+
+def bench_questions(n: int) -> list[str]:
+    if not 1 <= n <= len(QUESTIONS):
+        raise ValueError(f"--prompts must be in [1, {len(QUESTIONS)}], got {n}")
+    return QUESTIONS[:n]
+
 
 _COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -55,7 +77,6 @@ def run(cfg: dict, method: str) -> dict:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from dasrl.integrations.vllm.bench import bench_questions
     from dasrl.models import ensure_hf_folder
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
@@ -74,8 +95,9 @@ def run(cfg: dict, method: str) -> dict:
         for p, ids in enumerate(prompts):
             for s in range(cfg["samples"]):
                 reqs.append({"prompt_token_ids": ids})
+                seed = cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s if cfg.get("seeded") else None
                 params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
-                                             seed=cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s))
+                                             seed=seed))
         before = _counters(llm)
         t = time.perf_counter()
         outs = llm.generate(reqs, params, use_tqdm=False)

@@ -145,7 +145,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("fidelity")
     def bench_fidelity(
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (sampler, variant, T) here."),
-        quick: bool = typer.Option(False, help="12 requests x 40 tokens, batch 1 and 8 (a few minutes)."),
+        quick: bool = typer.Option(False, help="6 requests x 32 tokens, batch 1 and 4 (a few minutes)."),
         model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id."),
         dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights and logits)."),
         problems: Optional[int] = typer.Option(None, help="Distinct prompts."),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dasrl.integrations.vllm import BatchDrafter, VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import _accepted
+from dasrl.integrations.vllm.tracker import _accepted, acceptance_cap
 
 P = [1, 2, 3, 4]  # a prompt
 Q = [9, 8, 7]  # another prompt
@@ -159,8 +159,9 @@ def test_drafts_are_capped_by_the_match_length():
 
 
 def test_das_policy_caps_by_length_class():
+    # Class caps alone (acceptance never caps or lifts here; see the acceptance tests below).
     # No history at all: medium class, cap 4 (a sibling 6 tokens ahead offers more).
-    d, b = drafter(policy="das", k=8), Batch()
+    d, b = drafter(policy="das", k=8, acceptance_floor=0.0, trust_acceptance=2.0), Batch()
     b.add("a", P)
     b.add("b", P)
     b.step(d, {"a": R1[:7], "b": R1[:1]})
@@ -173,7 +174,7 @@ def test_das_policy_caps_by_length_class():
     assert d.policy.lengths.lengths(d._reqs["c"].state.problem_id).tolist() == [7, 2]
     # A long rollout (40 >= 0.6 x 60): the long class drafts up to k.
     long = list(range(100, 140))
-    d2, b2 = drafter(policy="das", k=8), Batch()
+    d2, b2 = drafter(policy="das", k=8, acceptance_floor=0.0, trust_acceptance=2.0), Batch()
     b2.add("a", Q)
     b2.step(d2, {"a": long})
     b2.drop("a")
@@ -220,3 +221,223 @@ def test_config_from_additional_config():
     with pytest.raises(TypeError, match="must be a dict"):
         VLLMDrafterConfig.from_dict([("window", 4)])
 
+
+
+# ------------------------------------------------------------------ acceptance-aware caps (das policy)
+
+def test_acceptance_cap_by_hand():
+    # the longest L <= k with a**L >= floor
+    assert acceptance_cap(0.5, 0.2, 8) == 2  # 0.5, 0.25 (0.125 < 0.2)
+    assert acceptance_cap(0.8, 0.2, 8) == 7  # 0.8**7 = 0.2097, 0.8**8 = 0.1678
+    assert acceptance_cap(0.8, 0.2, 3) == 3  # clipped to k
+    assert acceptance_cap(0.2, 0.2, 8) == 1 and acceptance_cap(0.1, 0.2, 8) == 0
+    assert acceptance_cap(1.0, 0.2, 8) == 8 and acceptance_cap(0.3, 0.0, 8) == 8  # floor 0: off
+
+
+def test_low_acceptance_stops_drafting_then_probes():
+    """A request whose drafts are always rejected at their first token: its acceptance estimate
+    (0 + 8 * 1.0) / (resolved + 8) falls step by step and so does its cap, down to 0 but for probes.
+    (History H; the request emits every other token of H, so its context always matches H -- a draft
+    exists -- and the draft's first token is always wrong.)"""
+    H = list(range(100, 200))
+    d = BatchDrafter(VLLMDrafterConfig(policy="das", caps=(8, 8, 8), max_spec_factor=0.0, probe_every=16),
+                     num_speculative_tokens=4, max_model_len=512)
+    b = Batch(width=256)
+    b.add("h", P)
+    b.step(d, {"h": H})
+    b.drop("h")
+    b.add("r", P)
+    lens = [len(b.step(d, {"r": H[:1]})["r"])]  # nothing verified yet anywhere: acceptance 1.0, cap k
+    for i in range(1, 45):
+        drafts = b.step(d, {"r": [H[2 * i]]})  # the draft said H[2i-1]: rejected at its first token
+        lens.append(len(drafts["r"]))
+    # resolved after call n: 4, 7, 9, 11, 12, ... -> estimate 8/12 = .667 (cap 3), 8/15 = .533 (2),
+    # 8/17 = .47 (2), 8/19 = .42 (1), 8/20 = .40 (1), ... 8/40 = 0.2 (1), then 8/41 < 0.2: 0.
+    assert lens[:6] == [4, 3, 2, 2, 1, 1]
+    resolved = [0, 4, 7, 9, 11] + [11 + j for j in range(1, 40)]  # verified drafted tokens at call i
+    first_zero = next(i for i, n in enumerate(lens) if n == 0)
+    assert resolved[first_zero - 1] == 32 and resolved[first_zero] == 33  # 8/40 = 0.2: 1; 8/41 < 0.2: 0
+    # stopped: from then on only 1-token probes, exactly at the request's 16th, 32nd, ... engine step
+    req = d._reqs["r"]
+    later = lens[first_zero:]
+    assert set(later) <= {0, 1} and 1 in later
+    probes = [first_zero + j for j, n in enumerate(later) if n == 1]
+    assert all((i + 1) % 16 == 0 for i in probes), probes  # forwards == call index + 1 here
+    assert req.accepted == 0 and d.acceptance("r") < 0.2
+
+
+def test_high_acceptance_lifts_the_length_class_cap():
+    """Greedy RL: every sample of a prompt is the same, drafts are all accepted. The das class policy
+    alone gives a request of a short problem no draft; measured acceptance >= trust_acceptance lifts
+    that to num_speculative_tokens (vLLM suffix's fixed cap), so das never drafts shorter than it."""
+    def run(trust):
+        d, b = drafter(policy="das", k=8, trust_acceptance=trust), Batch()
+        b.add("a", P)
+        b.step(d, {"a": R1})
+        b.drop("a")
+        b.add("b", P)
+        return d, b, b.step(d, {"b": R1[:1]})["b"]
+    _, _, capped = run(trust=2.0)
+    assert capped == []  # short class (8 of up to 60 tokens): cap 0
+    d, b, lifted = run(trust=0.8)
+    assert lifted == R1[1:] and d.acceptance("b") == 1.0  # nothing rejected yet: trusted
+    drafts = b.step(d, {"b": R1[1:] + [5]})  # all 7 accepted, then the target's own token
+    assert d._reqs["b"].accepted == 7 and d.acceptance("b") == 1.0
+    assert drafts["b"] == []  # past the end of the history: nothing to draft, not a cap
+
+
+def test_acceptance_estimate_pools_the_problem_then_everyone():
+    """Hand-worked two-level estimate, prior 8: each verified draft counted once."""
+    d, b = drafter(policy="das", k=8, trust_acceptance=2.0, caps=(8, 8, 8)), Batch()
+    b.add("a", P)
+    b.step(d, {"a": R1})
+    b.drop("a")
+    b.add("x", P)
+    b.add("y", P)
+    b.add("q", Q)
+    b.step(d, {"x": R1[:1], "y": R1[:1], "q": [R1[0]]})  # x, y draft R1[1:8] (7 tokens); q nothing
+    b.step(d, {"x": R1[1:3] + [99], "y": [98]})  # x: 2 of 7 accepted; y: 0 of 7
+    assert (d._reqs["x"].accepted, d._reqs["x"].resolved) == (2, 7)
+    assert (d._reqs["y"].accepted, d._reqs["y"].resolved) == (0, 7)
+    # q: its problem has no verified drafts, the other problem (P) 2 of 14: g = (2 + 8) / (14 + 8)
+    assert d.acceptance("q") == pytest.approx(10 / 22)
+    # y: its problem's other request x: (2 + 8 * 1.0) / (7 + 8) = 2/3 (no other problem has drafts)
+    # then y itself: (0 + 8 * 2/3) / (7 + 8)
+    assert d.acceptance("y") == pytest.approx((8 * (10 / 15)) / 15)
+
+
+# ------------------------------------------------------------------ preemption (vLLM's `live` request ids)
+
+def test_a_paused_request_is_not_finished_when_the_rest_of_the_batch_turns_over():
+    """vLLM preempts `a` under KV pressure; `b` finishes; a waiting request `c` of the same generate call
+    is scheduled while `a` is out. vLLM still holds `a` (runner.requests): no step boundary, `a` is not
+    finished, and when it comes back it continues with its history."""
+    def scenario(with_live):
+        d, b = drafter(), Batch()
+        live = {"a", "b"}
+        b.add("a", P)
+        b.add("b", P)
+        b.step(d, {"a": R1[:3], "b": R1[:2]})
+        b.drop("a")  # preempted
+        d_step(d, b, {"b": R1[2:3]}, live if with_live else None)
+        b.drop("b")
+        live.discard("b")  # finished: vLLM popped it
+        b.add("c", Q)
+        live.add("c")
+        d_step(d, b, {"c": [7]}, live if with_live else None)
+        b.add("a", P)  # resumed: its row is prompt + everything so far
+        b.rows["a"] = P + R1[:3]
+        d_step(d, b, {"a": R1[3:4], "c": [8]}, live if with_live else None)
+        return d
+    d = scenario(with_live=True)
+    assert d.stats.steps == 0 and d.stats.finished == 0 and d.stats.restarted == 0 and d.stats.paused >= 2
+    assert d.store._live["a"].output == R1[:4]  # its history kept, nothing fed twice
+    # Without `live` the batch looked drained when c arrived: a false RL-step boundary finished a's
+    # 3-token partial rollout into the window and a was re-started from its row on return.
+    old = scenario(with_live=False)
+    assert old.stats.steps == 1 and old.stats.finished == 2 and old.stats.started == 4
+
+
+def d_step(d, b, new, live):
+    """Batch.step with vLLM's held request ids."""
+    for rid, toks in new.items():
+        b.rows[rid].extend(toks)
+    ids = list(b.rows)
+    buf = np.zeros((len(ids), b.width), np.int32)
+    for i, rid in enumerate(ids):
+        buf[i, :len(b.rows[rid])] = b.rows[rid]
+    out = d.propose(req_ids=ids, prompt_lens=[b.prompt[r] for r in ids], token_rows=buf,
+                    num_tokens=[len(b.rows[r]) for r in ids], sampled=[new.get(r, []) for r in ids], live=live)
+    return dict(zip(ids, out))
+
+
+def test_the_step_ends_when_vllm_has_finished_every_request():
+    d, b = drafter(), Batch()
+    b.add("a", P)
+    b.add("b", P)
+    d_step(d, b, {"a": R1, "b": R1[:2]}, {"a", "b"})
+    b.drop("a")
+    b.drop("b")  # both out of the batch; b only paused
+    b.add("c", P)
+    d_step(d, b, {"c": R1[:1]}, {"b", "c"})
+    assert d.stats.steps == 0  # b is still held by vLLM: the step has not drained
+    b.drop("c")
+    b.add("e", P)
+    drafts = d_step(d, b, {"e": R1[:1]}, {"e"})  # vLLM finished b and c (aborted b): drained now
+    assert d.stats.steps == 1 and d.stats.finished == 3 and drafts["e"] == R1[1:]
+
+
+def test_paused_requests_do_not_count_as_departures_in_step_requests_mode():
+    d, b = drafter(step_requests=1), Batch()
+    b.add("a", P)
+    b.add("b", P)
+    d_step(d, b, {"a": R1[:2], "b": R1[:2]}, {"a", "b"})
+    b.drop("a")  # preempted
+    d_step(d, b, {"b": R1[2:3]}, {"a", "b"})
+    assert d.stats.steps == 0
+    b.drop("b")  # finished
+    b.add("c", P)
+    d_step(d, b, {"c": R1[:1]}, {"a", "c"})
+    assert d.stats.steps == 1 and d.stats.finished == 1  # only b; a re-started later from its row
+    assert "a" in d._reqs
+
+
+# ------------------------------------------------------------------ DASProposer without vLLM
+
+def vllm_config(**dasrl):
+    from types import SimpleNamespace as NS
+
+    return NS(speculative_config=NS(num_speculative_tokens=4), additional_config={"dasrl": dasrl},
+              model_config=NS(max_model_len=64, get_vocab_size=lambda: 256))
+
+
+def input_batch(rows, generators=None):
+    """The fields of vLLM 0.32's InputBatch that DASProposer reads (v1/worker/gpu_input_batch.py)."""
+    from types import SimpleNamespace as NS
+
+    ids = list(rows)
+    buf = np.zeros((len(ids), 64), np.int32)
+    for i, rid in enumerate(ids):
+        buf[i, :len(rows[rid])] = rows[rid]
+    nb = NS(req_ids=ids, num_prompt_tokens=np.array([len(P)] * len(ids)), token_ids_cpu=buf,
+            num_tokens_no_spec=np.array([len(rows[r]) for r in ids]))
+    if generators is not None:
+        nb.generators = generators
+    return nb
+
+
+def test_proposer_warns_once_or_refuses_on_seeded_requests(caplog):
+    from dasrl.integrations.vllm import DASProposer
+
+    p = DASProposer(vllm_config())
+    p.check_seeded(input_batch({"a": P}))  # an InputBatch without the field: no-op
+    p.check_seeded(input_batch({"a": P}, generators={}))  # no seeded request: nothing
+    assert not caplog.records
+    with caplog.at_level("WARNING"):
+        p.check_seeded(input_batch({"a": P}, generators={0: object()}))
+        p.check_seeded(input_batch({"a": P}, generators={0: object()}))
+    assert len(caplog.records) == 1 and "seed" in caplog.text and "distribution" in caplog.text
+    strict = DASProposer(vllm_config(on_seeded="error"))
+    with pytest.raises(ValueError, match="per-request seed"):
+        strict.check_seeded(input_batch({"a": P}, generators={0: object()}))
+    DASProposer(vllm_config(on_seeded="ignore")).check_seeded(input_batch({"a": P}, generators={0: object()}))
+    with pytest.raises(ValueError, match="'never'"):
+        VLLMDrafterConfig(on_seeded="never")
+
+
+def test_proposer_passes_the_runners_held_requests():
+    """propose_batch reads the runner's `requests` (vLLM keeps preempted requests there): a request
+    absent from the batch but held by the runner is paused, not finished."""
+    from types import SimpleNamespace as NS
+
+    from dasrl.integrations.vllm import DASProposer
+
+    p = DASProposer(vllm_config())
+    runner = NS(requests={"a": NS(sampling_params=NS(max_tokens=32)), "b": NS(sampling_params=NS(max_tokens=32))})
+    p.bind(runner)
+    p.propose_batch(input_batch({"a": P + R1[:2], "b": P + R1[:2]}), [[R1[0]], [R1[0]]])
+    p.propose_batch(input_batch({"b": P + R1[:3]}), [[R1[2]]])  # a preempted
+    del runner.requests["b"]
+    runner.requests["c"] = NS(sampling_params=NS(max_tokens=32))
+    p.propose_batch(input_batch({"c": P + R1[:1]}), [[R1[0]]])
+    assert p.drafter.stats.steps == 0 and "a" in p.drafter._reqs and p.drafter.stats.paused == 2

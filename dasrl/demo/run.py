@@ -81,7 +81,7 @@ class StepRow:
     baseline_s: float
     das_s: float
     speedup: float
-    accepted_per_forward: float
+    tokens_per_row_forward: float
     das_forwards: int
     baseline_forwards: int
     drafted: int
@@ -171,7 +171,7 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
                                   console=console))
             r = rows[-1]
             console.print(f"step {step}: baseline {r.baseline_s:.1f}s  DAS {r.das_s:.1f}s  speedup "
-                          f"{r.speedup:.2f}x  tokens/forward {r.accepted_per_forward:.2f}  reward "
+                          f"{r.speedup:.2f}x  tokens/forward {r.tokens_per_row_forward:.2f}  reward "
                           f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  identical={r.identical}")
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: keeping the {len(rows)} finished steps")
@@ -215,7 +215,7 @@ def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutS
                  median_tokens=float(np.median(lengths)), max_tokens=int(lengths.max()),
                  drafted_by_class=dict(h.drafted_by_class))
     return StepRow(**extra, step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
-                   baseline_forwards=base.history[-1].forwards, accepted_per_forward=h.accepted_per_forward,
+                   baseline_forwards=base.history[-1].forwards, tokens_per_row_forward=h.tokens_per_row_forward,
                    drafted=h.drafted, accepted=h.accepted, mean_reward_baseline=float(np.mean(rewards["baseline"])),
                    mean_reward_das=float(np.mean(rewards["DAS"])), identical=identical, train_s=train_s, loss=loss)
 
@@ -229,7 +229,7 @@ def _final_table(rows: list[StepRow], console: Console) -> None:
         t.add_column(c, justify="right", no_wrap=True)
     for r in rows:
         t.add_row(str(r.step), f"{r.baseline_s:.1f}", f"{r.das_s:.1f}", f"{r.speedup:.2f}x",
-                  f"{r.accepted_per_forward:.2f}", f"{100 * r.accepted / max(r.drafted, 1):.0f}",
+                  f"{r.tokens_per_row_forward:.2f}", f"{100 * r.accepted / max(r.drafted, 1):.0f}",
                   f"{r.mean_reward_baseline:.2f}/{r.mean_reward_das:.2f}", "yes" if r.identical else "NO")
     later = [r for r in rows if r.step > 0]
     if later:

@@ -111,7 +111,7 @@ def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list
     new = sum(len(c.token_ids) for c in completions)
     return {"drafter": name, "wall_s": round(s.wall_s, 3), "forward_passes": s.forwards, "new_tokens": new,
             "forward_s": round(s.forward_s, 3),
-            "tokens_per_s": round(new / s.wall_s, 2), "accepted_per_forward": round(s.accepted / s.forwards, 3),
+            "tokens_per_s": round(new / s.wall_s, 2), "accepted_per_batch_forward": round(s.accepted / s.forwards, 3),
             "drafted": s.drafted, "accepted": s.accepted, "draft_s": round(s.draft_s, 3),
             "verify_s": round(s.verify_s, 3),
             "exact": None if ref is None else [c.token_ids for c in completions] == [c.token_ids for c in ref]}
@@ -202,7 +202,7 @@ def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBench
                 break
         new += n
     return {"drafter": "hf_generate", "wall_s": round(wall, 3), "forward_passes": int(gen.shape[1]),
-            "new_tokens": new, "tokens_per_s": round(new / wall, 2), "accepted_per_forward": 0.0, "drafted": 0,
+            "new_tokens": new, "tokens_per_s": round(new / wall, 2), "accepted_per_batch_forward": 0.0, "drafted": 0,
             "accepted": 0, "draft_s": 0.0, "verify_s": round(wall, 3), "exact": None}
 
 

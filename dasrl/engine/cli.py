@@ -16,7 +16,7 @@ from rich.table import Table
 ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("speedup_vs_none", "speedup", "{:.2f}x"), ("forward_passes", "forwards", "{}"),
                   ("new_tokens", "new tokens", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"),
-                  ("accepted_per_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
+                  ("accepted_per_batch_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
 
 

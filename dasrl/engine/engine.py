@@ -296,27 +296,11 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ helpers
     def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> DraftBatch:
-        """Policy budgets, capped by each row's room, then the drafter's proposals, trimmed and checked."""
-        if drafter is None:
-            return DraftBatch.empty(len(live))
-        states = [r.state for r in live]
-        budgets = list(policy.budgets(states))
-        if len(budgets) != len(live):
-            raise ValueError(f"policy returned {len(budgets)} budgets for {len(live)} live requests")
-        caps = np.array([max(0, min(int(b), r.room(self.max_context) - 1)) for b, r in zip(budgets, live)], np.int64)
-        if not caps.any():
-            return DraftBatch.empty(len(live))
-        drafts = propose_flat(drafter, [r.req_id for r in live], caps.tolist())
-        if getattr(policy, "trims", True):
-            drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
-        if len(drafts) != len(live):
-            raise ValueError(f"drafter/policy returned {len(drafts)} drafts for {len(live)} live requests")
-        drafts = drafts.capped(caps)
-        if len(drafts.tokens) and (int(drafts.tokens.min()) < 0 or int(drafts.tokens.max()) >= self.vocab_size):
-            b = int(np.searchsorted(drafts.offsets, np.flatnonzero(
-                (drafts.tokens < 0) | (drafts.tokens >= self.vocab_size))[0], side="right")) - 1
-            raise ValueError(f"draft for request {live[b].req_id!r} has token ids outside [0, {self.vocab_size})")
-        return drafts
+        """Policy budgets, capped by each row's room (context limit minus the pending token), then the
+        drafter's proposals, trimmed and checked: the path the simulator replays (dasrl.policy.propose)."""
+        from dasrl.policy.propose import propose  # the shared propose -> cap -> trim path
+        return propose(drafter, policy, [r.state for r in live], [r.req_id for r in live],
+                       [r.room(self.max_context) - 1 for r in live], self.vocab_size)
 
     def _forward(self, cache: RowCache, inputs: PackedInputs, at: np.ndarray | None = None) -> torch.Tensor:
         """Decoder over the packed tokens [1, N]; lm_head at packed indices `at` (default: all): [M, V]."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -16,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dasrl.atomic import atomic_write, write_json
+from dasrl.experiments.machine import load_avg
 
 REAL = "real rollouts (SmolLM2-135M, this machine)"
 REAL_FORWARDS = "real engine forwards (SmolLM2-135M, this machine)"
@@ -114,14 +114,6 @@ class Context:
                 prog.update(task, advance=n, **fields)
 
             yield advance
-
-
-def load_avg() -> list[float]:
-    """1/5/15-minute load averages (the machine is shared: timings carry their load)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -27,7 +27,7 @@ from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import StoreConfig
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.budget import ClassCaps
-from dasrl.experiments.base import load_avg
+from dasrl.experiments.machine import load_avg
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
 from dasrl.rollout.trace import Trace, TraceWriter, read_trace
 
@@ -138,7 +138,7 @@ def summary_dict(s: StepSummary, shapes: list[list[int]], draft_s: float, points
         curve = [curve[i] for i in idx]
     return {"rollout_s": round(s.rollout_s, 4), "forwards": s.forwards, "row_forwards": s.row_forwards,
             "new_tokens": s.new_tokens, "drafted": s.drafted, "accepted": s.accepted,
-            "accepted_per_forward": round(s.accepted_per_forward, 4),
+            "tokens_per_row_forward": round(s.tokens_per_row_forward, 4),
             "batch_curve": [[round(t, 4), int(b)] for t, b in curve], "shapes": shapes,
             "draft_s": round(draft_s, 4)}
 

@@ -33,7 +33,7 @@ def run(ctx: Context) -> Outcome:
             rows.append({"step": rec["step"], "drafter": k, "rollout_s": round(modeled_s(s, lat), 3),
                          "wall_s": s["rollout_s"], "forwards": s["forwards"],
                          "drafted": s["drafted"], "accepted": s["accepted"],
-                         "tokens_per_row_forward": s["accepted_per_forward"]})
+                         "tokens_per_row_forward": round(s["new_tokens"] / max(s["row_forwards"], 1), 4)})
     tot = {k: sum(r["rollout_s"] for r in rows if r["drafter"] == k) for k in ("none",) + DRAFTERS}
     wall = {k: sum(r["wall_s"] for r in rows if r["drafter"] == k) for k in ("none",) + DRAFTERS}
     fr = {k: fraction_of_oracle(tot["none"], tot[k], tot["oracle"]) for k in DRAFTERS}

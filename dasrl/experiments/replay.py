@@ -119,7 +119,7 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
     for i, (step, rs) in enumerate(steps):
         st = sim.run_step(step, rs, max_new_tokens=max_new + 1)
         t = timed.per_step[-1]
-        out.append(ReplayStep(step=step, accepted_per_round=st.accepted_per_forward,
+        out.append(ReplayStep(step=step, accepted_per_round=st.accepted_per_row_forward,
                               tokens_per_round=st.tokens / max(st.row_forwards, 1), proposed=st.proposed,
                               accepted=st.accepted, tokens=st.tokens,
                               propose_us_per_token=t["propose_s"] / max(st.tokens, 1) * 1e6,

@@ -98,8 +98,8 @@ class StepSummary:
     """Drafted tokens per length class the policy gave the drafting row (short / medium / long)."""
 
     @property
-    def accepted_per_forward(self) -> float:
-        """Tokens a request gets per verification forward it takes part in (1.0 without speculation)."""
+    def tokens_per_row_forward(self) -> float:
+        """New tokens a request gets per verification forward it takes part in (1.0 without speculation)."""
         return self.new_tokens / max(self.row_forwards, 1)
 
 

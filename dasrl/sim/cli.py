@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dasrl.drafter.store import StoreConfig
 from dasrl.policy.budget import POLICIES
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import Response, TraceError, read_trace, summarize, write_trace
@@ -109,7 +110,7 @@ def _table(title: str, results: dict[str, SimResult], baseline: str) -> Table:
     for label, r in results.items():
         T = r.total
         t.add_row(label, f"{T.makespan:.2f}", f"{base / T.makespan:.2f}x" if T.makespan else "-", str(T.forwards),
-                  str(T.proposed), str(T.accepted), f"{T.accepted_per_forward:.2f}", f"{T.effective_batch:.1f}")
+                  str(T.proposed), str(T.accepted), f"{T.accepted_per_row_forward:.2f}", f"{T.effective_batch:.1f}")
     return t
 
 
@@ -119,7 +120,7 @@ def _steps_table(r: SimResult) -> Table:
         t.add_column(c, justify="right")
     for s in r.steps:
         t.add_row(str(s.step), f"{s.makespan:.2f}", str(s.forwards), str(s.proposed), str(s.accepted),
-                  f"{s.accepted_per_forward:.2f}", f"{s.effective_batch:.1f}")
+                  f"{s.accepted_per_row_forward:.2f}", f"{s.effective_batch:.1f}")
     return t
 
 
@@ -152,7 +153,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         w = _workload(workload)
         try:  # every setting checked before the trace is read or the workload generated
             lat = LatencyModel.load(latency) if latency else (w.latency if w else SimConfig().latency)
-            cfg = SimConfig(latency=lat, batch_mode=batch_mode, max_batch=max_batch, window=window, warmup=warmup)
+            cfg = SimConfig(latency=lat, batch_mode=batch_mode, max_batch=max_batch, warmup=warmup,
+                            store=StoreConfig(window=window))
         except (ValueError, OSError) as e:
             raise typer.BadParameter(str(e)) from None
         responses, _, source = _load_responses(trace, workload, scale, steps, warmup)

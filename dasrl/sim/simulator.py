@@ -14,16 +14,18 @@ Batching: `static` runs waves of max_batch requests, each wave until its last re
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DraftParams, Drafter
+from dasrl.drafter.base import Draft, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
+from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.policy.base import RequestState
 from dasrl.policy.budget import make_policy
 from dasrl.policy.latency import LatencyModel
+from dasrl.policy.propose import propose
 from dasrl.rollout.trace import Response
 
 BATCH_MODES = ("static", "continuous")
@@ -41,14 +43,9 @@ class SimConfig:
     """Rows per forward at most (0 = every response of the step at once)."""
     max_new_tokens: int | None = None
     """Length limit a draft may not cross (None = the longest response of the trace)."""
-    window: int = 16
-    """History window (steps) of the windowed history drafters (das, problem, global-window)."""
-    decay: float = 0.8
-    """Weight factor per step of age in the windowed history drafters."""
-    min_prob: float = 0.1
-    """History drafters stop a draft branch below this path probability (ArcticInference's default)."""
-    max_match: int = 24
-    """Longest context suffix the history drafters match (ArcticInference's max_tree_depth default)."""
+    store: StoreConfig = StoreConfig()
+    """The history drafters' settings, the engine's own StoreConfig (its mode is set per drafter name;
+    `global` keeps every step at full weight)."""
     warmup: int = 0
     """Leading steps replayed (to fill history) but left out of the totals."""
 
@@ -59,6 +56,8 @@ class SimConfig:
             raise ValueError(f"max_batch must be >= 0 (0 = unlimited), got {self.max_batch}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if not isinstance(self.store, StoreConfig):
+            raise ValueError(f"store must be a StoreConfig, got {self.store!r}")
 
 
 # ------------------------------------------------------------------------------ drafters
@@ -90,10 +89,7 @@ def _store(mode: str, *, windowed: bool = True) -> Callable[[SimConfig], _Persis
     """A DraftStore; windowed=False keeps every past rollout at full weight (one ever-growing global
     tree, as ArcticInference's / vLLM's `suffix` cache does)."""
     def make(cfg: SimConfig) -> _Persistent:
-        from dasrl.drafter.store import DraftStore, StoreConfig  # needs the native core
-        params = DraftParams(max_match=cfg.max_match, min_prob=cfg.min_prob)
-        sc = (StoreConfig(mode=mode, window=cfg.window, decay=cfg.decay, params=params) if windowed
-              else StoreConfig(mode=mode, window=0, decay=1.0, params=params))
+        sc = replace(cfg.store, mode=mode) if windowed else replace(cfg.store, mode=mode, window=0, decay=1.0)
         return _Persistent(DraftStore(sc))
     return make
 
@@ -142,7 +138,7 @@ class StepStats:
     """(time, live rows) at each forward, downsampled."""
 
     @property
-    def accepted_per_forward(self) -> float:
+    def accepted_per_row_forward(self) -> float:
         """Mean accepted draft tokens per row-forward."""
         return self.accepted / self.row_forwards if self.row_forwards else 0.0
 
@@ -159,7 +155,7 @@ class StepStats:
         d = asdict(self)
         if not timeline:
             d.pop("timeline")
-        d["accepted_per_forward"] = self.accepted_per_forward
+        d["accepted_per_row_forward"] = self.accepted_per_row_forward
         d["effective_batch"] = self.effective_batch
         return d
 
@@ -210,7 +206,7 @@ class Simulator:
     def __init__(self, *, drafter: str | Drafter = "das", policy: str = "das", config: SimConfig = SimConfig(),
                  policy_kw: dict | None = None, label: str | None = None) -> None:
         """`drafter`: a name from DRAFTERS, or any Drafter object, used for every step (its own window and
-        history rules apply; SimConfig's window/decay/min_prob/max_match do not). `label` names it in
+        history rules apply; SimConfig.store does not). `label` names it in
         the result (default: the name, or the object's class name)."""
         self.config, self.policy_name = config, policy
         if isinstance(drafter, str):
@@ -296,28 +292,16 @@ class Simulator:
         return st
 
     def _drafts(self, drafter, live: list[int], states: list[RequestState], max_new: int) -> list[Draft]:
-        if drafter is None:
-            return [Draft.empty()] * len(live)
-        budgets = list(self.policy.budgets(states))
-        if len(budgets) != len(states):
-            raise ValueError(f"policy {self.policy_name!r} returned {len(budgets)} budgets for {len(states)} rows")
-        caps = [max(0, min(int(b), max_new - s.generated - 1)) for b, s in zip(budgets, states)]
-        if not any(caps):
-            return [Draft.empty()] * len(live)
-        drafts = drafter.propose([s.req_id for s in states], caps)
-        drafts = list(self.policy.trim(states, drafts))
-        return [d if len(d) <= c else _cut(d, c) for d, c in zip(drafts, caps)]
+        """The engine's own propose -> cap -> trim path; a row's room is its length limit minus the
+        pending token."""
+        room = [max_new - s.generated - 1 for s in states]
+        return propose(drafter, self.policy, states, [s.req_id for s in states], room).drafts()
 
     def _finish(self, drafter, state: RequestState) -> None:
         if drafter is not None:
             drafter.finish(state.req_id)
         if hasattr(self.policy, "finish"):
             self.policy.finish(state)
-
-
-def _cut(d: Draft, cap: int) -> Draft:
-    """Keep the first `cap` nodes (topological order keeps parents before children)."""
-    return Draft(d.tokens[:cap], d.parents[:cap], d.probs[:cap], d.match_len)
 
 
 def group_steps(responses: Sequence[Response]) -> list[tuple[int, list[Response]]]:

@@ -1,0 +1,87 @@
+"""The shared propose -> cap -> trim path (dasrl.policy.propose), by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dasrl.drafter.base import Draft
+from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase, RequestState
+from dasrl.policy.propose import propose
+
+
+class Fixed:
+    """A drafter that proposes a fixed chain per request, ignoring its budget (the path must cap it)."""
+
+    def __init__(self, chains: dict) -> None:
+        self.chains, self.budgets = chains, []
+
+    def propose(self, req_ids, budgets):
+        self.budgets.append(list(budgets))
+        return [Draft.chain(self.chains[r]) for r in req_ids]
+
+
+class PerRow(PolicyBase):
+    def __init__(self, caps):
+        self.caps = caps
+
+    def budgets(self, states):
+        return list(self.caps)
+
+
+class Halve(PerRow):
+    trims = True
+
+    def trim(self, states, drafts):
+        return [Draft(d.tokens[: len(d) // 2], d.parents[: len(d) // 2], d.probs[: len(d) // 2], d.match_len)
+                for d in drafts]
+
+
+def states(n):
+    return [RequestState(req_id=i, problem_id="p", prompt_len=3, max_new_tokens=100) for i in range(n)]
+
+
+def test_caps_are_min_of_budget_and_room_and_bind_the_drafter():
+    d = Fixed({0: [1, 2, 3, 4, 5], 1: [6, 7, 8], 2: [9, 9]})
+    out = propose(d, PerRow([4, 8, 2]), states(3), [0, 1, 2], room=[2, 8, -1], vocab_size=10)
+    assert d.budgets == [[2, 8, 0]]  # min(budget, room), never negative
+    assert out.offsets.tolist() == [0, 2, 5, 5]
+    assert out.tokens.tolist() == [1, 2, 6, 7, 8]
+
+
+def test_trim_runs_only_for_trimming_policies_and_is_capped():
+    d = Fixed({0: [1, 2, 3, 4], 1: [5, 6]})
+    assert propose(d, Halve([4, 1]), states(2), [0, 1], room=[9, 9]).lengths.tolist() == [2, 1]
+    assert propose(d, PerRow([4, 1]), states(2), [0, 1], room=[9, 9]).lengths.tolist() == [4, 1]
+
+
+def test_no_drafter_or_no_budget_drafts_nothing():
+    d = Fixed({0: [1]})
+    assert len(propose(None, FixedBudget(3), states(1), [0], room=[5])) == 1
+    assert propose(d, NoSpeculation(), states(1), [0], room=[5]).lengths.tolist() == [0]
+    assert d.budgets == []  # the drafter is not asked when every cap is 0
+
+
+def test_bad_values_are_named():
+    d = Fixed({0: [1], 1: [12]})
+    with pytest.raises(ValueError, match=r"request 1 .*outside \[0, 10\) \(token 12\)"):
+        propose(d, FixedBudget(2), states(2), [0, 1], room=[5, 5], vocab_size=10)
+    assert propose(d, FixedBudget(2), states(2), [0, 1], room=[5, 5]).tokens.tolist() == [1, 12]  # no vocab: no check
+    with pytest.raises(ValueError, match="returned 1 budgets for 2"):
+        propose(d, PerRow([1]), states(2), [0, 1], room=[5, 5])
+    with pytest.raises(ValueError, match="2 states, 1 req_ids"):
+        propose(d, FixedBudget(1), states(2), [0], room=[5, 5])
+
+
+def test_simulator_and_engine_share_the_path():
+    import inspect
+
+    from dasrl.engine.engine import SpecEngine
+    from dasrl.sim.simulator import Simulator
+
+    for fn in (SpecEngine._propose, Simulator._drafts):
+        assert "propose(" in inspect.getsource(fn) and "budgets(" not in inspect.getsource(fn)
+    drafter = Fixed({0: [1, 2, 3]})
+    sim = Simulator(drafter=drafter, policy="fixed", policy_kw={"k": 8})
+    drafts = sim._drafts(drafter, [0], states(1), max_new=3)  # room = 3 - 0 generated - 1 pending = 2
+    assert [np.asarray(x.tokens).tolist() for x in drafts] == [[1, 2]]

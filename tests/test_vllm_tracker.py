@@ -441,3 +441,28 @@ def test_proposer_passes_the_runners_held_requests():
     runner.requests["c"] = NS(sampling_params=NS(max_tokens=32))
     p.propose_batch(input_batch({"c": P + R1[:1]}), [[R1[0]]])
     assert p.drafter.stats.steps == 0 and "a" in p.drafter._reqs and p.drafter.stats.paused == 2
+
+
+# ------------------------------------------------------------------ the vLLM bench's config (no vLLM run)
+
+def test_bench_compares_without_per_request_seeds_by_default():
+    from dataclasses import asdict
+
+    from dasrl.integrations.vllm.bench import VLLMBenchConfig
+
+    cfg = VLLMBenchConfig(temperature=1.0)
+    assert cfg.seeded is False and asdict(cfg)["seeded"] is False  # what bench_run reads
+    assert VLLMBenchConfig(temperature=1.0, seeded=True).seeded
+
+
+def test_bench_modules_import_one_way():
+    """bench.py (parent) imports bench_run.py (child entry point); bench_run.py imports nothing of bench."""
+    import ast
+    from pathlib import Path
+
+    import dasrl.integrations.vllm.bench_run as child
+
+    tree = ast.parse(Path(child.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "dasrl.integrations.vllm.bench" not in imported, imported

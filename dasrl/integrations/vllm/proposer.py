@@ -15,6 +15,11 @@ request ids, prompt lengths, token rows -- after checking that the token buffer 
 batch's buffer. If the hook is missing (a runner class that overrides the method), `propose` raises
 an error saying so instead of drafting from the wrong rows.
 
+Two more things are read from the runner, both no-ops where a vLLM version lacks them: its `requests`
+dict (the ids vLLM still holds: a preempted request leaves the batch but stays there, so the drafter
+keeps it instead of finishing it), and `input_batch.generators` (rows with a per-request seed: warned
+about once, or refused, see VLLMDrafterConfig.on_seeded and docs/vllm.md "Seeded sampling").
+
 Nothing of vLLM is imported at module level; the hook imports vLLM's runner module when installed, in a
 process that has already imported it.
 """

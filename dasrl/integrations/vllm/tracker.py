@@ -15,8 +15,8 @@ This class turns that view into the Drafter protocol of a DraftStore:
   helping its siblings) and if it comes back it simply continues. Departed requests are `finish`ed --
   their rollout joins the problem's window -- at the step boundary; paused ones never are;
 * a step boundary (DraftStore.end_step: the window rolls) is, by default, the moment the batch has
-  drained: every known request has departed (none is in the batch or paused) and a new one arrives. With synchronous RL (one
-  `LLM.generate` per training step) that is exactly one RL step. `step_requests=N` ends a step after
+  drained: every known request has departed (none is in the batch or paused) and a new one arrives.
+  With synchronous RL (one `LLM.generate` per training step) that is exactly one RL step. `step_requests=N` ends a step after
   every N departures instead (servers whose batch never drains); requests in flight across such a
   boundary are re-started from their current row.
 

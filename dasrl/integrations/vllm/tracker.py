@@ -16,9 +16,9 @@ This class turns that view into the Drafter protocol of a DraftStore:
   their rollout joins the problem's window -- at the step boundary; paused ones never are;
 * a step boundary (DraftStore.end_step: the window rolls) is, by default, the moment the batch has
   drained: every known request has departed (none is in the batch or paused) and a new one arrives.
-  With synchronous RL (one `LLM.generate` per training step) that is exactly one RL step. `step_requests=N` ends a step after
-  every N departures instead (servers whose batch never drains); requests in flight across such a
-  boundary are re-started from their current row.
+  With synchronous RL (one `LLM.generate` per training step) that is exactly one RL step.
+  `step_requests=N` ends a step after every N departures instead (servers whose batch never drains);
+  requests in flight across such a boundary are re-started from their current row.
 
 Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
 max_spec_factor x the draft's match length. The das policy classifies each request by its problem's

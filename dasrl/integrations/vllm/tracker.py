@@ -23,12 +23,13 @@ This class turns that view into the Drafter protocol of a DraftStore:
 Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
 max_spec_factor x the draft's match length. The das policy classifies each request by its problem's
 past lengths and its length so far (DASPolicy), and follows measured acceptance (acceptance_cap,
-BatchDrafter.acceptance): the acceptance estimate a of a request (its own verified drafts, pulled towards its problem's, pulled
-towards every request's) caps a draft at the longest L with a^L >= acceptance_floor -- the chance that
-the L-th drafted token is reached and kept under a per-token acceptance a -- so a request whose drafts
-are rarely accepted stops drafting (a 1-token probe every probe_every of its steps keeps measuring);
-and at a >= trust_acceptance the length-class cap is lifted (draft up to num_speculative_tokens, as
-vLLM's suffix method does), so greedy rollouts whose samples all agree are not capped short.
+BatchDrafter.acceptance): a request's acceptance estimate a (its own verified drafts, pulled towards
+its problem's, pulled towards every request's) caps a draft at the longest L with a^L >=
+acceptance_floor -- the chance that the L-th drafted token is reached and kept -- so a request whose
+drafts are rarely accepted stops drafting (a 1-token probe every probe_every of its steps keeps
+measuring); and at a >= trust_acceptance the length-class cap is lifted (draft up to
+num_speculative_tokens, as vLLM's suffix method does), so greedy rollouts whose samples all agree are
+not capped short.
 
 Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 """

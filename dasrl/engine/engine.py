@@ -249,19 +249,19 @@ class SpecEngine:
 
     def _step(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
               policy: BudgetPolicy, step: int, t_start: float) -> StepInfo:
-        """propose -> pack -> forward -> sample -> verify -> commit."""
+        """propose -> pack -> forward -> sample -> verify -> commit (sampling only where verify will look)."""
         t0 = time.perf_counter()
         batch = len(live)
         lengths = cache.lengths[:batch].copy()  # [B] committed tokens; the pending token goes at slot L
         drafts = self._propose(live, drafter, policy)
         t1 = time.perf_counter()
         inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts)
-        logits = self._forward(cache, inputs)  # [N, V]: targets at the pending token and every draft node
+        hidden = self._decode(cache, inputs)  # [N, H]
         t2 = time.perf_counter()
         q = np.diff(inputs.starts)  # [B]
-        out_len = np.array([len(r.out) for r in live], np.int64)  # [B]
-        tokens, logps = draw(logits, job.sampling, seeds=np.repeat([r.seed for r in live], q),
-                             positions=np.repeat(out_len, q) + inputs.depth)  # [N] each
+        seeds = np.repeat(np.array([r.seed for r in live], np.int64), q)  # [N]
+        positions = np.repeat(np.array([len(r.out) for r in live], np.int64), q) + inputs.depth  # [N]
+        tokens, logps = self._targets(hidden, drafts, inputs.starts, job.sampling, seeds=seeds, positions=positions)
         verdicts = verify_batch(drafts, tokens, inputs.starts)
         t3 = time.perf_counter()
         new, acc = self._commit(job, cache, live, drafts, verdicts, logps, inputs.starts, lengths)
@@ -302,13 +302,45 @@ class SpecEngine:
         return propose(drafter, policy, [r.state for r in live], [r.req_id for r in live],
                        [r.room(self.max_context) - 1 for r in live], self.vocab_size)
 
+    def _targets(self, hidden: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
+                 seeds: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Target tokens and logprobs [N] at the packed positions verification will read, in two rounds:
+        every row's pending token, then the draft nodes of the rows whose draft survived its first token
+        (a root child equals the target there). The other nodes are never read by verify (their rows
+        stop at the pending token): they get no lm_head and no draw (-1 there)."""
+        n = len(positions)
+        tokens, logps = np.full(n, -1, np.int64), np.zeros(n, np.float64)
+        first = starts[:-1]  # [B]
+        tokens[first], logps[first] = self._draw_at(hidden, first, sampling, seeds=seeds, positions=positions)
+        if len(drafts.tokens):
+            lens = drafts.lengths  # [B]
+            row_of = np.repeat(np.arange(len(lens)), lens)  # [T]
+            node = np.arange(len(drafts.tokens)) + row_of + 1  # [T] packed index of each draft node
+            hit = (drafts.parents < 0) & (drafts.tokens == tokens[first][row_of])  # [T] root children matched
+            alive = np.zeros(len(lens), bool)
+            alive[row_of[hit]] = True
+            rest = node[alive[row_of]]  # [M] every node of the surviving rows
+            if len(rest):
+                tokens[rest], logps[rest] = self._draw_at(hidden, rest, sampling, seeds=seeds, positions=positions)
+        return tokens, logps
+
+    def _draw_at(self, hidden: torch.Tensor, at: np.ndarray, sampling: SamplingParams, *, seeds: np.ndarray,
+                 positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logits = self.lm_head(hidden[torch.as_tensor(at, device=hidden.device)])  # [M, V]
+        return draw(logits, sampling, seeds=seeds[at], positions=positions[at])
+
+    def _decode(self, cache: RowCache, inputs: PackedInputs) -> torch.Tensor:
+        """Decoder over the packed tokens [1, N] (writing their K/V): the final hidden states [N, H]."""
+        cache.prepare_packed(inputs.layout.rows, inputs.layout.slots, inputs.view)  # host layout: checks, no sync
+        device = self.lm_head.weight.device
+        inputs = inputs.to(device)  # the model's device (itself on CPU)
+        return self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK.to(device), position_ids=inputs.positions,
+                            cache=cache, use_cache=True, dasrl_packed=inputs.layout).last_hidden_state[0]  # [N, H]
+
     def _forward(self, cache: RowCache, inputs: PackedInputs, at: np.ndarray | None = None) -> torch.Tensor:
         """Decoder over the packed tokens [1, N]; lm_head at packed indices `at` (default: all): [M, V]."""
-        cache.prepare_packed(inputs.layout.rows, inputs.layout.slots, inputs.view)
-        hidden = self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK, position_ids=inputs.positions,
-                              cache=cache, use_cache=True, dasrl_packed=inputs.layout).last_hidden_state  # [1, N, H]
-        h = hidden[0] if at is None else hidden[0, torch.as_tensor(at)]  # [M, H]
-        return self.lm_head(h)  # [M, V]
+        hidden = self._decode(cache, inputs)  # [N, H]
+        return self.lm_head(hidden if at is None else hidden[torch.as_tensor(at, device=hidden.device)])  # [M, V]
 
     def _retire(self, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
                 policy: BudgetPolicy) -> int:

@@ -21,6 +21,7 @@ REGISTRARS = [
     "dasrl.engine.cli",
     "dasrl.demo.cli",
     "dasrl.sim.cli",
+    "dasrl.sim.gpu",
     "dasrl.integrations.vllm.cli",
     "dasrl.experiments.cli",
     "dasrl.integrations.cli",

@@ -109,10 +109,29 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     return text, {}  # a hub id
 
 
-def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) in eval mode: an embedded name, a local HF folder, or a hub id (online only)."""
+def default_device() -> str:
+    """'cuda' when a CUDA device is visible, else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch.device (None = default_device()), or a clear error naming the bad value."""
+    try:
+        dev = torch.device(default_device() if device is None else device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r} (cpu, cuda, cuda:N): {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return dev
+
+
+def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dtype = torch.float32,
+               device: str | torch.device | None = None):
+    """(model, tokenizer) in eval mode on `device` (None = CUDA when available, else CPU): an embedded
+    name, a local HF folder, or a hub id (online only)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dev = resolve_device(device)
     source, kwargs = _resolve(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
@@ -122,5 +141,5 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dt
             raise
         raise OSError(f"could not load model {source!r} from the Hugging Face hub (offline, or no such "
                       f"id?): {exc}") from exc
-    model.eval()
+    model.to(dev).eval()
     return model, tokenizer

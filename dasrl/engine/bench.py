@@ -246,7 +246,9 @@ def time_forward(engine: SpecEngine, *, batch: int, q: int | list[int], context:
     with torch.inference_mode(), attention_implementation(engine.model, engine.attn_name):
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            engine._forward(cache, inputs)
+            logits = engine._forward(cache, inputs)
+            if logits.is_cuda:  # kernels run asynchronously: time them to the end
+                torch.cuda.synchronize(logits.device)
             if i:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)

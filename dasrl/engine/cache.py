@@ -86,6 +86,11 @@ class RowCache(Cache):
     def capacity(self) -> int:
         return self.layers[0].keys.shape[2]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the K/V live (the model's device)."""
+        return self.layers[0].keys.device
+
     def ensure_capacity(self, needed: int) -> None:
         """Grow every layer along the sequence axis so that `needed` slots fit."""
         if needed <= self.capacity:
@@ -104,23 +109,24 @@ class RowCache(Cache):
         if live != self.live:
             raise ValueError(f"slots for {live} rows but {self.live} rows are live")
         self.ensure_capacity(max(view_len, int(slots.max()) + 1))
-        self.write_rows = torch.arange(live).unsqueeze(1).expand(live, q)  # [B, q]
-        self.write_slots = slots
+        self.write_rows = torch.arange(live, device=self.device).unsqueeze(1).expand(live, q)  # [B, q]
+        self.write_slots = slots.to(self.device)
         self.view_len = view_len
         self.packed = False
 
     def prepare_packed(self, rows: torch.Tensor, slots: torch.Tensor, view_len: int) -> None:
         """The next forward is packed: token n goes to row rows[n], slot slots[n] ([N] each)."""
-        if rows.numel() and int(rows.max()) >= self.live:
+        if rows.numel() and int(rows.max()) >= self.live:  # host tensors: no device sync
             raise ValueError(f"packed tokens for row {int(rows.max())} but {self.live} rows are live")
         self.ensure_capacity(max(view_len, int(slots.max()) + 1))
-        self.write_rows, self.write_slots = rows[None], slots[None]  # [1, N]
+        self.write_rows, self.write_slots = rows[None].to(self.device), slots[None].to(self.device)  # [1, N]
         self.view_len = view_len
         self.packed = True
 
     def move_slots(self, row: int, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy K/V of `row` from slots src to slots dst (a tree's accepted path made contiguous)."""
-        src_t, dst_t = torch.as_tensor(src, dtype=torch.long), torch.as_tensor(dst, dtype=torch.long)
+        src_t = torch.as_tensor(src, dtype=torch.long, device=self.device)
+        dst_t = torch.as_tensor(dst, dtype=torch.long, device=self.device)
         for layer in self.layers:
             layer.keys[row, :, dst_t] = layer.keys[row, :, src_t]
             layer.values[row, :, dst_t] = layer.values[row, :, src_t]

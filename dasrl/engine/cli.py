@@ -107,15 +107,24 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         out: Path = typer.Option(Path("latency.json"), "--out", help="Where to save the fitted LatencyModel."),
         quick: bool = typer.Option(False, help="A smaller grid (under a minute)."),
         samples_json: Optional[Path] = typer.Option(None, "--samples", help="Also save the raw timings."),
+        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
+        dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights)."),
     ) -> None:
         """Profile the engine forward over batch x tokens-per-row x context, fit the latency model, save it."""
+        import torch
+
         from dasrl.engine import SpecEngine
         from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
         from dasrl.models import load_model
 
         grid = CalibrationGrid.quick() if quick else CalibrationGrid()
         console = Console()
-        lm, tok = load_model(model)
+        if dtype not in ("fp32", "bf16"):
+            raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
+        try:
+            lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, device=device)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--device'") from None
         engine = SpecEngine(lm, tok)
         n = len(grid.batch_sizes) * len(grid.tokens_per_row) * len(grid.contexts)
         with Progress(console=console, transient=True) as prog:

@@ -48,6 +48,12 @@ class PackedLayout:
     def tokens(self) -> int:
         return int(self.rows.shape[0])
 
+    def to(self, device: torch.device | str) -> "PackedLayout":
+        """The layout on `device` (itself when it is there already: no copy on CPU)."""
+        if self.rows.device == torch.device(device):
+            return self
+        return PackedLayout(**{f: getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class PackedInputs:
@@ -64,6 +70,14 @@ class PackedInputs:
     """[N] int64: depth of each token in its row's tree (the first token 0): its output-position offset."""
     view: int
     """KV slots the forward touches: max over rows of L_b + q_b."""
+
+    def to(self, device: torch.device | str) -> "PackedInputs":
+        """The tensors on `device` (the model's); starts and depth stay on the host for sampling."""
+        if self.ids.device == torch.device(device):
+            return self
+        return PackedInputs(ids=self.ids.to(device, non_blocking=True),
+                            positions=self.positions.to(device, non_blocking=True), layout=self.layout.to(device),
+                            starts=self.starts, depth=self.depth, view=self.view)
 
 
 def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ if [ "${1:-}" = "--build-cc-only" ]; then build_cc; exit 0; fi  # (tests: the fa
 
 if ! "$PY" -c "import dasrl._core" 2>/dev/null; then
   echo "building the native core" >&2
-  if ! timeout 600 "$PY" -m pip install -q --no-build-isolation --no-deps -e . >&2 \
+  if ! timeout 300 "$PY" -m pip install -q --no-build-isolation --no-deps -e . >&2 \
       || ! "$PY" -c "import dasrl._core" 2>/dev/null; then
     echo "pip editable install did not give dasrl._core; compiling it directly" >&2
     build_cc

@@ -83,5 +83,8 @@ def test_simulator_and_engine_share_the_path():
         assert "propose(" in inspect.getsource(fn) and "budgets(" not in inspect.getsource(fn)
     drafter = Fixed({0: [1, 2, 3]})
     sim = Simulator(drafter=drafter, policy="fixed", policy_kw={"k": 8})
-    drafts = sim._drafts(drafter, [0], states(1), max_new=3)  # room = 3 - 0 generated - 1 pending = 2
+    st = states(1)
+    assert [len(x) for x in sim._drafts(drafter, [0], st, max_new=4)] == [0]  # the prefill drafts nothing
+    st[0].generated = 1
+    drafts = sim._drafts(drafter, [0], st, max_new=4)  # room = 4 - 1 generated - 1 pending = 2
     assert [np.asarray(x.tokens).tolist() for x in drafts] == [[1, 2]]

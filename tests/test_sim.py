@@ -36,20 +36,24 @@ def test_oracle_with_budget_b_needs_ceil_len_over_b_plus_1(tiny):
                      config=SimConfig(latency=LAT, batch_mode="continuous", max_batch=1,
                                       max_new_tokens=10**6))
         lens = [len(x.response_ids) for x in tiny]
-        assert r.total.row_forwards == sum(math.ceil(n / (b + 1)) for n in lens)
+        # the prefill emits the first token undrafted (as the engine's does), then b + 1 per forward
+        assert r.total.row_forwards == sum(1 + math.ceil((n - 1) / (b + 1)) for n in lens if n)
         assert r.total.forwards == r.total.row_forwards  # one row per forward
         assert sum(lens) - r.total.row_forwards <= r.total.accepted <= sum(lens)  # bonus token unless at the end
 
 
 def test_none_needs_len_forwards_and_static_makespan(tiny):
     r = simulate(tiny, drafter="none", policy="none", config=SimConfig(latency=LAT))
-    steps = {}
+    steps, prompts = {}, {}
     for x in tiny:
         steps.setdefault(x.step, []).append(len(x.response_ids))
+        prompts.setdefault(x.step, []).append(len(x.prompt_ids) if len(x.response_ids) else 0)
     assert [s.forwards for s in r.steps] == [max(v) for v in steps.values()]
     assert r.total.row_forwards == sum(len(x.response_ids) for x in tiny)
-    # makespan = sum over forwards of c_base + c_tok*rows (no kv term)
-    exp = sum(sum(0.02 + 1e-3 * sum(n > t for n in v) for t in range(max(v))) for v in steps.values())
+    # makespan = sum over forwards of c_base + c_tok * tokens (no kv term): the first forward is the
+    # prefill (every prompt's tokens), each later one a token per live row
+    exp = sum(0.02 + 1e-3 * sum(prompts[k]) + sum(0.02 + 1e-3 * sum(n > t for n in v) for t in range(1, max(v)))
+              for k, v in steps.items())
     assert r.total.makespan == pytest.approx(exp)
 
 

@@ -4,8 +4,10 @@ Each RL step of the trace is replayed. Every response is "generated" by the targ
 tokens; a draft token is accepted iff it equals the recorded token at its position (for tree drafts, the
 matching child is followed), which is exactly what lossless verification with a position-keyed sampler
 does; the target's own token follows the accepted run. Every forward costs the LatencyModel's prediction
-for its tokens (rows + draft tokens) and KV reads (sum of row contexts). The drafter sees what a real one
-would: the window of earlier steps and the tokens of in-flight siblings as they are verified.
+for its tokens (rows + draft tokens) and KV reads (sum of row contexts); a row's first forward is its
+prefill, as in the engine: its prompt's tokens, nothing cached, no draft. Drafts come from the engine's own
+propose -> cap -> trim path (dasrl.policy.propose). The drafter sees what a real one would: the window of
+earlier steps and the tokens of in-flight siblings as they are verified.
 
 Batching: `static` runs waves of max_batch requests, each wave until its last request finishes;
 `continuous` refills a finished row's slot at the next forward.
@@ -262,8 +264,11 @@ class Simulator:
                 tgt = targets[i][s.generated:]
                 a = accepted_length(d, tgt)
                 emit = tgt[: min(a + 1, tgt.size)]
-                n_tok += 1 + len(d)
-                kv += s.prompt_len + s.generated
+                if s.generated == 0:  # the row's prefill: its prompt goes through the forward, nothing cached
+                    n_tok += s.prompt_len + len(d)
+                else:
+                    n_tok += 1 + len(d)
+                    kv += s.prompt_len + s.generated
                 s.generated += emit.size
                 s.forwards += 1
                 s.drafted += len(d)
@@ -293,8 +298,8 @@ class Simulator:
 
     def _drafts(self, drafter, live: list[int], states: list[RequestState], max_new: int) -> list[Draft]:
         """The engine's own propose -> cap -> trim path; a row's room is its length limit minus the
-        pending token."""
-        room = [max_new - s.generated - 1 for s in states]
+        pending token, and 0 at its prefill (the engine drafts nothing in the prompt's forward)."""
+        room = [max_new - s.generated - 1 if s.generated else 0 for s in states]
         return propose(drafter, self.policy, states, [s.req_id for s in states], room).drafts()
 
     def _finish(self, drafter, state: RequestState) -> None:

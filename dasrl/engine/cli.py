@@ -63,6 +63,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         group: Optional[int] = typer.Option(None, help="Rollouts per prompt per epoch."),
         max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length."),
         threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available)."),
+        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
     ) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
         from dasrl.engine.bench import EngineBenchConfig, run_engine_bench
@@ -79,7 +80,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter(f"--policy must be das or fixed, got {policy!r}")
         cfg = dataclasses.replace(cfg, policy=policy, **overrides)
         console = Console(width=max(Console().width, 140))
-        lm, tok = load_model(model)
+        try:
+            lm, tok = load_model(model, device=device)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--device'") from None
         console.print(f"{model}: {cfg.problems} problems x {cfg.group} rollouts, <= {cfg.max_new_tokens} new "
                       f"tokens, T={cfg.temperature}, policy {cfg.policy}, threads {cfg.threads or 'all'}")
         with Progress(TextColumn("{task.description:>20}"), BarColumn(), MofNCompleteColumn(),

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_script_on_cpu(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--device", "cpu", "--tiny", "--threads", "1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    cmd = ["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--device", "cpu", "--tiny", "--threads", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "gpu-check.json").read_text())
     assert (tmp_path / "gpu-check.log").is_file()

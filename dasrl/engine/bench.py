@@ -188,9 +188,9 @@ def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBench
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True, temperature=cfg.temperature, top_k=None,
-                             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
-                             eos_token_id=list(eos_ids))
+        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
+                             temperature=cfg.temperature, top_k=None, top_p=cfg.top_p,
+                             max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(eos_ids))
     wall = time.perf_counter() - t0
     gen = out[:, width:]  # [B, T]
     new = 0

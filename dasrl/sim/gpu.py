@@ -236,7 +236,8 @@ def environment(device: str) -> dict:
     import transformers
 
     env = {"device": device, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version(), "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+           "python": platform.python_version(), "machine": platform.machine(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if torch.device(device).type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
         env["cuda"] = torch.version.cuda
@@ -298,8 +299,8 @@ def register(app, bench) -> None:
         tiny: bool = typer.Option(False, help="Tiny shapes (the CPU test of this path)."),
         threads: int = typer.Option(0, help="torch threads (0 = the cores available)."),
         parts: str = typer.Option("ladder,calibrate,whatif", help="Comma-separated parts to run."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results here (default: $OUT/gpu-check.json "
-                                                           "when $OUT is set)."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results here (default: "
+                                                                     "$OUT/gpu-check.json when $OUT is set)."),
     ) -> None:
         """The engine on a device with random weights: exactness ladder, calibration of the Qwen2.5-1.5B/7B
         shapes (bf16), the paper-math what-if with the measured latency (scripts/gpu-check.sh)."""

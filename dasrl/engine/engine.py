@@ -29,7 +29,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key, propose_flat
+from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts

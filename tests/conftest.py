@@ -37,3 +37,18 @@ def chat_prompts(smollm):
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     assert len(out) == 8 and len({len(p) for p in out}) == 8
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A factory of small random Llama models (vocab 97, 2 layers, grouped-query heads 4/2), seeded: each
+    call builds a fresh model in eval mode, so a test may change its weights."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(seed: int = 0):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        return LlamaForCausalLM(cfg).eval()
+    return make

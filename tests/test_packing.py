@@ -56,13 +56,8 @@ def test_pack_prompts_is_causal():
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(cfg).eval()
+def tiny(tiny_llama):
+    model = tiny_llama()
     return model, SpecEngine(model)
 
 

@@ -22,13 +22,8 @@ NEW = 20
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(cfg).eval()
+def engine(tiny_llama):
+    model = tiny_llama()
     with torch.no_grad():
         model.lm_head.weight.mul_(40)  # peaked distributions: T=1 samples mostly repeat, sometimes not
     return SpecEngine(model, config=EngineConfig(num_threads=1))

@@ -161,7 +161,7 @@ def test_drafts_are_capped_by_the_match_length():
 def test_das_policy_caps_by_length_class():
     # Class caps alone (acceptance never caps or lifts here; see the acceptance tests below).
     # No history at all: medium class, cap 4 (a sibling 6 tokens ahead offers more).
-    d, b = drafter(policy="das", k=8, acceptance_floor=0.0, trust_acceptance=2.0), Batch()
+    d, b = drafter(policy="das", k=8, caps=(0, 4, 24), acceptance_floor=0.0, trust_acceptance=2.0), Batch()
     b.add("a", P)
     b.add("b", P)
     b.step(d, {"a": R1[:7], "b": R1[:1]})
@@ -174,7 +174,7 @@ def test_das_policy_caps_by_length_class():
     assert d.policy.lengths.lengths(d._reqs["c"].state.problem_id).tolist() == [7, 2]
     # A long rollout (40 >= 0.6 x 60): the long class drafts up to k.
     long = list(range(100, 140))
-    d2, b2 = drafter(policy="das", k=8, acceptance_floor=0.0, trust_acceptance=2.0), Batch()
+    d2, b2 = drafter(policy="das", k=8, caps=(0, 4, 24), acceptance_floor=0.0, trust_acceptance=2.0), Batch()
     b2.add("a", Q)
     b2.step(d2, {"a": long})
     b2.drop("a")
@@ -271,7 +271,7 @@ def test_high_acceptance_lifts_the_length_class_cap():
     alone gives a request of a short problem no draft; measured acceptance >= trust_acceptance lifts
     that to num_speculative_tokens (vLLM suffix's fixed cap), so das never drafts shorter than it."""
     def run(trust):
-        d, b = drafter(policy="das", k=8, trust_acceptance=trust), Batch()
+        d, b = drafter(policy="das", k=8, caps=(0, 4, 24), trust_acceptance=trust), Batch()
         b.add("a", P)
         b.step(d, {"a": R1})
         b.drop("a")

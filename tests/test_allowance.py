@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from dasrl.policy.allowance import ForwardAllowance, allowance_for, justified_length
+from dasrl.policy.allowance import ForwardAllowance, allowance_for, justified_length, pace_draft, tokens_per_forward
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.budget import DASPolicy
 from dasrl.policy.latency import LatencyModel
@@ -16,12 +16,27 @@ def _state(i, generated, cls="long", problem=0):
     return s
 
 
-def test_allowance_goes_to_the_longest_rows_first():
+def test_allowance_levels_rows_to_the_critical_path():
     pol = ForwardAllowance(FixedBudget(8), max_tokens=12)
-    # No length history: the partial length ranks them (40, 30, 20, 10); 8 + 4 = 12.
-    assert pol.budgets([_state(i, g) for i, g in enumerate([10, 40, 20, 30])]) == [0, 8, 0, 4]
+    # No length history: the partial length stands for the remaining one (10, 40, 20, 30); prior p = 0.6.
+    # The row at 40 is critical: it drafts its best, 8, and needs H = 40 / E(8) forwards, E(8) = 2.4748.
+    # The others must make r / H tokens per forward: 30 -> 1.856 needs k = 2 (E(2) = 1.96), 20 -> 1.237
+    # needs k = 1 (E(1) = 1.6), 10 -> 0.62 needs nothing. 8 + 2 + 1 = 11 <= 12.
+    assert pol.budgets([_state(i, g) for i, g in enumerate([10, 40, 20, 30])]) == [0, 8, 1, 2]
+    # A tighter allowance is spent on the critical row first: 8, then 2, then nothing is left.
+    tight = ForwardAllowance(FixedBudget(8), max_tokens=10)
+    assert tight.budgets([_state(i, g) for i, g in enumerate([10, 40, 20, 30])]) == [0, 8, 0, 2]
     assert pol.budgets([_state(0, 50)]) == [8]  # a lone straggler: its full cap
     assert ForwardAllowance(FixedBudget(8), max_tokens=0).budgets([_state(0, 5)]) == [0]
+
+
+def test_tokens_per_forward_and_pace_by_hand():
+    assert tokens_per_forward([0, 1, 2], [0.5, 0.5, 0.5]).tolist() == [1.0, 1.5, 1.75]
+    assert tokens_per_forward([3], [1.0]).tolist() == [4.0]
+    # 100 tokens in at most 40 forwards at p = 0.5 needs 2.5 tokens per forward: above 1/(1-p) = 2, out of
+    # reach, so the row drafts its best; 60 tokens need 1.5 (k = 1); 30 need less than 1 (k = 0).
+    assert pace_draft([100, 60, 30], [0.5, 0.5, 0.5], horizon=40, most=[6, 6, 6]).tolist() == [6, 1, 0]
+    assert pace_draft([100], [1.0], horizon=40, most=[6]).tolist() == [2]  # p = 1: k + 1 >= 2.5
 
 
 def test_history_ranks_by_predicted_remaining_length():

@@ -100,13 +100,13 @@ def test_temperature_one_keeps_the_length_and_reward_distribution(tmp_path):
 
 
 def test_preempted_requests_keep_their_history(tmp_path):
-    """A KV cache of 4 blocks x 128 tokens for 6 requests of up to ~230 tokens: vLLM preempts (its own
+    """A KV cache of 6 blocks x 128 tokens (one is vLLM's null block; 4 failed engine init) for 6 requests of up to ~230 tokens: vLLM preempts (its own
     counter says so). The proposer must pause them (not finish or re-start them), the step must end only
     when the batch drains, and greedy outputs still equal the no-speculation run's."""
     from dasrl.integrations.vllm.bench import VLLMBenchConfig, run_method
 
     cfg = VLLMBenchConfig(model=_model_or_skip(), tasks="questions", prompts=3, samples=2, steps=2, max_tokens=160,
-                          temperature=0.0, k=6, kv_blocks=4, max_model_len=512, threads_bind=BIND)
+                          temperature=0.0, k=6, kv_blocks=6, max_model_len=512, threads_bind=BIND)
     runs = {m: run_method(cfg, m, workdir=tmp_path) for m in ("none", "das")}
     das = runs["das"]
     assert sum(s["preemptions"] for s in das["steps"]) > 0, "no preemption: the test did not test anything"

@@ -15,6 +15,11 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+VIEW_ROWS = 4
+"""Up to this many multi-token rows, CPU attention reads each one's cache as a view (one SDPA call per
+row) instead of copying their K/V: 1-5% faster per forward at 2-4 drafting rows, 3% slower at 8
+(1 thread; docs/benchmarks.md "Engine: where a DAS step's time goes")."""
+
 ATTN_NAME = "dasrl_gqa"
 """Name the attention function is registered under in transformers' AttentionInterface."""
 
@@ -67,10 +72,16 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         r, qn, s2 = m2.shape[0], m2.shape[2], m2.shape[3]
         idx = layout.more_index  # [R, Q]
         q2 = _grouped(q[idx.reshape(-1)].reshape(r, qn, heads, dim).transpose(1, 2), kv_heads)  # [R, Hkv, G*Q, D]
-        k2 = key[layout.more_rows, :, :s2]  # [R, Hkv, S2, D] (a copy of those rows only)
-        v2 = value[layout.more_rows, :, :s2]
         mask = m2.repeat(1, 1, groups, 1) if groups > 1 else m2  # [R, 1, G*Q, S2]
-        o2 = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scaling)  # [R, Hkv, G*Q, D]
+        if key.device.type == "cpu" and 0 < len(layout.more_spans) <= VIEW_ROWS:  # each row's cache as a view
+            o2 = torch.cat([F.scaled_dot_product_attention(q2[i : i + 1], key[b : b + 1, :, :s],
+                                                           value[b : b + 1, :, :s],
+                                                           attn_mask=mask[i : i + 1, :, :, :s], scale=scaling)
+                            for i, (b, s) in enumerate(layout.more_spans)])  # [R, Hkv, G*Q, D]
+        else:  # one call over a copy of those rows' K/V (fewer calls: a GPU, or many drafting rows)
+            k2 = key[layout.more_rows, :, :s2]  # [R, Hkv, S2, D]
+            v2 = value[layout.more_rows, :, :s2]
+            o2 = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scaling)  # [R, Hkv, G*Q, D]
         o2 = o2.reshape(r, heads, qn, dim).transpose(1, 2)  # [R, Q, H, D]
         valid = layout.more_valid  # [R, Q]
         out[idx[valid]] = o2[valid]

@@ -43,6 +43,8 @@ class PackedLayout:
     """[R, Q] bool: which entries of more_index are real tokens."""
     more_mask: torch.Tensor
     """[R, 1, Q, S2] bool: slots each of those tokens sees; S2 = max over the R rows of L_b + q_b."""
+    more_spans: tuple[tuple[int, int], ...] = ()
+    """Host ints (row, L_b + q_b) of the R rows: attention on a CPU reads each row's cache as a view."""
 
     @property
     def tokens(self) -> int:
@@ -52,7 +54,8 @@ class PackedLayout:
         """The layout on `device` (itself when it is there already: no copy on CPU)."""
         if self.rows.device == torch.device(device):
             return self
-        return PackedLayout(**{f: getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__})
+        return PackedLayout(**{f: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                               for f in self.__dataclass_fields__ for v in (getattr(self, f),)})
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,8 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
         first=torch.as_tensor(starts[:-1].copy()), first_mask=torch.as_tensor(mask1)[:, None, None, :],
         more_rows=torch.as_tensor(more_rows), more_index=torch.as_tensor(more_index),
         more_valid=torch.as_tensor(valid[:, 1:] if r else np.zeros((0, 1), bool)),
-        more_mask=torch.as_tensor(mask2)[:, None])
+        more_mask=torch.as_tensor(mask2)[:, None],
+        more_spans=tuple(zip(more_rows.tolist(), (L_more + q[more_rows]).tolist())))
     return PackedInputs(ids=torch.as_tensor(ids)[None], positions=torch.as_tensor(positions)[None], layout=layout,
                         starts=starts, depth=depth, view=view)
 

@@ -88,7 +88,8 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
 
 
 class ForwardAllowance:
-    """Wraps a policy: its caps, spent longest-predicted row first, within `max_tokens` per forward."""
+    """Wraps a policy: its caps, leveled to the critical path and spent critical row first, within
+    `max_tokens` per forward."""
 
     def __init__(self, inner: BudgetPolicy, max_tokens: int, *, latency: LatencyModel | None = None,
                  prior_p: float = 0.6, prior_tokens: float = 8.0) -> None:

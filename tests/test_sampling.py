@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filtered_probs, token_noise,
+from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filtered_probs, kept, token_noise,
                                    uniforms)
 
 
@@ -235,10 +235,11 @@ def test_same_tokens_on_cpu_and_cuda():
 
 
 def _reference_kept(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
-    """Brute force: sort the whole row, walk the prefix until its mass reaches top_p, keep logit >= that."""
-    s = logits.astype(np.float64) / temperature
-    p = np.exp(s - s.max())
-    p /= p.sum()
+    """Brute force: sort the whole row, walk the prefix until its mass reaches top_p, keep logit >= that.
+    Masses are the sampler's own tempered weights over their total (float32 exponentials, float64 sums:
+    a boundary within ~1e-7 of top_p is decided by that definition), so this checks the staged search."""
+    k = kept(torch.from_numpy(logits)[None], SamplingParams(temperature=temperature))
+    p = (k.weights[0] / k.total[0]).numpy()
     order = np.argsort(-logits, kind="stable")
     k = int(np.argmax(np.cumsum(p[order]) >= top_p))
     return logits >= logits[order[k]]
@@ -258,3 +259,29 @@ def test_top_p_cut_matches_a_full_sort_in_every_stage(temperature):
         got = filtered_probs(logits, SamplingParams(temperature=temperature, top_p=top_p)).numpy() > 0
         for i in range(len(rows)):
             assert np.array_equal(got[i], _reference_kept(logits[i].numpy(), temperature, top_p)), (i, top_p)
+
+
+@pytest.mark.parametrize("vocab", [49_152, 1_000])
+def test_kept_block_masses_equal_the_masked_block_sums(vocab):
+    """Top-p sums only the blocks holding a kept token: the same masses, bit for bit, as summing every block
+    of the masked weights (and a short last block when V % BLOCK != 0)."""
+    from dasrl.engine.sampling import _block_sums
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, vocab, generator=g) * torch.tensor([[0.3], [1.0], [2.0], [3.0], [4.0], [6.0]])
+    for temperature, top_p in ((1.0, 0.95), (0.6, 0.5), (1.3, 0.999)):
+        k = kept(logits, SamplingParams(temperature=temperature, top_p=top_p))
+        w = (logits.float() - logits.amax(-1, keepdim=True)).div_(temperature).exp_()  # the sampler's weights
+        w = w.masked_fill_(logits < k.floor, 0.0)
+        assert torch.equal(k.block_mass, _block_sums(w))
+        assert torch.equal(k.weights, w.double())
+
+
+def test_ordered_bits_sort_as_the_floats():
+    from dasrl.engine.sampling import _ordered_bits
+
+    x = torch.tensor([float("-inf"), -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 2.0, float("inf")])
+    keys = _ordered_bits(x)
+    assert (keys[1:] >= keys[:-1]).all() and keys[6] == keys[7]  # ascending; equal floats, equal keys
+    assert keys[3] < keys[4]  # -0 below +0 (equal weights: no prefix mass depends on their order)
+    assert int(keys.min()) >= 0 and int(keys.max()) < 1 << 32

@@ -217,7 +217,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 ("requests", "seqs", "{}"), ("tokens", "tokens", "{}"), ("differing_sequences", "diff seqs", "{}"),
                 ("differing_tokens", "diff tokens", "{}"), ("flip_rate", "flips/token", "{:.2e}"),
                 ("first", "first diffs (req@pos gap)", "{}"), ("sampler_ms", "sampler ms", "{:.2f}"),
-                ("sampler_share", "of step", "{:.1%}")]
+                ("sampler_share", "of step", "{:.1%}"), ("sampler_forward_share", "of forward", "{:.1%}")]
         for r in rows:
             r_first = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
                        else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]

@@ -301,6 +301,7 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
                          "top_p": cfg.top_p, "requests": batch, "tokens": 0, "differing_tokens": 0,
                          "differing_sequences": 0, "sampler_ms": round(ms, 3), "step_ms": round(step_ms, 2),
                          "forward_ms": None if forward_ms is None else round(forward_ms, 2),
-                         "sampler_share": round(ms / step_ms, 4)})
+                         "sampler_share": round(ms / step_ms, 4),
+                         "sampler_forward_share": None if forward_ms is None else round(ms / forward_ms, 4)})
     return rows
 

@@ -10,7 +10,8 @@ Filtering (both samplers; as transformers' warpers, temperature, then top-k, the
 defined on the raw logits, so it is a function of the values alone (ties kept whole, never a sort's tie
 order). top-k keeps every token whose logit is >= the k-th largest; top-p keeps every token whose logit is
 >= that of the last token of the shortest descending prefix whose mass (under the tempered, top-k
-renormalised distribution, float64) reaches top_p. Greedy (temperature 0) takes the first argmax.
+renormalised distribution: float32 weights, float64 prefix sums) reaches top_p. Greedy (temperature 0)
+takes the first argmax.
 
 Two draws over the kept set (`SamplingParams.sampler`):
 
@@ -124,14 +125,15 @@ def token_noise(seeds: np.ndarray, positions: np.ndarray, token_ids: np.ndarray)
 class Kept:
     """A batch's filtered distribution: weights ∝ the sampling probabilities, and the kept set's bounds."""
 
-    weights: torch.Tensor
-    """[n, V] float64 exp((logit - max) / T) on the kept set, 0 elsewhere (unnormalised)."""
+    weights: torch.Tensor | None
+    """[n, V] float64 of the float32 exp((logit - max) / T) on the kept set, 0 elsewhere (unnormalised);
+    None when the caller asked only for the block masses (the race reads nothing else)."""
     lmax: torch.Tensor
     """[n, 1] the row's largest logit (logits dtype)."""
     floor: torch.Tensor
     """[n, 1] the smallest kept logit bound: a token is kept iff its logit >= floor (logits dtype)."""
     block_mass: torch.Tensor
-    """[n, ceil(V / BLOCK)] float64 sums of weights per block of token ids."""
+    """[n, ceil(V / BLOCK)] float64 of the float32 sums of weights per block of token ids."""
     total: torch.Tensor
     """[n] float64 the sum of the weights (summed from the blocks: the same order in every batch)."""
 
@@ -142,31 +144,36 @@ def _block_sums(w: torch.Tensor) -> torch.Tensor:
     parts = [w[:, : full * BLOCK].reshape(n, full, BLOCK).sum(-1)] if full else []  # [n, full]
     if vocab % BLOCK:
         parts.append(w[:, full * BLOCK :].sum(-1, keepdim=True))  # [n, 1]
-    return torch.cat(parts, dim=1)
+    return torch.cat(parts, dim=1).double()
 
 
-def kept(logits: torch.Tensor, params: SamplingParams) -> Kept:
-    """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0)."""
+def kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True) -> Kept:
+    """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0); with
+    weights=False the masked [n, V] weights are not built (Kept.weights is None)."""
     n, vocab = logits.shape
-    lmax = logits.amax(dim=-1, keepdim=True)  # [n, 1]
+    blocks = _Blocks(logits) if params.top_p < 1.0 else None
+    lmax = logits.amax(dim=-1, keepdim=True) if blocks is None else blocks.lmax  # [n, 1]
     floor = torch.full_like(lmax, float("-inf"))  # [n, 1]
     if 0 < params.top_k < vocab:
         floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [n, 1]: ties at rank k kept
-    w = logits.double().sub_(lmax.double())  # [n, V] (scores - max) * T, float64
+    w = logits.float() - lmax.float()  # [n, V] float32 (logit - max) * T: exact for logits within 2x of max
     if params.temperature != 1.0:
         w.div_(params.temperature)
     if 0 < params.top_k < vocab:
         w.masked_fill_(logits < floor, float("-inf"))
-    w = w.exp_()  # [n, V]
+    w = w.exp_()  # [n, V] float32 weights (docs/sampling.md, "Precision")
     mass = _block_sums(w)  # [n, nb]
     if params.top_p < 1.0:
-        floor = torch.maximum(floor, _top_p_floor(logits, w, mass.sum(-1), params.top_p, params.temperature))
-        w = w.masked_fill_(logits < floor, 0.0)
-        mass = _block_sums(w)
-    return Kept(weights=w, lmax=lmax, floor=floor, block_mass=mass, total=mass.sum(-1))
+        cut = _top_p_floor(blocks, w, mass.sum(-1), top_p=params.top_p, temperature=params.temperature)
+        floor = torch.maximum(floor, cut)
+        mass = blocks.kept_mass(w, floor)
+        if weights:
+            w = w.masked_fill_(logits < floor, 0.0)
+    return Kept(weights=w.double() if weights else None, lmax=lmax, floor=floor, block_mass=mass,
+                total=mass.sum(-1))
 
 
-def _top_p_floor(logits: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float,
+def _top_p_floor(blocks: "_Blocks", w: torch.Tensor, total: torch.Tensor, *, top_p: float,
                  temperature: float) -> torch.Tensor:
     """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p.
 
@@ -174,47 +181,96 @@ def _top_p_floor(logits: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top
     for rows whose candidates still fall short of top_p, those with weight >= (1 - top_p) total / V (all
     tokens below it hold less than 1 - top_p together: a sure superset of the nucleus).
     """
+    logits, lmax = blocks.logits, blocks.lmax
     n, vocab = logits.shape
     cut = torch.empty(n, 1, dtype=logits.dtype, device=logits.device)  # [n, 1]
     rows = torch.arange(n, device=logits.device)
     sure = ((1.0 - top_p) * total / vocab)[:, None]  # [n, 1]
-    for stage in range(len(_TOP_P_NATS) + 1):
-        whole = len(rows) == n
-        sub_l, sub_w, sub_t = (logits, w, total) if whole else (logits[rows], w[rows], total[rows])
-        if stage < len(_TOP_P_NATS):  # compared on the logits (cheaper than the float64 weights)
-            lmax = sub_l.amax(dim=-1, keepdim=True)
-            cand = sub_l >= lmax - _TOP_P_NATS[stage] * temperature
+    for stage in range(len(_TOP_P_NATS) + 2):
+        last = stage == len(_TOP_P_NATS) + 1  # rounding left the sure candidates a hair short: keep them all
+        if stage < len(_TOP_P_NATS):
+            r, col = blocks.at_least(rows, lmax[rows] - _TOP_P_NATS[stage] * temperature)
         else:
-            cand = sub_w >= (sure if whole else sure[rows])
-        c, ok = _cut_among(sub_l, sub_w, sub_t, cand, top_p)
+            r, col = torch.nonzero(w[rows] >= sure[rows], as_tuple=True)  # [N] rows relative to `rows`
+        at = rows[r]
+        c, ok = _cut_among(logits[at, col], w[at, col].double() / total[at], r, len(rows), 2.0 if last else top_p)
+        if last:
+            cut[rows] = c
+            break
         cut[rows[ok]] = c[ok]
         rows = rows[~ok]
         if len(rows) == 0:
             break
-    if len(rows):  # rounding left the sure candidates a hair short of top_p: keep them all
-        cut[rows] = _cut_among(logits[rows], w[rows], total[rows], w[rows] >= sure[rows], 2.0)[0]
     return cut
 
 
-def _cut_among(l: torch.Tensor, w: torch.Tensor, total: torch.Tensor, cand: torch.Tensor,
+class _Blocks:
+    """The logits [n, V] seen by blocks of token ids, for top-p: candidate search and kept masses touch only
+    blocks whose largest logit reaches a row's threshold (within 8 nats of the best: a quarter of the
+    blocks at T = 1 on real logits; the nucleus: a few)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        n, vocab = logits.shape
+        self.logits, self.full = logits, vocab // BLOCK
+        self.lb = logits[:, : self.full * BLOCK].reshape(n * self.full, BLOCK)  # [n * full, BLOCK]
+        self.bmax = self.lb.amax(dim=-1).view(n, self.full)  # [n, full]
+        self.lmax = logits.amax(dim=-1, keepdim=True) if vocab % BLOCK or not self.full else \
+            self.bmax.amax(dim=-1, keepdim=True)  # [n, 1] the row's largest logit
+
+    def kept_mass(self, w: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+        """[n, nb] float64 block sums of the weights w [n, V] on the kept set (logits >= floor [n, 1]).
+
+        Each summed block is the same 256 values (zeros outside the kept set) reduced as in _block_sums,
+        so the masses equal _block_sums of the masked weights bit for bit (tested).
+        """
+        n, vocab = w.shape
+        full = self.full
+        mass = torch.zeros(n, -(-vocab // BLOCK), dtype=torch.float64, device=w.device)  # [n, nb]
+        if full:
+            r, b = torch.nonzero(self.bmax >= floor, as_tuple=True)  # [K] blocks holding a kept token
+            flat = r * full + b  # [K]
+            wb = w[:, : full * BLOCK].reshape(n * full, BLOCK).index_select(0, flat)  # [K, BLOCK]
+            mass[r, b] = wb.masked_fill_(self.lb.index_select(0, flat) < floor[r], 0.0).sum(-1).double()
+        if vocab % BLOCK:
+            tail = w[:, full * BLOCK :].masked_fill(self.logits[:, full * BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
+            mass[:, full] = tail.sum(-1).double()
+        return mass
+
+    def at_least(self, rows: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r, col) [N] of the tokens of rows [m] with logit >= thr [m, 1]; r indexes `rows`."""
+        whole = len(rows) == len(self.bmax)
+        kr, b = torch.nonzero((self.bmax if whole else self.bmax[rows]) >= thr, as_tuple=True)  # [K] blocks
+        sub = self.lb.index_select(0, rows[kr] * self.full + b)  # [K, BLOCK]
+        k, j = torch.nonzero(sub >= thr[kr], as_tuple=True)  # [N] within [K, BLOCK]
+        r, col = kr[k], b[k] * BLOCK + j
+        if self.logits.shape[1] % BLOCK:  # the short last block
+            tr, tj = torch.nonzero(self.logits[rows, self.full * BLOCK :] >= thr, as_tuple=True)
+            r, col = torch.cat([r, tr]), torch.cat([col, tj + self.full * BLOCK])
+        return r, col
+
+
+def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """[N] int64 in [0, 2^32) ordered as the float32 values x [N] (equal floats, equal keys; -0 < +0)."""
+    bits = x.float().view(torch.int32).long() & 0xFFFFFFFF  # the raw bits, unsigned
+    return torch.where(bits >= 1 << 31, 0xFFFFFFFF - bits, bits + (1 << 31))
+
+
+def _cut_among(lv: torch.Tensor, mv: torch.Tensor, r: torch.Tensor, m: int,
                top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-p cut of each row of l [m, V] among its candidates cand [m, V] (bool; the row's best among them):
-    ([m, 1] cut logit, [m] reached); where not reached, the smallest candidate's logit."""
-    m = l.shape[0]
-    r, col = torch.nonzero(cand, as_tuple=True)  # [N] row-major
-    lv = l[r, col]
-    order = torch.argsort(lv, descending=True, stable=True)
-    order = order[torch.argsort(r[order], stable=True)]  # by row, each row by descending logit
-    r, col = r[order], col[order]
+    """Top-p cut of m rows among candidates given as logits lv [N], masses mv [N] (weight / total) and
+    row r [N] (each row's best among them): ([m, 1] cut logit, [m] reached); where not reached, the
+    smallest candidate's logit."""
+    order = torch.argsort((r << 32) - _ordered_bits(lv))  # by row, each row by descending logit
+    r, lv, mv = r[order], lv[order], mv[order]
     counts = torch.bincount(r, minlength=m)  # [m]
-    at = torch.arange(len(r), device=l.device) - (counts.cumsum(0) - counts)[r]  # rank within the row
+    at = torch.arange(len(r), device=lv.device) - (counts.cumsum(0) - counts)[r]  # rank within the row
     width = int(counts.max())
     # Row by row (no cumulative sum across rows: each row's masses depend on that row alone). Ties have
     # equal masses, so the order among them does not change any prefix mass.
-    mass = torch.zeros(m, width, dtype=w.dtype, device=l.device)  # [m, width]
-    mass[r, at] = w[r, col] / total[r]
-    cand = torch.full((m, width), float("inf"), dtype=l.dtype, device=l.device)  # [m, width]
-    cand[r, at] = l[r, col]
+    mass = torch.zeros(m, width, dtype=mv.dtype, device=lv.device)  # [m, width]
+    mass[r, at] = mv
+    cand = torch.full((m, width), float("inf"), dtype=lv.dtype, device=lv.device)  # [m, width]
+    cand[r, at] = lv
     reached = mass.cumsum(dim=-1) >= top_p  # [m, width]
     ok = reached.any(dim=-1)  # [m]
     idx = torch.where(ok, reached.int().argmax(dim=-1), counts - 1)  # [m]
@@ -222,9 +278,12 @@ def _cut_among(l: torch.Tensor, w: torch.Tensor, total: torch.Tensor, cand: torc
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[n, V] float64: the sampling distribution of each row (zeros outside the kept set), normalised."""
-    k = kept(logits, params)
-    return k.weights / k.total[:, None]
+    """[n, V] float64: the sampling distribution of each row (zeros outside the kept set), normalised.
+
+    The weights are float32 exponentials normalised in float64; the race's block level reads float32 block
+    sums, so it samples this within ~1e-7 relative per token (docs/sampling.md, "Precision")."""
+    w = kept(logits, params).weights
+    return w / w.sum(dim=-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------- the draws
@@ -282,7 +341,7 @@ def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
         tokens = torch.argmax(logits, dim=-1)  # [n], first maximum
         logp = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens.cpu().numpy().astype(np.int64), logp.cpu().numpy()
-    k = kept(logits, params)
+    k = kept(logits, params, weights=params.sampler == "inverse_cdf")
     if params.sampler == "inverse_cdf":
         return _inverse_cdf(k, uniforms(seeds, positions))
     return _race(logits, k, params, _key(seeds, positions, _RACE))

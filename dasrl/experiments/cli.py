@@ -84,3 +84,73 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if results is not None and not no_results:
             write_results(out, results)
             console.print(f"wrote {results}")
+
+    @app.command("validate-sim")
+    def validate_sim_cmd(
+        run: Path = typer.Argument(..., help="A collection run folder (collect-<key>), or the --out folder of "
+                                             "`dasrl experiments` holding one."),
+        latency: Optional[Path] = typer.Option(None, help="Latency model JSON from `dasrl calibrate` on this "
+                                                          "machine (default: the CPU default of DESIGN.md)."),
+        per_forward: float = typer.Option(0.0, help=_help("per_forward")),
+        per_row_forward: float = typer.Option(0.0, help=_help("per_row_forward")),
+        per_draft_token: float = typer.Option(0.0, help=_help("per_draft_token")),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write rows and summary here."),
+        png: Optional[Path] = typer.Option(None, help="Write the predicted-vs-measured scatter here."),
+    ) -> None:
+        """The simulator's predicted rollout time against the engine's measured one, per step and variant, on
+        a recorded run (docs/simulator.md, "Validation")."""
+        from dasrl.atomic import write_json
+        from dasrl.experiments.validate import StepOverhead, find_collection, scatter, summary, validate
+        from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+
+        console = Console()
+        try:
+            folder = find_collection(run)
+            lat = LatencyModel.load(latency) if latency is not None else CPU_LATENCY
+            overhead = StepOverhead(per_forward, per_row_forward, per_draft_token)
+            for name in ("per_forward", "per_row_forward", "per_draft_token"):
+                if getattr(overhead, name) < 0:
+                    raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(overhead, name)}")
+            with console.status("replaying") as status:
+                rows = validate(folder, latency=lat, overhead=overhead,
+                                progress=lambda name: status.update(f"replayed {name}"))
+        except (OSError, ValueError) as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        source = str(latency) if latency is not None else "CPU default (not calibrated here)"
+        table = Table(title=f"simulator vs engine: {folder.name} (latency: {source})")
+        for c in ("variant", "step", "predicted s", "priced s", "measured s", "error", "forwards sim/eng",
+                  "drafted sim/eng", "accepted sim/eng"):
+            table.add_column(c, justify="right")
+        for r in rows:
+            table.add_row(r.variant, str(r.step), f"{r.predicted_s:.2f}", f"{r.priced_s:.2f}", f"{r.measured_s:.2f}",
+                          f"{r.error:+.1%}", "{}/{}".format(*r.forwards), "{}/{}".format(*r.drafted),
+                          "{}/{}".format(*r.accepted), style=None if r.exact else "red")
+        console.print(table)
+        summ = summary(rows)
+        console.print(f"median |error| {summ['median_abs_error']:.1%}, worst {summ['max_abs_error']:.1%} over "
+                      f"{summ['rows']} (variant, step) rows; replay exact on {summ['exact_rows']} of them "
+                      f"(priced recorded forwards: median |error| {summ['median_abs_error_priced']:.1%})")
+        if json_out is not None:
+            write_json(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
+                                  "overhead": overhead.__dict__, "summary": summ, "rows": [r.to_dict() for r in rows]})
+            console.print(f"wrote {json_out}")
+        if png is not None:
+            scatter(rows, png, title=f"simulator vs engine ({summ['rows']} steps x variants)")
+            console.print(f"wrote {png}")
+
+
+def _help(name: str) -> str:
+    """The one-line docstring of a StepOverhead field (the CLI's help)."""
+    import ast
+    import inspect
+
+    from dasrl.experiments import validate
+
+    tree = ast.parse(inspect.getsource(validate.StepOverhead))
+    body = tree.body[0].body
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and a.target.id == name and isinstance(b, ast.Expr):
+            return f"{b.value.value} (seconds)"
+    return name
+

@@ -25,6 +25,7 @@ from dasrl.tasks import make_tasks, preset
 from dasrl.drafter.base import DraftParams, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import StoreConfig
+from dasrl.engine.engine import RunStats
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.budget import ClassCaps
 from dasrl.experiments.machine import load_avg
@@ -105,11 +106,14 @@ class Variant:
     oracle: bool = False
     """A fresh OracleDrafter per step, told the baseline's outputs of that step."""
 
+    def session_config(self, seed: int) -> SessionConfig:
+        """The SessionConfig of this variant's session (validate-sim rebuilds its policy from it)."""
+        return SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store,
+                             seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE)
+
     def session(self, model, tokenizer, seed: int) -> RolloutSession:
-        cfg = SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store, seed=seed,
-                            draft_allowance=None if self.allowance else NO_ALLOWANCE)
         drafter = self.drafter() if self.drafter else (OracleDrafter({}) if self.oracle else None)
-        return RolloutSession(model, tokenizer, cfg, drafter=drafter)
+        return RolloutSession(model, tokenizer, self.session_config(seed), drafter=drafter)
 
 
 ARCTIC_STORE = StoreConfig(mode="global", window=0, decay=1.0, params=DraftParams(max_match=24, min_prob=0.1))
@@ -129,9 +133,12 @@ VARIANTS: tuple[Variant, ...] = (
 BASELINE = "none"
 
 
-def summary_dict(s: StepSummary, shapes: list[list[int]], draft_s: float, points: int = 300) -> dict:
-    """What the experiments keep of one rollout: totals, the batch curve, and each forward's shape
-    [rows, positions per row (padding included), cached context tokens read] for the latency model."""
+def summary_dict(s: StepSummary, shapes: list[list[int]], run: RunStats | None = None,
+                 forward_times: list[float] | None = None, points: int = 300) -> dict:
+    """What the experiments keep of one rollout: totals, the batch curve, each forward's shape
+    [rows, input tokens (packed), cached context tokens read] for the latency model, and (with the
+    engine's RunStats) where the time went: each forward's measured seconds, the drafting and the
+    verification seconds, so validate-sim can tell the latency model's error from the step's overhead."""
     curve = s.batch_curve
     if len(curve) > points:
         idx = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
@@ -140,7 +147,9 @@ def summary_dict(s: StepSummary, shapes: list[list[int]], draft_s: float, points
             "new_tokens": s.new_tokens, "drafted": s.drafted, "accepted": s.accepted,
             "tokens_per_row_forward": round(s.tokens_per_row_forward, 4),
             "batch_curve": [[round(t, 4), int(b)] for t, b in curve], "shapes": shapes,
-            "draft_s": round(draft_s, 4)}
+            "draft_s": round(run.draft_s, 4) if run else 0.0,
+            **({} if run is None else {"verify_s": round(run.verify_s, 4), "forward_s": round(run.forward_s, 4)}),
+            **({} if forward_times is None else {"forward_times": [round(t, 5) for t in forward_times]})}
 
 
 @dataclass
@@ -177,12 +186,17 @@ def ensure_collection(cfg: CollectConfig, ctx) -> Collection:
     meta = folder / "collect.json"
     if meta.exists():
         doc = json.loads(meta.read_text())
-        if doc.get("format") == FORMAT and doc.get("key") == cfg.key():
+        if doc.get("format") == FORMAT and doc.get("key") == cfg.key() and doc.get("complete", True):
             ctx.console.print(f"collection: reusing {folder}")
             return Collection(cfg, folder, doc["steps"], doc["wall_s"])
-    if folder.exists():  # an interrupted run of ours: start over
+    if folder.exists():  # an interrupted run of ours (its partial collect.json kept what it measured): start over
         shutil.rmtree(folder)
     return run_collection(cfg, ctx, folder)
+
+
+def _doc(cfg: CollectConfig, records: list[dict], wall: float, *, complete: bool) -> dict:
+    return {"format": FORMAT, "key": cfg.key(), "config": asdict(cfg), "complete": complete,
+            "variants": {v.name: v.description for v in VARIANTS}, "steps": records, "wall_s": round(wall, 1)}
 
 
 def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
@@ -206,17 +220,18 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
     with ctx.progress("collecting rollouts", total) as advance:
         for step in range(cfg.steps):
             def roll(name: str, sess: RolloutSession, seeds=None) -> tuple[list[Rollout], dict]:
-                seen, shapes = [0], []
+                seen, shapes, times = [0], [], []
 
                 def tick(info) -> None:
                     advance(info.finished, note=f"step {step} {name}: {info.batch_size} live")
                     seen[0] += info.finished
                     shapes.append([info.batch_size, info.tokens, info.kv_tokens])  # the packed forward's cost
+                    times.append(info.forward_s)
 
                 out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,
                                     max_new_tokens=cfg.max_new_tokens, on_step=tick)
                 advance(len(prompts) - seen[0])
-                return out, summary_dict(sess.history[-1], shapes, sess.engine.last_run.draft_s)
+                return out, summary_dict(sess.history[-1], shapes, sess.engine.last_run, times)
 
             rec = {"step": step, "load": load_avg()}
             ref, rec["baseline"] = roll(BASELINE, base)
@@ -242,12 +257,14 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
             for sess in sessions.values():
                 sess.end_step()
             records.append(rec)
+            # After every step, so a run cut short (killed, out of memory) keeps what it measured:
+            # validate-sim reads a partial run; ensure_collection reuses only a complete one.
+            write_json(folder / "collect.json", _doc(cfg, records, time.perf_counter() - t_start, complete=False),
+                       indent=None)
             var = "  ".join(f"{k} {v['rollout_s']:.1f}s" for k, v in rec["variants"].items())
             ctx.console.print(f"step {step}: baseline {rec['baseline']['rollout_s']:.1f}s, train {rec['train_s']:.1f}s"
                               f"{'  ' + var if var else ''}  (load {rec['load'][0] if rec['load'] else '?'})")
     wall = time.perf_counter() - t_start
-    write_json(folder / "collect.json", {"format": FORMAT, "key": cfg.key(), "config": asdict(cfg),
-                                         "variants": {v.name: v.description for v in VARIANTS},
-                                         "steps": records, "wall_s": round(wall, 1)}, indent=None)
+    write_json(folder / "collect.json", _doc(cfg, records, wall, complete=True), indent=None)
     ctx.console.print(f"collection: {cfg.steps} steps in {wall / 60:.1f} min -> {folder}")
     return Collection(cfg, folder, records, wall)

@@ -66,7 +66,7 @@ class LatencyModel:
         cols = [np.ones_like(n), n] + ([] if kv is None else [kv])
         if len(s) < len(cols):
             raise ValueError(f"need at least {len(cols)} samples to fit {len(cols)} coefficients, got {len(s)}")
-        coef = _nnls(np.stack(cols, axis=1) / s[:, None], np.ones_like(s))
+        coef = nonnegative_lstsq(np.stack(cols, axis=1) / s[:, None], np.ones_like(s))
         return cls(float(coef[0]), float(coef[1]), float(coef[2]) if kv is not None else 0.0)
 
     # --- persistence ------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def _arrays(n_tokens, seconds, kv_tokens):
     return n, s, kv
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Least squares with coefficients >= 0 (tiny problems: try every active set, keep the best)."""
     k = a.shape[1]
     best, best_res = np.zeros(k), float(np.sum(b * b))

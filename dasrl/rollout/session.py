@@ -119,6 +119,14 @@ def sample_indices(problem_ids: Sequence[Hashable]) -> list[int]:
     return out
 
 
+def speculation_policy(config: SessionConfig) -> ForwardAllowance:
+    """The policy a speculating session drafts under: config.policy inside the per-forward allowance, priced
+    by config.latency (or the CPU default). The simulator's validation replays sessions with it."""
+    latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
+    allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
+    return ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance, latency=latency)
+
+
 class RolloutSession:
     """See the module docstring. `drafter` (optional) replaces the DraftStore that `config.store`
     describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
@@ -133,12 +141,7 @@ class RolloutSession:
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
             DraftStore(config.store) if config.speculate else None)
-        self.policy = NoSpeculation()
-        if config.speculate:
-            latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
-            allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
-            self.policy = ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance,
-                                           latency=latency)
+        self.policy = speculation_policy(config) if config.speculate else NoSpeculation()
         self.step = 0
         self.history: list[StepSummary] = []
         self._upkeep: threading.Thread | None = None

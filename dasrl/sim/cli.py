@@ -164,8 +164,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         main = results[f"{drafter}/{policy}"]
         console.print(_steps_table(main))
         console.print(_table(f"{source}: {len(responses)} responses, latency {lat}", results, "none"))
+        lat_source = (f"calibrated ({latency})" if latency else
+                      f"the {workload} workload's assumption, not measured" if w else "SimConfig's default, assumed")
+        console.print(f"latency: {lat_source}. Expected error: the simulator against the engine's measured rollout "
+                      f"time on this CPU is in docs/simulator.md, \"Validation\" (dasrl validate-sim).")
         if json_out:
-            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "config": {
+            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "latency_source": lat_source, "config": {
                 "batch_mode": batch_mode, "max_batch": max_batch, "window": window, "warmup": warmup},
                 "runs": {k2: r.to_dict() for k2, r in results.items()}})
             console.print(f"wrote {json_out}")

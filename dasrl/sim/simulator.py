@@ -24,7 +24,7 @@ import numpy as np
 from dasrl.drafter.base import Draft, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.policy.base import RequestState
+from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.budget import make_policy
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.propose import propose
@@ -138,6 +138,8 @@ class StepStats:
     """Integral of live rows over decoding time (row-seconds)."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(time, live rows) at each forward, downsampled."""
+    shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    """(rows, tokens, cached context tokens read) of every forward, in order: what a latency model prices."""
 
     @property
     def accepted_per_row_forward(self) -> float:
@@ -155,6 +157,7 @@ class StepStats:
 
     def to_dict(self, timeline: bool = False) -> dict:
         d = asdict(self)
+        d.pop("shapes")
         if not timeline:
             d.pop("timeline")
         d["accepted_per_row_forward"] = self.accepted_per_row_forward
@@ -205,20 +208,26 @@ def _downsample(points: list[tuple[float, int]], n: int = 200) -> list[tuple[flo
 class Simulator:
     """Replays steps of responses with one drafter and one policy (both persist across steps)."""
 
-    def __init__(self, *, drafter: str | Drafter = "das", policy: str = "das", config: SimConfig = SimConfig(),
-                 policy_kw: dict | None = None, label: str | None = None) -> None:
+    def __init__(self, *, drafter: str | Drafter = "das", policy: str | BudgetPolicy = "das",
+                 config: SimConfig = SimConfig(), policy_kw: dict | None = None, label: str | None = None) -> None:
         """`drafter`: a name from DRAFTERS, or any Drafter object, used for every step (its own window and
-        history rules apply; SimConfig.store does not). `label` names it in
-        the result (default: the name, or the object's class name)."""
-        self.config, self.policy_name = config, policy
+        history rules apply; SimConfig.store does not). `policy`: a make_policy name (with `policy_kw`) or
+        a policy object (e.g. a session's ForwardAllowance, to replay what that session decided). `label`
+        names the drafter in the result (default: the name, or the object's class name)."""
+        self.config = config
         if isinstance(drafter, str):
             self.drafter_name, self.drafters = label or drafter, make_drafter(drafter, config)
         else:
             self.drafter_name, self.drafters = label or type(drafter).__name__, _Persistent(drafter)
-        kw = dict(policy_kw or {})
-        if policy == "optimal":
-            kw.setdefault("latency", config.latency)
-        self.policy = make_policy(policy, **kw)
+        if isinstance(policy, str):
+            kw = dict(policy_kw or {})
+            if policy == "optimal":
+                kw.setdefault("latency", config.latency)
+            self.policy_name, self.policy = policy, make_policy(policy, **kw)
+        elif policy_kw:
+            raise ValueError("policy_kw applies to a policy name, not to a policy object")
+        else:
+            self.policy_name, self.policy = type(policy).__name__, policy
 
     def run(self, steps: Iterable[tuple[int, Sequence[Response]]], *, max_new_tokens: int,
             progress: Callable[[int], None] | None = None) -> SimResult:
@@ -268,7 +277,7 @@ class Simulator:
                     n_tok += s.prompt_len + len(d)
                 else:
                     n_tok += 1 + len(d)
-                    kv += s.prompt_len + s.generated
+                    kv += s.prompt_len + s.generated - 1  # cached: all but the pending token, as the engine
                 s.generated += emit.size
                 s.forwards += 1
                 s.drafted += len(d)
@@ -280,6 +289,7 @@ class Simulator:
                 if s.generated >= targets[i].size:
                     done.append(i)
             dt = float(lat.predict(n_tok, kv))
+            st.shapes.append((len(live), n_tok, kv))
             points.append((st.makespan, len(live)))
             st.batch_time += dt * len(live)
             st.makespan += dt
@@ -295,6 +305,22 @@ class Simulator:
         if hasattr(self.policy, "end_step"):
             self.policy.end_step()
         return st
+
+    def record(self, step: int, responses: Sequence[Response]) -> None:
+        """Take a step's responses into history without replaying them, as RolloutSession.record() and
+        end_step() do: a DraftStore indexes them, the policy's length history counts them, then both end
+        the step (acceptance statistics learn nothing: nothing was drafted)."""
+        drafter = self.drafters.for_step({})
+        lengths = getattr(self.policy, "lengths", None)
+        for r in responses:
+            if isinstance(drafter, DraftStore):
+                drafter.add_rollout(r.problem_id, r.prompt_ids.tolist(), r.response_ids.tolist())
+            if lengths is not None:
+                lengths.record(r.problem_id, len(r.response_ids))
+        if drafter is not None:
+            drafter.end_step()
+        if hasattr(self.policy, "end_step"):
+            self.policy.end_step()
 
     def _drafts(self, drafter, live: list[int], states: list[RequestState], max_new: int) -> list[Draft]:
         """The engine's own propose -> cap -> trim path; a row's room is its length limit minus the

@@ -1,0 +1,74 @@
+"""validate-sim on a real (small) collection run: the simulator's replay of every variant — its drafter,
+its session's policy and allowance, history taken in by record() on the steps without variants — agrees
+exactly with the engine on drafted and accepted tokens and forwards, and its forward shapes are the
+engine's, so its priced time equals the engine's recorded forwards priced the same way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from dasrl.experiments.base import Context, RunOptions
+from dasrl.experiments.collect import BASELINE, VARIANTS, CollectConfig, ensure_collection
+from dasrl.experiments.validate import StepOverhead, find_collection, summary, validate
+from dasrl.policy.latency import LatencyModel
+
+pytestmark = pytest.mark.slow
+LAT = LatencyModel(0.03, 1e-3, 2e-6)
+
+
+@pytest.fixture(scope="module")
+def collection(smollm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp")
+    ctx = Context(RunOptions(out=out), Console(quiet=True))
+    ctx._model = smollm  # the session's converted model, not a second load
+    cfg = CollectConfig(steps=3, prompts=2, samples=3, max_new_tokens=40, variant_every=3)
+    return ensure_collection(cfg, ctx)
+
+
+def test_replay_is_exact_and_prices_the_engines_forwards(collection):
+    rows = validate(collection.folder, latency=LAT)
+    assert {(r.variant, r.step) for r in rows} == {(BASELINE, s) for s in range(3)} | {(v.name, 2) for v in VARIANTS}
+    for r in rows:
+        assert r.exact, r
+        assert r.predicted_s == pytest.approx(r.priced_s, rel=1e-12), r  # the same forward shapes, one by one
+        assert r.measured_s > 0
+    assert any(r.accepted[1] > 0 for r in rows)  # drafts were accepted somewhere: a real check
+    assert any(r.accepted[1] < r.drafted[1] for r in rows)  # and rejected somewhere
+    s = summary(rows)
+    assert s["exact_rows"] == len(rows) and s["max_abs_error"] >= s["median_abs_error"] >= 0
+
+
+def test_overhead_adds_its_terms(collection):
+    base = {(r.variant, r.step): r for r in validate(collection.folder, latency=LAT)}
+    for oh, term in ((StepOverhead(per_forward=0.01), lambda r: 0.01 * r.forwards[0]),
+                     (StepOverhead(per_draft_token=1e-4), lambda r: 1e-4 * r.drafted[0])):
+        for r in validate(collection.folder, latency=LAT, overhead=oh):
+            assert r.predicted_s - base[(r.variant, r.step)].predicted_s == pytest.approx(term(r))
+
+
+def test_cli_writes_json_and_png(collection, tmp_path):
+    from dasrl.cli import app
+
+    lat = tmp_path / "lat.json"
+    LAT.save(lat)
+    out, png = tmp_path / "v.json", tmp_path / "v.png"
+    r = CliRunner().invoke(app, ["validate-sim", str(collection.folder.parent), "--latency", str(lat),
+                                 "--json", str(out), "--png", str(png)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert {"median_abs_error", "max_abs_error"} <= doc["summary"].keys()
+    assert {"variant", "step", "predicted_s", "measured_s"} <= doc["rows"][0].keys()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_names_a_bad_run(tmp_path):
+    from dasrl.cli import app
+
+    r = CliRunner().invoke(app, ["validate-sim", str(tmp_path)])
+    assert r.exit_code == 2 and "no collect.json" in r.output
+    with pytest.raises(FileNotFoundError, match="no collect.json"):
+        find_collection(tmp_path)

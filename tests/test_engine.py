@@ -375,3 +375,44 @@ def test_goal_lines():
             [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]
     text = "\n".join(goals(rows))
     assert "0.40" in text and "2.00x" in text and "80%" in text and "1.20x" in text  # saved: 6 s of 7.5 s
+
+
+# ---------------------------------------------------------------- coupled drafts (engine.coupling)
+@pytest.fixture(scope="session")
+def coupled_engine(smollm):
+    model, tok = smollm
+    return SpecEngine(model, tok, EngineConfig(num_threads=THREADS, couple=True))
+
+
+class SpyBudget(FixedBudget):
+    """FixedBudget that records the drafts it is asked to trim (after the engine's coupling) and the budgets
+    the drafter was asked for."""
+
+    trims = True
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.seen = []
+
+    def trim(self, states, drafts):
+        self.seen.extend(drafts)
+        return drafts
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "nucleus", "topk"])
+def test_coupled_tree_drafts_are_exact_and_verified_as_chains(coupled_engine, chat_prompts, plain, history, sampling):
+    """couple=True asks the store for trees of 3 x cap nodes, verifies the chain coupling picks from each,
+    and changes no output token."""
+    params = {"greedy": SamplingParams(), "nucleus": NUCLEUS, "topk": TOPK}[sampling]
+    ref = plain[sampling]
+    drafter = make_drafter("das-tree", futures={}, history=history)
+    asked = []
+    propose_flat = drafter.propose_flat
+    drafter.propose_flat = lambda ids, budgets: (asked.extend(budgets), propose_flat(ids, budgets))[1]
+    policy = SpyBudget(6)
+    out = coupled_engine.generate(chat_prompts, sampling=params, seeds=SEEDS[: len(chat_prompts)], drafter=drafter,
+                                  policy=policy, max_new_tokens=NEW)
+    assert tokens(out) == tokens(ref)
+    assert sum(c.drafted for c in out) > 0 and sum(c.accepted for c in out) > 0
+    assert max(asked) == 18  # 3 x the cap: a tree to choose from
+    assert all(d.is_chain for d in policy.seen) and max(len(d) for d in policy.seen) > 1

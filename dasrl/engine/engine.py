@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Hashable, Sequence
 
 import numpy as np
@@ -32,6 +33,7 @@ import torch
 from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
+from dasrl.engine.coupling import couple
 from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
@@ -54,12 +56,19 @@ class EngineConfig:
     """'gqa': grouped-query SDPA without K/V repeat (fast, registered for the engine); 'model': as loaded."""
     initial_capacity: int = 64
     """KV slots allocated beyond the longest prompt at first (the cache grows as needed)."""
+    couple: bool = False
+    """Turn each tree draft into the one chain the sampler's own race picks on the tree's branch
+    frequencies (coupling.py: a chain's cost, much of a tree's acceptance); False verifies whole trees."""
+    couple_nodes: int = 3
+    """With couple: tree nodes asked of the drafter per token of a row's draft cap."""
 
     def __post_init__(self) -> None:
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {self.max_context}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.couple_nodes < 1:
+            raise ValueError(f"couple_nodes must be >= 1, got {self.couple_nodes}")
         if self.attention not in ("gqa", "model"):
             raise ValueError(f"attention must be 'gqa' or 'model', got {self.attention!r}")
 
@@ -253,7 +262,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         batch = len(live)
         lengths = cache.lengths[:batch].copy()  # [B] committed tokens; the pending token goes at slot L
-        drafts = self._propose(live, drafter, policy)
+        drafts = self._propose(live, drafter, policy, job.sampling)
         t1 = time.perf_counter()
         inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts)
         hidden = self._decode(cache, inputs)  # [N, H]
@@ -295,12 +304,20 @@ class SpecEngine:
         return new, acc
 
     # ------------------------------------------------------------------ helpers
-    def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> DraftBatch:
+    def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy,
+                 sampling: SamplingParams) -> DraftBatch:
         """Policy budgets, capped by each row's room (context limit minus the pending token), then the
-        drafter's proposals, trimmed and checked: the path the simulator replays (dasrl.policy.propose)."""
+        drafter's proposals (coupled into chains with config.couple), trimmed and checked: the path the
+        simulator replays (dasrl.policy.propose)."""
         from dasrl.policy.propose import propose  # the shared propose -> cap -> trim path
+        select = None
+        if self.config.couple:
+            seeds = np.array([r.seed for r in live], np.int64)
+            positions = np.array([len(r.out) for r in live], np.int64)  # of each row's first draft token
+            select = partial(couple, sampling=sampling, seeds=seeds, positions=positions)
         return propose(drafter, policy, [r.state for r in live], [r.req_id for r in live],
-                       [r.room(self.max_context) - 1 for r in live], self.vocab_size)
+                       [r.room(self.max_context) - 1 for r in live], self.vocab_size, select=select,
+                       widen=self.config.couple_nodes if select else 1)
 
     def _targets(self, hidden: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
                  seeds: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -265,12 +265,12 @@ class SpecEngine:
         drafts = self._propose(live, drafter, policy, job.sampling)
         t1 = time.perf_counter()
         inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts)
-        hidden = self._decode(cache, inputs)  # [N, H]
+        logits = self._forward(cache, inputs)  # [N, V]: one lm_head over every packed token
         t2 = time.perf_counter()
         q = np.diff(inputs.starts)  # [B]
         seeds = np.repeat(np.array([r.seed for r in live], np.int64), q)  # [N]
         positions = np.repeat(np.array([len(r.out) for r in live], np.int64), q) + inputs.depth  # [N]
-        tokens, logps = self._targets(hidden, drafts, inputs.starts, job.sampling, seeds=seeds, positions=positions)
+        tokens, logps = self._targets(logits, drafts, inputs.starts, job.sampling, seeds=seeds, positions=positions)
         verdicts = verify_batch(drafts, tokens, inputs.starts)
         t3 = time.perf_counter()
         new, acc = self._commit(job, cache, live, drafts, verdicts, logps, inputs.starts, lengths)
@@ -319,16 +319,15 @@ class SpecEngine:
                        [r.room(self.max_context) - 1 for r in live], self.vocab_size, select=select,
                        widen=self.config.couple_nodes if select else 1)
 
-    def _targets(self, hidden: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
+    def _targets(self, logits: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
                  seeds: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Target tokens and logprobs [N] at the packed positions verification will read. One lm_head over
-        every packed token (on a CPU the lm_head is a read of its weights, so a second call for the
-        draft nodes would cost as much again), then draws in two rounds: every row's pending token, then
+        """Target tokens and logprobs [N] at the packed positions verification will read, from the logits
+        [N, V] of every packed token (one lm_head: on a CPU it is a read of its weights, so a second call
+        for the draft nodes would cost as much again). Draws in two rounds: every row's pending token, then
         the draft nodes of the rows whose draft survived its first token (a root child equals the target
         there). The other nodes are never read by verify: they get no draw (-1 there)."""
         n = len(positions)
         tokens, logps = np.full(n, -1, np.int64), np.zeros(n, np.float64)
-        logits = self._lm_head(hidden)  # [N, V]
         first = starts[:-1]  # [B]
         tokens[first], logps[first] = self._draw_at(logits, first, sampling, seeds=seeds, positions=positions)
         if len(drafts.tokens):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -72,3 +73,28 @@ def test_cli_names_a_bad_run(tmp_path):
     assert r.exit_code == 2 and "no collect.json" in r.output
     with pytest.raises(FileNotFoundError, match="no collect.json"):
         find_collection(tmp_path)
+
+
+
+def test_overhead_fit_recovers_known_terms():
+    """rollout_s = the recorded forwards priced + 10 ms per forward + 2 ms per row-forward + 0.5 ms per
+    drafted token: the fit gets those back (no model needed)."""
+    rng = np.random.default_rng(0)
+    rollouts = []
+    for _ in range(8):
+        shapes = [[int(b), int(b + d), int(b * 300)] for b, d in zip(rng.integers(1, 33, 50), rng.integers(0, 20, 50))]
+        fw, rf, dr = len(shapes), sum(s[0] for s in shapes), sum(s[1] - s[0] for s in shapes)
+        priced = sum(LAT.predict(t, kv) for _, t, kv in shapes)
+        rollouts.append({"shapes": shapes, "forwards": fw, "row_forwards": rf, "drafted": dr,
+                         "rollout_s": priced + 0.01 * fw + 0.002 * rf + 0.0005 * dr})
+    oh = StepOverhead.measure(rollouts, LAT)
+    assert (oh.per_forward, oh.per_row_forward, oh.per_draft_token) == pytest.approx((0.01, 0.002, 0.0005), rel=1e-6)
+    with pytest.raises(ValueError, match=">= 3 recorded rollouts"):
+        StepOverhead.measure(rollouts[:2], LAT)
+
+
+def test_fitted_overhead_is_added_to_the_prediction(collection):
+    fitted = {(r.variant, r.step): r for r in validate(collection.folder, latency=LAT, overhead=None)}
+    for r in validate(collection.folder, latency=LAT):
+        f = fitted[(r.variant, r.step)]
+        assert f.predicted_s == pytest.approx(r.predicted_s + f.overhead_s) and f.overhead_s >= 0

@@ -91,6 +91,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                              "`dasrl experiments` holding one."),
         latency: Optional[Path] = typer.Option(None, help="Latency model JSON from `dasrl calibrate` on this "
                                                           "machine (default: the CPU default of DESIGN.md)."),
+        fit_overhead: bool = typer.Option(True, "--fit-overhead/--no-overhead",
+                                          help="Add the step overhead beside the forwards, fitted on the run's "
+                                               "other rollouts (the predicted one left out); --no-overhead: "
+                                               "forwards only. "
+                                               "Any --per-* value given replaces the fit."),
         per_forward: float = typer.Option(0.0, help=_help("per_forward")),
         per_row_forward: float = typer.Option(0.0, help=_help("per_row_forward")),
         per_draft_token: float = typer.Option(0.0, help=_help("per_draft_token")),
@@ -111,14 +116,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             for name in ("per_forward", "per_row_forward", "per_draft_token"):
                 if getattr(overhead, name) < 0:
                     raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(overhead, name)}")
+            explicit = overhead != StepOverhead()
             with console.status("replaying") as status:
-                rows = validate(folder, latency=lat, overhead=overhead,
+                rows = validate(folder, latency=lat, overhead=overhead if explicit or not fit_overhead else None,
                                 progress=lambda name: status.update(f"replayed {name}"))
         except (OSError, ValueError) as e:
             typer.secho(f"error: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
         source = str(latency) if latency is not None else "CPU default (not calibrated here)"
-        table = Table(title=f"simulator vs engine: {folder.name} (latency: {source})")
+        oh_source = "given" if explicit else "fitted on the other rollouts" if fit_overhead else "none"
+        table = Table(title=f"simulator vs engine: {folder.name} (latency: {source}; step overhead: {oh_source})")
         for c in ("variant", "step", "predicted s", "priced s", "measured s", "error", "forwards sim/eng",
                   "drafted sim/eng", "accepted sim/eng"):
             table.add_column(c, justify="right")
@@ -133,7 +140,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"(priced recorded forwards: median |error| {summ['median_abs_error_priced']:.1%})")
         if json_out is not None:
             write_json(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
-                                  "overhead": overhead.__dict__, "summary": summ, "rows": [r.to_dict() for r in rows]})
+                                  "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ, "rows": [r.to_dict() for r in rows]})
             console.print(f"wrote {json_out}")
         if png is not None:
             scatter(rows, png, title=f"simulator vs engine ({summ['rows']} steps x variants)")

@@ -54,17 +54,16 @@ class StepOverhead:
         return self.per_forward * forwards + self.per_row_forward * row_forwards + self.per_draft_token * drafted
 
     @classmethod
-    def measure(cls, rollouts: list[dict]) -> "StepOverhead":
-        """Fitted to the engine's own timers: each recorded rollout's seconds outside its forwards
-        (rollout_s - forward_s) on its forwards, row-forwards and drafted tokens (least squares,
-        relative to each rollout's time, coefficients >= 0)."""
-        done = [r for r in rollouts if "forward_s" in r]
-        if len(done) < 3:
-            raise ValueError(f"measuring the step overhead needs >= 3 rollouts with engine timers, got {len(done)} "
-                             f"(a collection recorded before dasrl wrote forward_s: rerun it)")
-        a = np.array([[r["forwards"], r["row_forwards"], r["drafted"]] for r in done], dtype=np.float64)
-        out = np.array([r["rollout_s"] - r["forward_s"] for r in done])
-        w = 1.0 / np.array([r["rollout_s"] for r in done])
+    def measure(cls, rollouts: list[dict], latency: LatencyModel) -> "StepOverhead":
+        """Fitted to recorded rollouts: each one's wall seconds beyond its recorded forwards priced by
+        `latency` (rollout_s - priced forwards) on its forwards, row-forwards and drafted tokens (least
+        squares relative to each rollout's time, coefficients >= 0). What the latency model leaves out
+        and scales with the step's work (sampling, verification, drafting, Python) lands here."""
+        if len(rollouts) < 3:
+            raise ValueError(f"measuring the step overhead needs >= 3 recorded rollouts, got {len(rollouts)}")
+        a = np.array([[r["forwards"], r["row_forwards"], r["drafted"]] for r in rollouts], dtype=np.float64)
+        out = np.array([r["rollout_s"] - _price(latency, r["shapes"]) for r in rollouts])
+        w = 1.0 / np.array([r["rollout_s"] for r in rollouts])
         return cls(*(float(c) for c in nonnegative_lstsq(a * w[:, None], out * w)))
 
 
@@ -172,7 +171,7 @@ def _rollouts(doc: dict) -> list[tuple[str, int, dict]]:
 def validate(folder: Path, *, latency: LatencyModel, overhead: StepOverhead | None = StepOverhead(),
              progress: Callable[[str], None] | None = None) -> list[Row]:
     """One Row per (variant, step) of the collection in `folder`. `overhead=None`: measured from the
-    run's engine timers (StepOverhead.measure), leaving out the step being predicted."""
+    run itself (StepOverhead.measure on every other recorded rollout: the predicted one is left out)."""
     doc, sims = replay(folder, progress=progress)
     rows = []
     for name, step, meas in _rollouts(doc):
@@ -180,7 +179,7 @@ def validate(folder: Path, *, latency: LatencyModel, overhead: StepOverhead | No
         if st is None:
             continue
         oh = overhead if overhead is not None else \
-            StepOverhead.measure([m for _, s, m in _rollouts(doc) if s != step])
+            StepOverhead.measure([m for n, s, m in _rollouts(doc) if (n, s) != (name, step)], latency)
         sim_oh = oh.predict(forwards=st.forwards, row_forwards=st.row_forwards, drafted=st.proposed)
         pred = _price(latency, st.shapes) + sim_oh
         fwd_priced = _price(latency, meas["shapes"])

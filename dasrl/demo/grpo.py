@@ -3,6 +3,13 @@
 On-policy with a single update per batch, the clipped ratio is 1, so the GRPO gradient is the
 advantage-weighted log-likelihood gradient. Only the top `train_layers` decoder layers (and the final
 norm) are trained: on 2 CPU cores a full backward of a 135M model would dominate the demo's time.
+
+The loss is a sum over sequences, so the update groups them freely: sequences are sorted by length and
+packed into micro-batches under a token budget (little padding), the decoder runs without the
+full-vocabulary head, and the head and log-softmax are applied only at the positions that predict a
+completion token, in chunks, with their gradient written out by hand (d log p / d logits = onehot -
+softmax). The gradient is that of the plain algorithm (full logits, log_softmax, gather) up to float
+rounding; tests/test_grpo.py checks this against it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ class GRPOConfig:
     train_layers: int = 2
     """Top decoder layers trained (the rest stay frozen)."""
     micro_batch: int = 8
-    """Sequences per backward pass."""
+    """Most sequences per backward pass."""
+    micro_tokens: int = 4096
+    """Most padded tokens (sequences x longest prompt+completion-1) per backward pass; a longer one goes alone."""
+    head_chunk: int = 1024
+    """Completion positions per lm_head + log-softmax pass (bounds the [positions, vocab] memory)."""
 
 
 def advantages(rewards: Sequence[float], groups: Sequence[Hashable]) -> np.ndarray:
@@ -35,9 +46,30 @@ def advantages(rewards: Sequence[float], groups: Sequence[Hashable]) -> np.ndarr
     return adv
 
 
+def micro_batches(lengths: Sequence[int], max_seqs: int, max_tokens: int) -> list[list[int]]:
+    """Indices of `lengths` grouped for the update: longest first, each group as many of the next
+    longest as fit both `max_seqs` and `max_tokens` (group size x its longest length); a sequence longer
+    than `max_tokens` forms a group of its own. Ties keep their input order."""
+    if max_seqs < 1 or max_tokens < 1:
+        raise ValueError(f"micro-batch limits must be >= 1, got max_seqs={max_seqs}, max_tokens={max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None and len(g) < max_seqs and (len(g) + 1) * lengths[g[0]] <= max_tokens:
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 class GRPOTrainer:
     def __init__(self, model: torch.nn.Module, config: GRPOConfig = GRPOConfig()) -> None:
         self.model, self.config = model, config
+        for name in ("final_logit_softcapping", "logit_scale"):
+            if getattr(model.config, name, None) not in (None, 1.0):
+                raise ValueError(f"GRPOTrainer computes logits as lm_head(hidden); {name}="
+                                 f"{getattr(model.config, name)!r} in the model config is not supported")
         layers = model.get_decoder().layers
         for p in model.parameters():
             p.requires_grad_(False)
@@ -52,30 +84,63 @@ class GRPOTrainer:
         """One update; returns the loss."""
         if self.opt is None:
             return 0.0
+        if not len(prompts) == len(completions) == len(adv):
+            raise ValueError(f"step needs one prompt, completion and advantage per sequence; got "
+                             f"{len(prompts)}, {len(completions)}, {len(adv)}")
+        cfg = self.config
         self.model.train()
         n_tokens = max(1, sum(len(c) for c in completions))
+        live = [i for i in range(len(prompts)) if len(completions[i])]  # empty completions add no loss
+        lengths = [len(prompts[i]) + len(completions[i]) - 1 for i in live]  # the input rows below
         total = 0.0
         self.opt.zero_grad()
-        for s in range(0, len(prompts), self.config.micro_batch):
-            idx = range(s, min(s + self.config.micro_batch, len(prompts)))
-            seqs = [list(prompts[i]) + list(completions[i]) for i in idx]
-            width = max(map(len, seqs))
-            ids = torch.zeros(len(seqs), width, dtype=torch.long)  # [b, L] right-padded
-            mask = torch.zeros(len(seqs), width, dtype=torch.long)
-            for j, sq in enumerate(seqs):
-                ids[j, : len(sq)] = torch.tensor(sq)
-                mask[j, : len(sq)] = 1
-            logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float(), -1)  # [b, L, V]
-            loss = torch.zeros(())
-            for j, i in enumerate(idx):
-                p, c = len(prompts[i]), len(completions[i])
-                if c == 0:
-                    continue
-                target = torch.tensor(completions[i])
-                lp = logp[j, p - 1 : p - 1 + c].gather(-1, target[:, None]).squeeze(-1)  # [c]
-                loss = loss - float(adv[i]) * lp.sum() / n_tokens
-            loss.backward()
-            total += float(loss.detach())
+        for group in micro_batches(lengths, cfg.micro_batch, cfg.micro_tokens):
+            total += self._micro_batch([live[g] for g in group], prompts, completions, adv, n_tokens)
         self.opt.step()
         self.model.eval()
         return total
+
+    def _micro_batch(self, idx: list[int], prompts, completions, adv, n_tokens: int) -> float:
+        """Forward and backward of the sequences `idx`; returns their share of the loss."""
+        # The last completion token predicts nothing: each row is prompt + completion[:-1], right-padded.
+        width = max(len(prompts[i]) + len(completions[i]) - 1 for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)  # [b, L]
+        rows, cols, targets, weights = [], [], [], []
+        for j, i in enumerate(idx):
+            p, c = len(prompts[i]), len(completions[i])
+            if p < 1:
+                raise ValueError(f"sequence {i} has an empty prompt; its first completion token has no predictor")
+            target = torch.as_tensor(completions[i], dtype=torch.long)
+            ids[j, :p] = torch.as_tensor(prompts[i], dtype=torch.long)
+            ids[j, p:p + c - 1] = target[:-1]
+            rows.append(torch.full((c,), j, dtype=torch.long))
+            cols.append(torch.arange(p - 1, p - 1 + c))
+            targets.append(target)
+            weights.append(torch.full((c,), -float(adv[i]) / n_tokens, dtype=torch.float64))
+        # No attention mask: padding is on the right and attention is causal, so no real position sees it.
+        hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state  # [b, L, H]
+        sel = hidden[torch.cat(rows), torch.cat(cols)]  # [n, H]: the positions that predict completion tokens
+        target, weight = torch.cat(targets), torch.cat(weights)
+        grad, loss = self._head_grad(sel.detach(), target, weight)
+        sel.backward(grad)
+        return loss
+
+    @torch.no_grad()
+    def _head_grad(self, h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """loss = sum_k weight_k * log_softmax(lm_head(h_k))[target_k] and d loss / d h, a chunk of positions
+        at a time. d loss / d logits_k = weight_k * (onehot(target_k) - softmax_k); the head is frozen."""
+        head = self.model.get_output_embeddings()
+        grad = torch.empty_like(h)
+        loss = 0.0
+        for s in range(0, len(h), self.config.head_chunk):
+            e = min(s + self.config.head_chunk, len(h))
+            t, w = target[s:e], weight[s:e].float()
+            logits = head(h[s:e]).float()  # [n, V]
+            lse = torch.logsumexp(logits, -1)  # [n]
+            lp = logits.gather(-1, t[:, None]).squeeze(-1) - lse
+            loss += float((weight[s:e] * lp.double()).sum())
+            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+            probs.scatter_add_(-1, t[:, None], torch.full((e - s, 1), -1.0))
+            probs.mul_(-w[:, None])  # weight * (onehot - softmax)
+            grad[s:e] = probs.to(head.weight.dtype) @ head.weight
+        return grad, loss

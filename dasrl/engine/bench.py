@@ -241,9 +241,7 @@ def time_forward(engine: SpecEngine, *, batch: int, q: int | list[int], context:
     drafts = DraftBatch(tokens, parents, np.ones(len(tokens)), offsets, np.zeros(batch, np.int64))
     inputs = pack_drafts(pending=np.zeros(batch, np.int64), lengths=cache.lengths.copy(), drafts=drafts)
     times = []
-    from dasrl.engine.attention import attention_implementation
-
-    with torch.inference_mode(), attention_implementation(engine.model, engine.attn_name):
+    with engine.forward_context():
         for i in range(repeats + 1):
             t0 = time.perf_counter()
             logits = engine._forward(cache, inputs)

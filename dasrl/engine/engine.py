@@ -21,11 +21,12 @@ was before the step (EngineStepError carries those consistent partial completion
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.coupling import couple
+from dasrl.engine.gemm import RowPadding, padded_linears
 from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
@@ -56,6 +58,9 @@ class EngineConfig:
     """'gqa': grouped-query SDPA without K/V repeat (fast, registered for the engine); 'model': as loaded."""
     initial_capacity: int = 64
     """KV slots allocated beyond the longest prompt at first (the cache grows as needed)."""
+    row_padding: RowPadding = RowPadding()
+    """CPU linear layers: row counts in [low, to) are computed padded to `to` (BLAS's slow small-M band;
+    gemm.py). RowPadding(low=0) turns it off."""
     couple: bool = False
     """Turn each tree draft into the one chain the sampler's own race picks on the tree's branch
     frequencies (coupling.py: a chain's cost, much of a tree's acceptance); False verifies whole trees."""
@@ -207,7 +212,7 @@ class SpecEngine:
         t_start = time.perf_counter()
         step = 0
         try:
-            with torch.inference_mode(), attention_implementation(self.model, self.attn_name):
+            with self.forward_context():
                 if drafter is not None:
                     for r in rows:
                         pid = r.problem_id if r.problem_id is not None else problem_key(r.prompt)
@@ -232,6 +237,13 @@ class SpecEngine:
                         drafter.finish(r.req_id)
             raise EngineStepError(step, [r.completion() for r in rows], exc) from exc
         return [r.completion() for r in rows]
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """What every engine forward runs in: inference mode, the engine's attention, padded linears."""
+        with torch.inference_mode(), attention_implementation(self.model, self.attn_name), \
+                padded_linears(self.model, self.config.row_padding):
+            yield
 
     # ------------------------------------------------------------------ the steps
     def _prefill(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,

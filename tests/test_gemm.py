@@ -1,0 +1,70 @@
+"""Row padding of CPU linear layers (dasrl.engine.gemm): which row counts are padded, the same products
+for the real rows, and the model restored after the block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dasrl.engine import gemm
+from dasrl.engine.gemm import NO_PADDING, RowPadding, linear, padded_linears
+
+
+def test_target_band_by_hand():
+    p = RowPadding(low=12, to=16)
+    assert [p.target(m) for m in (1, 2, 11, 12, 13, 15, 16, 17, 100)] == [1, 2, 11, 16, 16, 16, 16, 17, 100]
+    assert [NO_PADDING.target(m) for m in (1, 12, 15)] == [1, 12, 15]
+
+
+@pytest.mark.parametrize("low, to", [(-1, 16), (16, 16), (17, 16)])
+def test_bad_bands_are_refused(low, to):
+    with pytest.raises(ValueError, match="row padding needs"):
+        RowPadding(low=low, to=to)
+
+
+def test_padded_linear_computes_the_real_rows():
+    torch.manual_seed(0)
+    w, b = torch.randn(40, 24), torch.randn(40)
+    x = torch.randn(1, 13, 24)  # [1, M, K]: the packed forward's shape
+    seen = []
+    real = F.linear
+
+    def spy(inp, *args):
+        seen.append(inp.shape[0])
+        return real(inp, *args)
+
+    gemm.F.linear = spy
+    try:
+        out = linear(x, w, b, RowPadding(low=12, to=16))
+    finally:
+        gemm.F.linear = real
+    assert seen == [16] and out.shape == (1, 13, 40)
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-6, atol=1e-5)
+    assert torch.equal(out[0], F.linear(torch.cat([x[0], torch.zeros(3, 24)]), w, b)[:13])
+
+
+def test_model_forward_inside_and_restored_after(tiny_llama):
+    model = tiny_llama()
+    ids = torch.arange(13)[None] % 97
+    with torch.inference_mode():
+        plain = model(input_ids=ids).logits
+        with padded_linears(model, RowPadding(low=12, to=16)):
+            patched = [m for m in model.modules() if "forward" in m.__dict__]
+            padded = model(input_ids=ids).logits
+        assert patched and all(type(m) is torch.nn.Linear for m in patched)
+        assert not any("forward" in m.__dict__ for m in model.modules())  # restored
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_restored_after_an_error_and_foreign_forwards_left_alone(tiny_llama):
+    model = tiny_llama()
+    head = model.lm_head
+    head.forward = lambda x: F.linear(x, head.weight)  # another library's instance patch
+    mine = head.forward
+    with pytest.raises(RuntimeError, match="boom"):
+        with padded_linears(model, RowPadding()):
+            assert head.forward is mine
+            raise RuntimeError("boom")
+    assert head.forward is mine
+    assert sum("forward" in m.__dict__ for m in model.modules()) == 1

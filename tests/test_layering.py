@@ -12,7 +12,7 @@ FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "sim": 4, "demo"
           "experiments": 5}
 UTILITIES = {"dasrl", "dasrl._core", "dasrl.atomic", "dasrl.models", "dasrl.tasks"}
 """Top-level modules every floor may use (they import no floor themselves)."""
-KNOWN_CYCLES = {("dasrl.drafter.persist", "dasrl.drafter.store"), ("dasrl.engine.engine", "dasrl.engine.rows")}
+KNOWN_CYCLES: set[tuple[str, str]] = set()
 """Pairs that still import each other lazily (issue 14); remove a pair here when it is broken."""
 
 

@@ -16,15 +16,13 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Hashable
+from typing import Hashable
 
 import numpy as np
 
 from dasrl.atomic import atomic_write, write_json
+from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
-
-if TYPE_CHECKING:
-    from dasrl.drafter.store import StoreConfig
 
 FORMAT = "dasrl-store/2"
 LEGACY = "dasrl-store/1"  # store.npz without a checksum: still read
@@ -37,7 +35,7 @@ _DATA_NAME = re.compile(r"store-[0-9a-f]{16}\.npz")
 class SavedStore:
     """What load_store() read and validated."""
 
-    config: "StoreConfig"
+    config: StoreConfig
     """The config to build the store with (the caller's, else the saved mode/window/decay)."""
     step: int
     """The store's step counter."""
@@ -47,7 +45,7 @@ class SavedStore:
     """(age, problem id, weight, tokens [n] int32) of every sequence in the window."""
 
 
-def save_store(folder: Path, *, step: int, num_steps: int, config: "StoreConfig",
+def save_store(folder: Path, *, step: int, num_steps: int, config: StoreConfig,
                sequences: list[tuple[int, Hashable, float, np.ndarray]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     offsets = np.zeros(len(sequences) + 1, np.int64)
@@ -68,8 +66,7 @@ def save_store(folder: Path, *, step: int, num_steps: int, config: "StoreConfig"
             stale.unlink(missing_ok=True)
 
 
-def load_store(folder: Path, config: "StoreConfig | None" = None) -> SavedStore:
-    from dasrl.drafter.store import StoreConfig  # store.py imports this module
+def load_store(folder: Path, config: StoreConfig | None = None) -> SavedStore:
 
     where = folder / "store.json"
 

@@ -39,7 +39,7 @@ from dasrl.engine.gemm import RowPadding, padded_linears
 from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
-from dasrl.engine.rows import Job, Row, validate_job
+from dasrl.engine.rows import Completion, Job, Row, validate_job  # Completion: re-exported
 from dasrl.policy.base import BudgetPolicy, NoSpeculation
 
 _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
@@ -76,26 +76,6 @@ class EngineConfig:
             raise ValueError(f"couple_nodes must be >= 1, got {self.couple_nodes}")
         if self.attention not in ("gqa", "model"):
             raise ValueError(f"attention must be 'gqa' or 'model', got {self.attention!r}")
-
-
-@dataclass
-class Completion:
-    """One request's result."""
-
-    req_id: Hashable
-    prompt_ids: list[int]
-    token_ids: list[int]
-    """Generated tokens, including the stop token that ended it (if any)."""
-    logprobs: list[float]
-    """Log-probability of each generated token under the sampling distribution."""
-    finish_reason: str | None
-    """'stop' (stop token or string), 'length' (max_new_tokens), 'context' (model limit); None = unfinished."""
-    forwards: int = 0
-    """Target forwards this request took part in (prefill included)."""
-    drafted: int = 0
-    """Draft tokens verified for it."""
-    accepted: int = 0
-    """Draft tokens accepted (emitted as they were drafted)."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,26 @@ from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import RequestState
 
 
+@dataclass
+class Completion:
+    """One request's result."""
+
+    req_id: Hashable
+    prompt_ids: list[int]
+    token_ids: list[int]
+    """Generated tokens, including the stop token that ended it (if any)."""
+    logprobs: list[float]
+    """Log-probability of each generated token under the sampling distribution."""
+    finish_reason: str | None
+    """'stop' (stop token or string), 'length' (max_new_tokens), 'context' (model limit); None = unfinished."""
+    forwards: int = 0
+    """Target forwards this request took part in (prefill included)."""
+    drafted: int = 0
+    """Draft tokens verified for it."""
+    accepted: int = 0
+    """Draft tokens accepted (emitted as they were drafted)."""
+
+
 @dataclass(frozen=True)
 class Job:
     """A validated generate() call."""
@@ -147,9 +167,7 @@ class Row:
         tail = job.tokenizer.decode(self.out[-(longest + 4):])
         return any(s in tail for s in job.stop_strings)
 
-    def completion(self):
-        from dasrl.engine.engine import Completion
-
+    def completion(self) -> Completion:
         return Completion(req_id=self.req_id, prompt_ids=list(self.prompt), token_ids=list(self.out),
                           logprobs=list(self.logprobs), finish_reason=self.finish, forwards=self.state.forwards,
                           drafted=self.state.drafted, accepted=self.state.accepted)

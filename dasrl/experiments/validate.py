@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 
-from dasrl.drafter.baselines import OracleDrafter
 from dasrl.drafter.store import DraftStore
 from dasrl.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl.policy.latency import LatencyModel, nonnegative_lstsq

@@ -295,9 +295,12 @@ class Simulator:
             st.makespan += dt
             st.forwards += 1
             st.row_forwards += len(live)
-            for i in done:
-                self._finish(drafter, states[i])
-                live.remove(i)
+            ended = set(done)
+            for k in reversed([k for k, i in enumerate(live) if i in ended]):  # as the engine: swap-remove, last first
+                self._finish(drafter, states[live[k]])
+                last = live.pop()
+                if k < len(live):
+                    live[k] = last
         st.tokens = int(sum(t.size for t in targets))
         st.timeline = _downsample(points)
         if drafter is not None:

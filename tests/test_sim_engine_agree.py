@@ -51,3 +51,34 @@ def test_replay_agrees_with_the_engine_step_by_step(engine, branching):
         accepted_somewhere |= run.accepted > 0
         rejected_somewhere |= run.accepted < run.drafted
     assert accepted_somewhere and rejected_somewhere  # both paths of verification took part
+
+
+class OrderSpy(FixedBudget):
+    """FixedBudget that records the order of the live requests it is asked about, step by step."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.orders = []
+
+    def budgets(self, states):
+        self.orders.append([s.req_id for s in states])
+        return super().budgets(states)
+
+
+def test_rows_leave_the_batch_in_the_engines_order(engine):
+    """Rows that stop at different steps leave the live batch as in the engine (swap-remove), so a policy
+    sees the same rows in the same order every step (its ties and its allowance depend on it)."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 97, int(rng.integers(4, 9))).tolist() for _ in range(8)]
+    store_cfg = StoreConfig(mode="problem+request")
+    spy_engine, spy_sim = OrderSpy(2), OrderSpy(2)
+    out = engine.generate(prompts, seeds=list(range(len(prompts))), sampling=SamplingParams(temperature=1.0),
+                          drafter=DraftStore(store_cfg), policy=spy_engine, max_new_tokens=NEW,
+                          stop_token_ids=list(range(0, 97, 5)), req_ids=[(0, i) for i in range(len(prompts))])
+    lengths = [len(c.token_ids) for c in out]
+    assert len(set(lengths)) >= 3, lengths  # rows end at different steps: the order is exercised
+    responses = [Response(0, problem_key(p), i, np.array(p, np.int32), np.array(c.token_ids, np.int32))
+                 for i, (p, c) in enumerate(zip(prompts, out))]
+    sim = Simulator(drafter=DraftStore(store_cfg), policy=spy_sim, config=SimConfig(store=store_cfg))
+    sim.run_step(0, responses, max_new_tokens=NEW)
+    assert spy_sim.orders == spy_engine.orders

@@ -328,6 +328,8 @@ class Simulator:
     def _drafts(self, drafter, live: list[int], states: list[RequestState], max_new: int) -> list[Draft]:
         """The engine's own propose -> cap -> trim path; a row's room is its length limit minus the
         pending token, and 0 at its prefill (the engine drafts nothing in the prompt's forward)."""
+        if not any(s.generated for s in states):  # the prefill forward: the engine asks no policy there
+            return [Draft.empty()] * len(states)
         room = [max_new - s.generated - 1 if s.generated else 0 for s in states]
         return propose(drafter, self.policy, states, [s.req_id for s in states], room).drafts()
 

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 
@@ -125,14 +126,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.Exit(2) from None
         source = str(latency) if latency is not None else "CPU default (not calibrated here)"
         oh_source = "given" if explicit else "fitted on the other rollouts" if fit_overhead else "none"
-        table = Table(title=f"simulator vs engine: {folder.name} (latency: {source}; step overhead: {oh_source})")
-        for c in ("variant", "step", "predicted s", "priced s", "measured s", "error", "forwards sim/eng",
-                  "drafted sim/eng", "accepted sim/eng"):
-            table.add_column(c, justify="right")
+        table = Table(title=f"simulator vs engine: {folder.name}", caption=f"latency: {source}; step overhead: "
+                      f"{oh_source}", box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in ("variant", "step", "pred s", "meas s", "error", "forwards", "drafted", "accepted", "replay"):
+            table.add_column(c, justify="left" if c == "variant" else "right", min_width=9 if c == "variant" else None)
         for r in rows:
-            table.add_row(r.variant, str(r.step), f"{r.predicted_s:.2f}", f"{r.priced_s:.2f}", f"{r.measured_s:.2f}",
-                          f"{r.error:+.1%}", "{}/{}".format(*r.forwards), "{}/{}".format(*r.drafted),
-                          "{}/{}".format(*r.accepted), style=None if r.exact else "red")
+            table.add_row(r.variant, str(r.step), f"{r.predicted_s:.2f}", f"{r.measured_s:.2f}", f"{r.error:+.1%}",
+                          str(r.forwards[1]), str(r.drafted[1]), str(r.accepted[1]),
+                          "exact" if r.exact else "{}/{}/{}".format(r.forwards[0], r.drafted[0], r.accepted[0]),
+                          style=None if r.exact else "red")
         console.print(table)
         summ = summary(rows)
         console.print(f"median |error| {summ['median_abs_error']:.1%}, worst {summ['max_abs_error']:.1%} over "

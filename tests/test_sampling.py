@@ -285,3 +285,67 @@ def test_ordered_bits_sort_as_the_floats():
     assert (keys[1:] >= keys[:-1]).all() and keys[6] == keys[7]  # ascending; equal floats, equal keys
     assert keys[3] < keys[4]  # -0 below +0 (equal weights: no prefix mass depends on their order)
     assert int(keys.min()) >= 0 and int(keys.max()) < 1 << 32
+
+
+def _kept_generic(logits, params):
+    """kept() as the other devices run it (_Blocks, _top_p_floor, kept_mass: torch ops only), on the CPU."""
+    from dasrl.engine.sampling import _block_sums, _Blocks, _top_p_floor
+
+    blocks = _Blocks(logits)
+    lmax = blocks.lmax
+    floor = torch.full_like(lmax, float("-inf"))
+    if 0 < params.top_k < logits.shape[1]:
+        floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
+    w = logits.float() - lmax.float()
+    if params.temperature != 1.0:
+        w.div_(params.temperature)
+    w = w.masked_fill_(logits < floor, float("-inf")).exp_()
+    cut = _top_p_floor(blocks, w, _block_sums(w).sum(-1), top_p=params.top_p, temperature=params.temperature)
+    floor = torch.maximum(floor, cut)
+    return floor, blocks.kept_mass(w, floor)
+
+
+@pytest.mark.parametrize("vocab", [49_152, 6_000, 100])
+def test_cpu_top_p_equals_the_torch_path_bit_for_bit(vocab):
+    """The CPU's numpy top-p (sub-block candidates, windows summed on, kept blocks rebuilt from the kept
+    candidates) gives the very floor and block masses of the device-generic torch path: every window, the
+    sure superset, ties, top-k, short last blocks and bf16."""
+    g = torch.Generator().manual_seed(21)
+    rows = [torch.randn(vocab, generator=g) * 3, torch.randn(vocab, generator=g) * 0.3,
+            torch.cat([torch.tensor([14.0]), torch.randn(vocab - 1, generator=g) * 0.1]),
+            torch.cat([torch.tensor([9.5, 9.5]), torch.randn(vocab - 2, generator=g) * 0.05]),
+            torch.round(torch.randn(vocab, generator=g) * 2), torch.zeros(vocab)]
+    logits = torch.cat([torch.stack(rows), _lm_like(10, vocab, 22)])  # [16, V]
+    for x in (logits, logits.bfloat16()):
+        for t, k, p in [(1.0, 0, 0.95), (0.6, 0, 0.95), (1.3, 0, 0.999), (1.0, 0, 0.5), (0.7, 50, 0.9),
+                        (1.0, 3, 0.99), (2.0, 0, 0.95)]:
+            params = SamplingParams(temperature=t, top_k=k, top_p=p)
+            got = kept(x, params, weights=False)
+            floor, mass = _kept_generic(x, params)
+            assert torch.equal(got.floor, floor) and got.floor.dtype == x.dtype, (t, k, p)
+            assert torch.equal(got.block_mass, mass), (t, k, p)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_p=0.95),
+                                    SamplingParams(temperature=0.8, top_k=20)])
+def test_race_over_kept_entries_equals_the_dense_race(params):
+    """The race hashes only blocks with mass and the winning block's kept tokens: the same tokens and
+    logprobs as racing every block and token (-inf logits, out-of-vocabulary ids of a short last block)."""
+    from dasrl.engine.sampling import _RACE, _key, _race, _race_dense
+
+    logits = _lm_like(40, 3000, 23)
+    logits[::3, 2000:2900] = float("-inf")  # masked ids: never kept by top-p, kept (weight 0) otherwise
+    k = kept(logits, params, weights=False)
+    rng = np.random.default_rng(24)
+    for _ in range(25):
+        keys = _key(rng.integers(-2**62, 2**62, 40), rng.integers(0, 10**6, 40), _RACE)
+        a, b = _race(logits, k, params, keys), _race_dense(logits, k, params, keys)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_top_p_refuses_non_finite_logits():
+    for bad in (float("nan"), float("inf")):
+        logits = _lm_like(3, 49152, 25)
+        logits[1, 7] = bad
+        with pytest.raises(ValueError, match="logits row 1 is not finite"):
+            draw(logits, SamplingParams(temperature=1.0, top_p=0.95), seeds=np.arange(3), positions=np.zeros(3))

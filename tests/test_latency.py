@@ -18,6 +18,25 @@ def test_fit_recovers_exact_coefficients():
     assert m.mean_rel_error(n, s, kv) < 1e-9
 
 
+def test_fit_recovers_the_drafting_rows_kv_term():
+    n = np.array([1, 8, 16, 64, 128, 256, 1, 64, 32, 17])
+    kv = np.array([100, 800, 1600, 5000, 20000, 40000, 3000, 100, 8000, 4000])
+    dkv = np.array([0, 800, 0, 5000, 2000, 40000, 0, 100, 250, 4000])
+    s = 0.05 + 0.002 * n + 4e-6 * kv + 1.5e-5 * dkv
+    m = LatencyModel.fit(n, s, kv_tokens=kv, draft_kv_tokens=dkv)
+    assert (m.c_base, m.c_tok, m.c_other, m.c_draft_kv) == pytest.approx((0.05, 0.002, 4e-6, 1.5e-5), rel=1e-6)
+    assert m.mean_rel_error(n, s, kv, dkv) < 1e-9
+    assert LatencyModel.fit(n, s, kv_tokens=kv).c_draft_kv == 0.0  # fitted only when given
+
+
+def test_price_reads_three_and_four_field_shapes():
+    m = LatencyModel(0.1, 0.01, 0.001, 0.002)
+    assert m.price((4, 10, 100)) == pytest.approx(0.1 + 0.1 + 0.1)  # a shape recorded before draft_kv
+    assert m.price([4, 10, 100, 50]) == pytest.approx(0.3 + 0.1)
+    old = {"format": "dasrl.latency/1", "c_base": 0.1, "c_tok": 0.01, "c_other": 0.001}  # saved before the term
+    assert LatencyModel.from_dict(old).c_draft_kv == 0.0
+
+
 def test_fit_without_kv_leaves_c_other_zero_and_noise_error_small():
     rng = np.random.default_rng(0)
     n = rng.integers(1, 512, 200)

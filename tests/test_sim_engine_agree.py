@@ -38,15 +38,18 @@ def test_replay_agrees_with_the_engine_step_by_step(engine, branching):
     sim = Simulator(drafter="das", policy="fixed", policy_kw={"k": 4}, config=SimConfig(store=store_cfg))
     accepted_somewhere = rejected_somewhere = False
     for epoch in range(3):
+        shapes = []
         out = engine.generate(prompts, seeds=[1000 * epoch + i for i in range(len(prompts))],
                               sampling=SamplingParams(temperature=1.0), drafter=store, policy=FixedBudget(4),
-                              max_new_tokens=NEW, ignore_eos=True, req_ids=[(epoch, i) for i in range(len(prompts))])
+                              max_new_tokens=NEW, ignore_eos=True, req_ids=[(epoch, i) for i in range(len(prompts))],
+                              on_step=lambda i: shapes.append((i.batch_size, i.tokens, i.kv_tokens, i.draft_kv_tokens)))
         store.end_step()
         run = engine.last_run
         responses = [Response(epoch, problem_key(p), i, np.array(p, np.int32), np.array(c.token_ids, np.int32))
                      for i, (p, c) in enumerate(zip(prompts, out))]
         st = sim.run_step(epoch, responses, max_new_tokens=NEW)
         assert (st.proposed, st.accepted, st.forwards) == (run.drafted, run.accepted, run.forwards), f"step {epoch}"
+        assert st.shapes == shapes, f"step {epoch}"  # every forward priced on the engine's own shape
         assert st.tokens == run.new_tokens == len(prompts) * NEW
         accepted_somewhere |= run.accepted > 0
         rejected_somewhere |= run.accepted < run.drafted

@@ -260,7 +260,7 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
             for q in grid.tokens_per_row:
                 s = time_forward(engine, batch=b, q=q, context=ctx, repeats=grid.repeats)
                 out.append({"batch": b, "tokens_per_row": q, "context": ctx, "n_tokens": b * q,
-                            "kv_tokens": b * ctx, "seconds": s})
+                            "kv_tokens": b * ctx, "draft_kv_tokens": b * ctx if q > 1 else 0, "seconds": s})
                 tick()
     return out
 
@@ -270,9 +270,10 @@ def fit_latency(samples: list[dict]):
 
     n = np.array([s["n_tokens"] for s in samples], dtype=float)
     kv = np.array([s["kv_tokens"] for s in samples], dtype=float)
+    dkv = np.array([s.get("draft_kv_tokens", 0) for s in samples], dtype=float)
     secs = np.array([s["seconds"] for s in samples], dtype=float)
-    model = LatencyModel.fit(n, secs, kv)
-    return model, model.mean_rel_error(n, secs, kv)
+    model = LatencyModel.fit(n, secs, kv, dkv)
+    return model, model.mean_rel_error(n, secs, kv, dkv)
 
 
 def packed_vs_padded(engine: SpecEngine, latency, *, rows: int = 32, draft: int = 16, context: int = 256,
@@ -283,7 +284,7 @@ def packed_vs_padded(engine: SpecEngine, latency, *, rows: int = 32, draft: int 
     packed = time_forward(engine, batch=rows, q=qs, context=context, repeats=repeats)
     padded = time_forward(engine, batch=rows, q=1 + draft, context=context, repeats=repeats)
     n = sum(qs)
-    pred = float(latency.predict(n, rows * context))
+    pred = float(latency.predict(n, rows * context, context))  # one drafting row
     return [f"packed forward, {rows} rows (one drafting {draft}), context {context}: {packed * 1e3:.1f} ms measured, "
             f"{pred * 1e3:.1f} ms predicted for its {n} tokens ({packed / pred - 1:+.0%})",
             f"the padded shape [{rows}, {1 + draft}] ({rows * (1 + draft)} tokens): {padded * 1e3:.1f} ms"]

@@ -106,6 +106,8 @@ class StepInfo:
     packed forward's cost follows `tokens`; width only sizes the attention of the multi-token rows."""
     kv_tokens: int = 0
     """Cached context tokens the forward read, summed over rows (0 at prefill)."""
+    draft_kv_tokens: int = 0
+    """The same sum over the rows that fed more than one token (their second attention group)."""
 
 
 @dataclass
@@ -273,7 +275,7 @@ class SpecEngine:
         return StepInfo(step=step, batch_size=batch, tokens=inputs.layout.tokens, new_tokens=new,
                         drafted=int(drafts.lengths.sum()), accepted=acc, finished=finished,
                         elapsed_s=t4 - t_start, draft_s=t1 - t0, verify_s=t3 - t2, forward_s=t2 - t1,
-                        width=int(q.max()), kv_tokens=int(lengths.sum()))
+                        width=int(q.max()), kv_tokens=int(lengths.sum()), draft_kv_tokens=int(lengths[q > 1].sum()))
 
     def _commit(self, job: Job, cache: RowCache, live: list[Row], drafts: DraftBatch, verdicts: list[Verdict],
                 logps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:

@@ -36,7 +36,7 @@ def run(ctx: Context) -> Outcome:
     rows = [{"clock": c, "run": k, "t_s": t, "live_rows": b}
             for c, curves in clocks.items() for k, v in curves.items() for t, b in v]
     full = runs["no speculation"]["batch_curve"][0][1]
-    extra = [(r, n - r) for r, n, _ in runs["DAS"]["shapes"][1:]]  # decode forwards: (rows, draft tokens paid)
+    extra = [(r, n - r) for r, n, *_ in runs["DAS"]["shapes"][1:]]  # decode forwards: (rows, draft tokens paid)
     paid = sum(x for _, x in extra)
     tail_share = sum(x for r, x in extra if r <= full / 4) / paid if paid else 0.0
     m, w = stats["modeled"], stats["measured"]

@@ -225,7 +225,7 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                 def tick(info) -> None:
                     advance(info.finished, note=f"step {step} {name}: {info.batch_size} live")
                     seen[0] += info.finished
-                    shapes.append([info.batch_size, info.tokens, info.kv_tokens])  # the packed forward's cost
+                    shapes.append([info.batch_size, info.tokens, info.kv_tokens, info.draft_kv_tokens])  # its cost
                     times.append(info.forward_s)
 
                 out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,

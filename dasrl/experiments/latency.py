@@ -26,13 +26,15 @@ def run(ctx: Context) -> Outcome:
     n = np.array([s["n_tokens"] for s in samples], float)
     secs = np.array([s["seconds"] for s in samples], float)
     kv = np.array([s["kv_tokens"] for s in samples], float)
+    dkv = np.array([s["draft_kv_tokens"] for s in samples], float)
     linear = LatencyModel.fit(n, secs)
     lin_err = linear.mean_rel_error(n, secs)
     full, full_err = fit_latency(samples)
     rows = [{**s, "linear_pred_s": round(float(linear.predict(s["n_tokens"])), 5),
-             "kv_pred_s": round(float(full.predict(s["n_tokens"], s["kv_tokens"])), 5)} for s in samples]
+             "kv_pred_s": round(float(full.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"])), 5)}
+            for s in samples]
     lin_rel = np.abs(linear.predict(n) - secs) / secs
-    full_rel = np.abs(full.predict(n, kv) - secs) / secs
+    full_rel = np.abs(full.predict(n, kv, dkv) - secs) / secs
 
     def figure(path: Path) -> None:
         plt = pyplot()
@@ -49,7 +51,7 @@ def run(ctx: Context) -> Outcome:
         a.legend(fontsize=7)
         a.grid(alpha=0.3)
         b.scatter(secs * 1e3, linear.predict(n) * 1e3, s=12, label=f"linear ({lin_err:.0%})")
-        b.scatter(secs * 1e3, full.predict(n, kv) * 1e3, s=12, label=f"+ KV-read term ({full_err:.0%})")
+        b.scatter(secs * 1e3, full.predict(n, kv, dkv) * 1e3, s=12, label=f"+ KV-read terms ({full_err:.0%})")
         lim = [0, secs.max() * 1e3 * 1.05]
         b.plot(lim, lim, "k:", lw=1)
         b.set_xlabel("measured (ms)")
@@ -64,7 +66,8 @@ def run(ctx: Context) -> Outcome:
         f"part, and the fit's relative error is small. Here (CPU, real engine forwards, {len(samples)} shapes, "
         f"median of {grid.repeats}, on a shared machine): the linear fit gives c_base = {linear.c_base * 1e3:.1f} ms and c_tok = "
         f"{linear.c_tok * 1e3:.2f} ms/token, mean relative error {lin_err:.1%} (max {lin_rel.max():.0%}); adding "
-        f"the KV-read term (c_other = {full.c_other * 1e6:.2f} µs per row-context token) brings it to "
+        f"the KV-read terms (c_other = {full.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
+        f"{full.c_draft_kv * 1e6:.2f} µs per context token of the rows that draft) brings it to "
         f"{full_err:.1%} (max {full_rel.max():.0%}). The form holds; the ratio does not: on 2 CPU cores a token "
         f"costs {linear.c_tok / max(linear.c_base, 1e-12):.1%} of a forward's base (the simulator's assumed "
         f"7B-on-GPU model: 0.1%), so draft tokens are far from free here and the per-forward allowance keeps drafts to the "

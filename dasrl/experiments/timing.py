@@ -33,14 +33,14 @@ def latency_model(ctx) -> tuple[LatencyModel, str]:
 
 def modeled_s(summary: dict, latency: LatencyModel) -> float:
     """Modeled seconds of one recorded rollout (see the module docstring)."""
-    fwd = sum(float(latency.predict(tokens, kv)) for _, tokens, kv in summary["shapes"])
+    fwd = sum(latency.price(shape) for shape in summary["shapes"])
     return fwd + summary.get("draft_s", 0.0)
 
 
 def modeled_curve(summary: dict, latency: LatencyModel) -> list[list[float]]:
     """[(modeled end time of forward k, live rows)]: the batch curve on the modeled clock."""
     t, out = 0.0, []
-    for rows, tokens, kv in summary["shapes"]:
-        t += float(latency.predict(tokens, kv))
-        out.append([round(t, 4), rows])
+    for shape in summary["shapes"]:
+        t += latency.price(shape)
+        out.append([round(t, 4), shape[0]])
     return out

@@ -118,7 +118,7 @@ def find_collection(run: Path) -> Path:
 
 
 def _price(lat: LatencyModel, shapes) -> float:
-    return float(sum(lat.predict(tokens, kv) for _, tokens, kv in shapes))
+    return float(sum(lat.price(shape) for shape in shapes))
 
 
 def _simulator(variant: Variant | None, seed: int) -> Simulator:

@@ -1,8 +1,11 @@
-"""The cost model of one verification forward: `t = c_base + c_tok * n_tokens + c_other * kv_tokens`.
+"""The cost model of one verification forward:
+`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens`.
 
 `n_tokens` counts every token in the forward (one per live row plus its draft tokens); `kv_tokens` is the
-sum over rows of their context length (the KV-read term that matters on a CPU). The budget policy and
-the simulator stand on this model; `dasrl calibrate` fits it from measured forwards and saves JSON.
+sum over rows of their context length (the KV-read term that matters on a CPU); `draft_kv_tokens` the same
+sum over the rows that feed more than one token (the engine attends their extra tokens in a second group
+that gathers and masks those rows' caches). The budget policy and the simulator stand on this model;
+`dasrl calibrate` fits it from measured forwards and saves JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class LatencyModel:
     """Seconds per token in the forward (rows plus draft tokens)."""
     c_other: float = 0.0
     """Seconds per row-context token read from the KV cache (sum over rows of their context length)."""
+    c_draft_kv: float = 0.0
+    """Seconds per context token of the rows that feed more than one token (their attention group)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -42,32 +47,41 @@ class LatencyModel:
             object.__setattr__(self, f.name, float(v))
 
     # --- prediction -------------------------------------------------------------------------------
-    def predict(self, n_tokens, kv_tokens=0):
+    def predict(self, n_tokens, kv_tokens=0, draft_kv_tokens=0):
         """Predicted seconds of a forward with n_tokens tokens (scalars or arrays broadcast)."""
         n = np.asarray(n_tokens, dtype=np.float64)
         kv = np.asarray(kv_tokens, dtype=np.float64)
-        out = self.c_base + self.c_tok * n + self.c_other * kv
+        dkv = np.asarray(draft_kv_tokens, dtype=np.float64)
+        out = self.c_base + self.c_tok * n + self.c_other * kv + self.c_draft_kv * dkv
         return float(out) if out.ndim == 0 else out
 
+    def price(self, shape: Sequence[float]) -> float:
+        """Seconds of a recorded forward shape (rows, tokens, kv_tokens[, draft_kv_tokens]): the engine's
+        StepInfo and the simulator record them; shapes recorded before draft_kv_tokens have three fields."""
+        return float(self.predict(shape[1], shape[2], shape[3] if len(shape) > 3 else 0))
+
     def mean_rel_error(self, n_tokens: Sequence[float], seconds: Sequence[float],
-                       kv_tokens: Sequence[float] | None = None) -> float:
+                       kv_tokens: Sequence[float] | None = None,
+                       draft_kv_tokens: Sequence[float] | None = None) -> float:
         """Mean of |predicted - measured| / measured over the samples."""
-        n, s, kv = _arrays(n_tokens, seconds, kv_tokens)
-        pred = self.predict(n, 0 if kv is None else kv)
+        n, s, kv, dkv = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens)
+        pred = self.predict(n, 0 if kv is None else kv, 0 if dkv is None else dkv)
         return float(np.mean(np.abs(pred - s) / s))
 
     # --- fitting ----------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float],
-            kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
+    def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float], kv_tokens: Sequence[float] | None = None,
+            draft_kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
         """Least-squares fit (relative error weighted: each sample counts by 1/seconds), coefficients
-        clipped at 0; c_other is fitted only when kv_tokens is given."""
-        n, s, kv = _arrays(n_tokens, seconds, kv_tokens)
-        cols = [np.ones_like(n), n] + ([] if kv is None else [kv])
+        clipped at 0; c_other and c_draft_kv are fitted only when their token counts are given."""
+        n, s, kv, dkv = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens)
+        extra = [a for a in (kv, dkv) if a is not None]
+        cols = [np.ones_like(n), n, *extra]
         if len(s) < len(cols):
             raise ValueError(f"need at least {len(cols)} samples to fit {len(cols)} coefficients, got {len(s)}")
-        coef = nonnegative_lstsq(np.stack(cols, axis=1) / s[:, None], np.ones_like(s))
-        return cls(float(coef[0]), float(coef[1]), float(coef[2]) if kv is not None else 0.0)
+        coef = iter(float(c) for c in nonnegative_lstsq(np.stack(cols, axis=1) / s[:, None], np.ones_like(s)))
+        c_base, c_tok = next(coef), next(coef)
+        return cls(c_base, c_tok, next(coef) if kv is not None else 0.0, next(coef) if dkv is not None else 0.0)
 
     # --- persistence ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -119,23 +133,25 @@ CPU_LATENCY = LatencyModel(c_base=0.050, c_tok=2.5e-3, c_other=4e-6)
 default of the session, the simulator and the benchmarks; `dasrl calibrate` measures yours."""
 
 
-def _arrays(n_tokens, seconds, kv_tokens):
+def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):
     n = np.asarray(n_tokens, dtype=np.float64).ravel()
     s = np.asarray(seconds, dtype=np.float64).ravel()
     kv = None if kv_tokens is None else np.asarray(kv_tokens, dtype=np.float64).ravel()
-    if len(n) != len(s) or (kv is not None and len(kv) != len(s)):
+    dkv = None if draft_kv_tokens is None else np.asarray(draft_kv_tokens, dtype=np.float64).ravel()
+    if len(n) != len(s) or any(a is not None and len(a) != len(s) for a in (kv, dkv)):
         raise ValueError(f"sample arrays differ in length: n_tokens={len(n)}, seconds={len(s)}"
-                         + ("" if kv is None else f", kv_tokens={len(kv)}"))
+                         + ("" if kv is None else f", kv_tokens={len(kv)}")
+                         + ("" if dkv is None else f", draft_kv_tokens={len(dkv)}"))
     if len(s) == 0:
         raise ValueError("no samples")
-    for name, a in (("n_tokens", n), ("kv_tokens", kv)):
+    for name, a in (("n_tokens", n), ("kv_tokens", kv), ("draft_kv_tokens", dkv)):
         if a is not None and (not np.all(np.isfinite(a)) or np.any(a < 0)):
             i = int(np.flatnonzero(~np.isfinite(a) | (a < 0))[0])
             raise ValueError(f"{name}[{i}] = {a[i]!r} must be a finite number >= 0")
     if not np.all(np.isfinite(s)) or np.any(s <= 0):
         i = int(np.flatnonzero(~np.isfinite(s) | (s <= 0))[0])
         raise ValueError(f"seconds[{i}] = {s[i]!r} must be a finite number > 0")
-    return n, s, kv
+    return n, s, kv, dkv
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

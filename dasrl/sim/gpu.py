@@ -187,10 +187,11 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
            "c_base_over_c_tok": fitted.c_base / fitted.c_tok if fitted.c_tok > 0 else None,
            "packed_vs_padded": {"rows": rows, "draft": draft, "context": ctx, "packed_s": packed, "padded_s": padded,
                                 "packed_tokens": rows + draft, "padded_tokens": rows * (1 + draft),
-                                "predicted_packed_s": float(fitted.predict(rows + draft, rows * ctx)),
+                                "predicted_packed_s": float(fitted.predict(rows + draft, rows * ctx, ctx)),
                                 "padded_over_packed": padded / packed}}
     log(f"calibrate {name} ({out['params'] / 1e9:.2f}B params, bf16): c_base {fitted.c_base * 1e3:.2f} ms, "
-        f"c_tok {fitted.c_tok * 1e6:.1f} us, c_other {fitted.c_other * 1e9:.2f} ns/row-ctx token, fit error "
+        f"c_tok {fitted.c_tok * 1e6:.1f} us, c_other {fitted.c_other * 1e9:.2f} ns/row-ctx token, c_draft_kv "
+        f"{fitted.c_draft_kv * 1e9:.2f} ns/drafting-row ctx token, fit error "
         f"{err:.1%} (linear {out['fit_mean_rel_error_linear']:.1%}); packed {packed * 1e3:.1f} ms vs padded "
         f"{padded * 1e3:.1f} ms")
     del engine, model

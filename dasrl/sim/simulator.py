@@ -138,8 +138,9 @@ class StepStats:
     """Integral of live rows over decoding time (row-seconds)."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(time, live rows) at each forward, downsampled."""
-    shapes: list[tuple[int, int, int]] = field(default_factory=list)
-    """(rows, tokens, cached context tokens read) of every forward, in order: what a latency model prices."""
+    shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(rows, tokens, cached context tokens read, those of the drafting rows) of every forward, in order:
+    what a latency model prices (LatencyModel.price)."""
 
     @property
     def accepted_per_row_forward(self) -> float:
@@ -267,7 +268,7 @@ class Simulator:
                 continue
             live_states = [states[i] for i in live]
             drafts = self._drafts(drafter, live, live_states, max_new_tokens)
-            n_tok = kv = 0
+            n_tok = kv = draft_kv = 0
             done = []
             for i, s, d in zip(live, live_states, drafts):
                 tgt = targets[i][s.generated:]
@@ -277,7 +278,9 @@ class Simulator:
                     n_tok += s.prompt_len + len(d)
                 else:
                     n_tok += 1 + len(d)
-                    kv += s.prompt_len + s.generated - 1  # cached: all but the pending token, as the engine
+                    cached = s.prompt_len + s.generated - 1  # all but the pending token, as the engine
+                    kv += cached
+                    draft_kv += cached if len(d) else 0
                 s.generated += emit.size
                 s.forwards += 1
                 s.drafted += len(d)
@@ -288,8 +291,9 @@ class Simulator:
                     drafter.observe(rids[i], emit)
                 if s.generated >= targets[i].size:
                     done.append(i)
-            dt = float(lat.predict(n_tok, kv))
-            st.shapes.append((len(live), n_tok, kv))
+            shape = (len(live), n_tok, kv, draft_kv)
+            dt = lat.price(shape)
+            st.shapes.append(shape)
             points.append((st.makespan, len(live)))
             st.batch_time += dt * len(live)
             st.makespan += dt

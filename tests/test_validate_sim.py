@@ -21,13 +21,15 @@ pytestmark = pytest.mark.slow
 LAT = LatencyModel(0.03, 1e-3, 2e-6)
 
 
+SIZES = (("steps", 3), ("prompts", 2), ("samples", 3), ("max_new_tokens", 40), ("variant_every", 3))
+
+
 @pytest.fixture(scope="module")
 def collection(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
     ctx = Context(RunOptions(out=out), Console(quiet=True))
     ctx._model = smollm  # the session's converted model, not a second load
-    cfg = CollectConfig(steps=3, prompts=2, samples=3, max_new_tokens=40, variant_every=3)
-    return ensure_collection(cfg, ctx)
+    return ensure_collection(CollectConfig(**dict(SIZES)), ctx)
 
 
 def test_replay_is_exact_and_prices_the_engines_forwards(collection):
@@ -98,3 +100,20 @@ def test_fitted_overhead_is_added_to_the_prediction(collection):
     for r in validate(collection.folder, latency=LAT):
         f = fitted[(r.variant, r.step)]
         assert f.predicted_s == pytest.approx(r.predicted_s + f.overhead_s) and f.overhead_s >= 0
+
+
+def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
+    """`dasrl experiments simulator` on the cached collection: the same rows as validate-sim, a figure and
+    a section of docs/results.md."""
+    from dasrl.experiments.base import run_experiment
+    from dasrl.experiments.registry import EXPERIMENTS
+    from dasrl.experiments.report import write_results
+
+    out = collection.folder.parent
+    ctx = Context(RunOptions(out=out, collect=SIZES), Console(quiet=True))
+    ctx._model = smollm
+    doc = run_experiment(EXPERIMENTS["simulator"], ctx)
+    assert doc["summary"]["exact_rows"] == doc["summary"]["rows"] == 3 + len(VARIANTS)
+    assert (out / "simulator" / "simulator.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = write_results(out, tmp_path / "results.md")
+    assert "The simulator's predicted rollout time" in md.read_text() and "replay exact" in md.read_text()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from dasrl.experiments import ablation, acceptance, batch, drafters, latency, lengths, scope, similarity, window
+from dasrl.experiments import (ablation, acceptance, batch, drafters, latency, lengths, scope, similarity, simulator,
+                               window)
 from dasrl.experiments.base import Experiment
 
 EXPERIMENTS: "MappingProxyType[str, Experiment]" = MappingProxyType({m.EXPERIMENT.name: m.EXPERIMENT for m in (
-    batch, similarity, acceptance, scope, window, latency, lengths, ablation, drafters)})
+    batch, similarity, acceptance, scope, window, latency, lengths, ablation, drafters, simulator)})
 
 
 def select(names: list[str]) -> list[Experiment]:

@@ -31,8 +31,10 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
 
     `vocab_size` None skips the token-id check (a replay of recorded tokens has no model vocabulary).
     `select` (e.g. dasrl.engine.coupling.couple, bound to the rows' seeds) turns the proposals into the
-    drafts to verify, the drafter asked for `widen` x caps nodes (a tree to choose a chain from)."""
+    drafts to verify; the drafter is then asked for `widen` x caps nodes (a tree to choose a chain from)."""
     n = len(states)
+    if widen < 1:
+        raise ValueError(f"widen must be >= 1, got {widen}")
     if len(req_ids) != n or len(room) != n:
         raise ValueError(f"propose needs one req_id and one room per state: {n} states, {len(req_ids)} req_ids, "
                          f"{len(room)} rooms")
@@ -44,8 +46,6 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
     caps = np.minimum(np.asarray(budgets, np.int64), np.asarray(room, np.int64)).clip(min=0)  # [B]
     if not caps.any():
         return DraftBatch.empty(n)
-    if widen < 1:
-        raise ValueError(f"widen must be >= 1, got {widen}")
     drafts = propose_flat(drafter, req_ids, (caps * widen).tolist())
     if select is not None:
         drafts = select(drafts)

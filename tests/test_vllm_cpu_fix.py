@@ -1,0 +1,47 @@
+"""The fix for vllm-cpu's expand kernel (dasrl.integrations.vllm.cpu_fix): the torch kernel against
+hand-worked arrays (no vLLM needed), and, where vLLM is installed (`make test-vllm`), that vLLM's draft
+verification divides each draft token's logits by its own request's temperature once the fix is in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dasrl.integrations.vllm.cpu_fix import expand_kernel
+
+
+def test_expand_kernel_repeats_each_value_over_its_requests_tokens():
+    out = torch.full((6,), -1.0)
+    x = torch.tensor([0.6, 0.0, 1.5])  # request 1 is greedy (0 -> replace_to)
+    expand_kernel(out, x, torch.tensor([2, 5, 6], dtype=torch.int32), 0, 1)
+    assert torch.equal(out, torch.tensor([0.6, 0.6, 1.0, 1.0, 1.0, 1.5]))
+
+
+def test_expand_kernel_keeps_integer_values_and_skips_requests_without_tokens():
+    out = torch.zeros(3, dtype=torch.int32)
+    expand_kernel(out, torch.tensor([5, 9, 7], dtype=torch.int32), torch.tensor([1, 1, 3]), 0, 0)
+    assert torch.equal(out, torch.tensor([5, 7, 7], dtype=torch.int32))
+
+
+@pytest.fixture
+def vllm_cpu_overrides():
+    pytest.importorskip("vllm", exc_type=ImportError)
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()  # what every vLLM worker does at start
+
+
+@pytest.mark.slow
+def test_draft_logits_are_divided_by_their_own_temperature(vllm_cpu_overrides):
+    from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
+
+    from dasrl.integrations.vllm import cpu_fix
+
+    cpu_fix.apply()
+    assert not cpu_fix.expand_is_broken() and not cpu_fix.apply()  # fixed, and idempotent
+    logits = torch.randn(3, 11)  # [draft tokens, vocab]: request 0 has 2 drafts, request 1 one
+    meta = SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.5, 2.0]), top_k=None, top_p=None)
+    got = apply_sampling_constraints(logits.clone(), torch.tensor([2, 3], dtype=torch.int32), meta)
+    assert torch.allclose(got, logits / torch.tensor([[0.5], [0.5], [2.0]]))

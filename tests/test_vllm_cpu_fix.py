@@ -9,19 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dasrl.integrations.vllm.cpu_fix import expand_kernel
+from dasrl.integrations.vllm.cpu_fix import expand_batch_to_tokens
 
 
-def test_expand_kernel_repeats_each_value_over_its_requests_tokens():
-    out = torch.full((6,), -1.0)
+def test_expand_repeats_each_value_over_its_requests_tokens():
     x = torch.tensor([0.6, 0.0, 1.5])  # request 1 is greedy (0 -> replace_to)
-    expand_kernel(out, x, torch.tensor([2, 5, 6], dtype=torch.int32), 0, 1)
+    out = expand_batch_to_tokens(x, torch.tensor([2, 5, 6], dtype=torch.int32), 6, replace_from=0, replace_to=1)
     assert torch.equal(out, torch.tensor([0.6, 0.6, 1.0, 1.0, 1.0, 1.5]))
 
 
-def test_expand_kernel_keeps_integer_values_and_skips_requests_without_tokens():
-    out = torch.zeros(3, dtype=torch.int32)
-    expand_kernel(out, torch.tensor([5, 9, 7], dtype=torch.int32), torch.tensor([1, 1, 3]), 0, 0)
+def test_expand_keeps_integer_values_and_skips_requests_without_tokens():
+    out = expand_batch_to_tokens(torch.tensor([5, 9, 7], dtype=torch.int32), torch.tensor([1, 1, 3]), 3)
     assert torch.equal(out, torch.tensor([5, 7, 7], dtype=torch.int32))
 
 
@@ -36,6 +34,8 @@ def vllm_cpu_overrides():
 @pytest.mark.slow
 def test_draft_logits_are_divided_by_their_own_temperature(vllm_cpu_overrides):
     from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
+
+    import vllm.v1.spec_decode.ngram_proposer  # noqa: F401  (numba loaded: vLLM's register_kernels fails then)
 
     from dasrl.integrations.vllm import cpu_fix
 

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from dasrl.integrations.vllm import BatchDrafter, VLLMDrafterConfig
+from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.tracker import _accepted, acceptance_cap
+from dasrl.policy.base import RequestState
+from dasrl.policy.latency import LatencyModel
 
 P = [1, 2, 3, 4]  # a prompt
 Q = [9, 8, 7]  # another prompt
@@ -46,7 +49,8 @@ class Batch:
 
 def drafter(**kw) -> BatchDrafter:
     k = kw.pop("k", 8)
-    return BatchDrafter(VLLMDrafterConfig(**{"policy": "fixed", "max_spec_factor": 0.0, **kw}),
+    # latency_floor off: these tests work the acceptance floor by hand (the latency floor has its own)
+    return BatchDrafter(VLLMDrafterConfig(**{"policy": "fixed", "max_spec_factor": 0.0, "latency_floor": False, **kw}),
                         num_speculative_tokens=k, max_model_len=64)
 
 
@@ -240,7 +244,8 @@ def test_low_acceptance_stops_drafting_then_probes():
     (History H; the request emits every other token of H, so its context always matches H -- a draft
     exists -- and the draft's first token is always wrong.)"""
     H = list(range(100, 200))
-    d = BatchDrafter(VLLMDrafterConfig(policy="das", caps=(8, 8, 8), max_spec_factor=0.0, probe_every=16),
+    d = BatchDrafter(VLLMDrafterConfig(policy="das", caps=(8, 8, 8), max_spec_factor=0.0, probe_every=16,
+                                       latency_floor=False),
                      num_speculative_tokens=4, max_model_len=512)
     b = Batch(width=256)
     b.add("h", P)
@@ -469,3 +474,86 @@ def test_bench_modules_import_one_way():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert "dasrl.integrations.vllm.bench" not in imported, imported
+
+
+# ------------------------------------------------------------------ the latency floor (StepClock)
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_step_clock_fits_the_line_from_the_time_between_calls():
+    now = FakeTime()
+    clock = StepClock(window=64, min_samples=32, now=now)
+    clock.tick(10)
+    for i in range(40):
+        n = 10 + (i % 20)  # the step after this call computes n tokens
+        now.t += 0.075 + 0.005 * (10 + ((i - 1) % 20) if i else 10)  # the step just ended: its own tokens
+        clock.tick(n)
+    lat = clock.model()
+    assert lat is not None and abs(lat.c_base - 0.075) < 1e-9 and abs(lat.c_tok - 0.005) < 1e-9
+
+
+def test_step_clock_skips_prefill_steps_and_needs_enough_spread():
+    now = FakeTime()
+    clock = StepClock(window=64, min_samples=32, now=now)
+    for _ in range(40):  # every step 4 tokens: no spread, no fit
+        clock.tick(4)
+        now.t += 0.1
+    assert clock.num_samples == 39 and clock.model() is None
+    clock.skip()  # the step since the last call prefilled: not recorded
+    now.t += 5.0
+    clock.tick(4)
+    assert clock.num_samples == 39
+    now.t += 0.1
+    clock.tick(None)  # closes a 4-token step (recorded); the next step's tokens are unknown
+    now.t += 7.0
+    clock.tick(4)  # so this one is not recorded
+    assert clock.num_samples == 40
+    with pytest.raises(ValueError, match="min_samples"):
+        StepClock(window=8, min_samples=16)
+
+
+def test_latency_floor_by_hand():
+    """c_base 75 ms, c_tok 5 ms (CPU-like), 40 rows: t = 275 ms. Off the makespan a draft token must
+    keep the batch's tokens per second: a**L >= 40 * 5 / 275 = 0.727; a long-class request's own time
+    per token: a**L >= (1 + a) * 5 / 275. With 2 rows left (t = 85 ms) the first is 2 * 5 / 85 = 0.118."""
+    d = drafter(policy="das", k=8)
+    lat = LatencyModel(0.075, 0.005)
+    medium, long_ = RequestState("m", 0, 10, 100), RequestState("l", 0, 10, 100)
+    medium.classes.append("medium")
+    long_.classes.append("long")
+    assert abs(d._floor(lat, 0.4, 40, medium) - 40 * 0.005 / 0.275) < 1e-12
+    assert acceptance_cap(0.4, d._floor(lat, 0.4, 40, medium), 8) == 0  # a = 0.4 does not pay at 40 rows
+    assert abs(d._floor(lat, 0.4, 40, long_) - 1.4 * 0.005 / 0.275) < 1e-12
+    assert acceptance_cap(0.4, d._floor(lat, 0.4, 40, long_), 8) == 4  # .4**4 = .0256 >= .02545 > .4**5
+    assert acceptance_cap(0.4, d._floor(lat, 0.4, 2, medium), 8) == 2  # tail: .16 >= .118 > .064
+    assert d._floor(None, 0.4, 40, medium) == d.config.acceptance_floor  # no fit yet
+
+
+def test_propose_times_each_step_with_its_own_tokens():
+    """The drafter's own clock, fed by propose calls 10 ms + 1 ms per computed token apart (one per row
+    plus its draft): the fit recovers exactly that line, and the prefill step is not in it."""
+    d, b = drafter(policy="das", k=4, caps=(4, 4, 4), trust_acceptance=2.0, latency_floor=True), Batch(width=256)
+    now = FakeTime()
+    d.clock = StepClock(window=64, min_samples=32, now=now)
+    H = list(range(100, 200))
+    b.add("h", P)
+    b.step(d, {"h": H})
+    b.drop("h")
+    b.add("r", P)
+    now.t += 3.0  # r's prefill: not a sample
+    prev = 1 + len(b.step(d, {"r": H[:1]})["r"])
+    lens = set()
+    for i in range(1, 45):
+        now.t += 0.010 + 0.001 * prev
+        drafts = b.step(d, {"r": [H[2 * i]]})  # every draft rejected at its first token: caps fall
+        prev = 1 + len(drafts["r"])
+        lens.add(prev)
+    lat = d.clock.model()
+    assert len(lens) > 1 and d.clock.num_samples == 44
+    assert lat is not None and abs(lat.c_base - 0.010) < 1e-9 and abs(lat.c_tok - 0.001) < 1e-9

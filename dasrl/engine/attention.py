@@ -64,10 +64,15 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     m1 = layout.first_mask  # [B, 1, 1, S1]
     batch, s1 = m1.shape[0], m1.shape[-1]
     q1 = _grouped(q[layout.first][:, :, None, :], kv_heads)  # [B, Hkv, G, D]
-    o1 = F.scaled_dot_product_attention(q1, key[:batch, :, :s1], value[:batch, :, :s1],
-                                        attn_mask=m1, scale=scaling)  # [B, Hkv, G, D]
+    if layout.first_groups:
+        o1 = _first_invariant(q1, key, value, layout, scaling)  # [B, Hkv, G, D]
+    else:
+        o1 = F.scaled_dot_product_attention(q1, key[:batch, :, :s1], value[:batch, :, :s1],
+                                            attn_mask=m1, scale=scaling)  # [B, Hkv, G, D]
     out[layout.first] = o1.reshape(batch, heads, dim)
-    if layout.more_rows.numel():
+    if layout.more_counts:
+        _more_invariant(q, key, value, layout, scaling, out)
+    elif layout.more_rows.numel():
         m2 = layout.more_mask  # [R, 1, Q, S2]
         r, qn, s2 = m2.shape[0], m2.shape[2], m2.shape[3]
         idx = layout.more_index  # [R, Q]
@@ -86,6 +91,42 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         valid = layout.more_valid  # [R, Q]
         out[idx[valid]] = o2[valid]
     return out[None]  # [1, N, H, D]
+
+
+def _first_invariant(q1: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
+                     scaling: float | None) -> torch.Tensor:
+    """First tokens q1 [B, Hkv, G, D] by view group: each row over its own L + 1 slots rounded up to the
+    bucket, so no shape depends on the other rows (a view where the group's rows are consecutive)."""
+    o1 = torch.empty_like(q1)  # [B, Hkv, G, D]
+    for a, b, s, row0 in layout.first_groups:
+        if row0 >= 0:
+            rows = slice(row0, row0 + b - a)
+            o1[rows] = F.scaled_dot_product_attention(q1[rows], key[rows, :, :s], value[rows, :, :s],
+                                                      attn_mask=layout.first_mask[rows, :, :, :s], scale=scaling)
+        else:
+            idx = layout.first_order[a:b]  # [n]
+            o1[idx] = F.scaled_dot_product_attention(
+                q1[idx], key[:, :, :s].index_select(0, idx), value[:, :, :s].index_select(0, idx),
+                attn_mask=layout.first_mask[idx, :, :, :s], scale=scaling)  # [n, Hkv, G, D]
+    return o1
+
+
+def _more_invariant(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout, scaling: float | None,
+                    out: torch.Tensor) -> None:
+    """Tokens 1.. of each multi-token row (q [N, H, D]), each row alone over its own q_b - 1 queries and
+    L_b + q_b slots (no padding to the widest row), written into out [N, H, D]."""
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    for i, ((b, s), nq) in enumerate(zip(layout.more_spans, layout.more_counts)):
+        idx = layout.more_index[i, :nq]  # [nq]
+        qi = _grouped(q[idx].transpose(0, 1)[None], kv_heads)  # [1, Hkv, G*nq, D]
+        mask = layout.more_mask[i : i + 1, :, :nq, :s]  # [1, 1, nq, s]
+        if groups > 1:
+            mask = mask.repeat(1, 1, groups, 1)  # [1, 1, G*nq, s]
+        oi = F.scaled_dot_product_attention(qi, key[b : b + 1, :, :s], value[b : b + 1, :, :s], attn_mask=mask,
+                                            scale=scaling)  # [1, Hkv, G*nq, D]
+        out[idx] = oi.reshape(heads, nq, dim).transpose(0, 1)  # [nq, H, D]
 
 
 def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -239,7 +239,8 @@ def time_forward(engine: SpecEngine, *, batch: int, q: int | list[int], context:
     parents = np.concatenate([np.arange(-1, k - 2, dtype=np.int32) for k in qs]) if len(tokens) else \
         np.zeros(0, np.int32)
     drafts = DraftBatch(tokens, parents, np.ones(len(tokens)), offsets, np.zeros(batch, np.int64))
-    inputs = pack_drafts(pending=np.zeros(batch, np.int64), lengths=cache.lengths.copy(), drafts=drafts)
+    inputs = pack_drafts(pending=np.zeros(batch, np.int64), lengths=cache.lengths.copy(), drafts=drafts,
+                         bucket=engine.attention_bucket)
     times = []
     with engine.forward_context():
         for i in range(repeats + 1):

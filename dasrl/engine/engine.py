@@ -35,8 +35,8 @@ from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.coupling import couple
-from dasrl.engine.gemm import RowPadding, padded_linears
-from dasrl.engine.packing import PackedInputs, pack_drafts, pack_prompts
+from dasrl.engine.gemm import INVARIANT_PADDING, RowPadding, padded_linears
+from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
 from dasrl.engine.rows import Completion, Job, Row, validate_job  # Completion: re-exported
@@ -66,6 +66,9 @@ class EngineConfig:
     frequencies (coupling.py: a chain's cost, much of a tree's acceptance); False verifies whole trees."""
     couple_nodes: int = 3
     """With couple: tree nodes asked of the drafter per token of a row's draft cap."""
+    batch_invariant: bool = False
+    """A row's logits bit-identical whatever the other rows (CPU, fp32): linears padded to >= 16 rows,
+    attention shapes from the row alone (docs/sampling.md "Batch invariance"); overrides row_padding."""
 
     def __post_init__(self) -> None:
         if self.max_context is not None and self.max_context < 2:
@@ -166,6 +169,13 @@ class SpecEngine:
                              f"max_position_embeddings={model_max}: positions past it were never trained")
         self.max_context = int(config.max_context or model_max)
         self.attn_name = register() if config.attention == "gqa" else model.config._attn_implementation
+        if config.batch_invariant and config.attention != "gqa":
+            raise ValueError("EngineConfig(batch_invariant=True) needs attention='gqa' (the engine's packed "
+                             f"attention), got attention={config.attention!r}")
+        self.row_padding = INVARIANT_PADDING if config.batch_invariant else config.row_padding
+        """Row padding of the linear layers in every forward."""
+        self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
+        """Packed layouts' first-token view bucket (0: the batch's longest row; packing.pack)."""
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (
@@ -224,7 +234,7 @@ class SpecEngine:
     def forward_context(self) -> Iterator[None]:
         """What every engine forward runs in: inference mode, the engine's attention, padded linears."""
         with torch.inference_mode(), attention_implementation(self.model, self.attn_name), \
-                padded_linears(self.model, self.config.row_padding):
+                padded_linears(self.model, self.row_padding):
             yield
 
     # ------------------------------------------------------------------ the steps
@@ -232,7 +242,7 @@ class SpecEngine:
                  policy: BudgetPolicy, t_start: float) -> StepInfo:
         """One packed forward over every prompt; samples output position 0 of each row."""
         t0 = time.perf_counter()
-        inputs = pack_prompts([r.prompt for r in live])
+        inputs = pack_prompts([r.prompt for r in live], bucket=self.attention_bucket)
         lens = np.diff(inputs.starts)  # [B]
         logits = self._forward(cache, inputs, at=inputs.starts[1:] - 1)  # [B, V] at each prompt's last token
         t1 = time.perf_counter()
@@ -258,7 +268,8 @@ class SpecEngine:
         lengths = cache.lengths[:batch].copy()  # [B] committed tokens; the pending token goes at slot L
         drafts = self._propose(live, drafter, policy, job.sampling)
         t1 = time.perf_counter()
-        inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts)
+        inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts,
+                             bucket=self.attention_bucket)
         logits = self._forward(cache, inputs)  # [N, V]: one lm_head over every packed token
         t2 = time.perf_counter()
         q = np.diff(inputs.starts)  # [B]
@@ -338,9 +349,12 @@ class SpecEngine:
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head over hidden [M, H] -> [M, V]. 2 or 3 rows are padded to 4: CPU GEMM takes a slow path
-        for them with a vocabulary-sized weight (1 thread: 26 / 40 ms against 23 ms for 4 rows)."""
+        for them with a vocabulary-sized weight (1 thread: 26 / 40 ms against 23 ms for 4 rows). Batch-invariant:
+        fewer than 16 rows are padded to 16 (even if another library replaced the head's forward)."""
         m = hidden.shape[0]
-        if hidden.device.type == "cpu" and m in (2, 3):
+        to = INVARIANT_PADDING.target(m) if self.config.batch_invariant else 4 if m in (2, 3) else m
+        if hidden.device.type == "cpu" and to > m:
+            return self.lm_head(torch.cat([hidden, hidden[:1].expand(to - m, -1)]))[:m]
             return self.lm_head(torch.cat([hidden, hidden[:1].expand(4 - m, -1)]))[:m]
         return self.lm_head(hidden)
 

@@ -11,6 +11,11 @@ Attention is computed per row over its own cache (`packed_attention` in attentio
 - every row's first token, one query per row, against the live rows' cache as it lies (no copy);
 - the other tokens of the rows with q_b > 1, gathered [R, q_max - 1] (padding only among those rows),
   against those R rows' cache.
+
+Batch-invariant layouts (`pack(..., bucket=W)`, EngineConfig.batch_invariant) give every attention call
+shapes that depend on the row alone: first tokens are grouped by their own view length L_b + 1 rounded
+up to a multiple of W, and each multi-token row is attended alone over its own q_b - 1 queries and
+L_b + q_b slots (docs/sampling.md "Batch invariance").
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import numpy as np
 import torch
 
 from dasrl.drafter.base import DraftBatch
+
+INVARIANT_BUCKET = 64
+"""Batch-invariant layouts: first-token views are rounded up to a multiple of this many slots."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,13 @@ class PackedLayout:
     """[R, 1, Q, S2] bool: slots each of those tokens sees; S2 = max over the R rows of L_b + q_b."""
     more_spans: tuple[tuple[int, int], ...] = ()
     """Host ints (row, L_b + q_b) of the R rows: attention on a CPU reads each row's cache as a view."""
+    first_order: torch.Tensor | None = None
+    """Batch-invariant layouts only: [B] int64, the rows sorted by first-token view (stable); else None."""
+    first_groups: tuple[tuple[int, int, int, int], ...] = ()
+    """Batch-invariant layouts only: host ints (a, b, S, row0): rows first_order[a:b] attend over S slots
+    (their own L + 1 rounded up to the bucket); row0 >= 0 when those rows are row0, row0 + 1, ... (a view)."""
+    more_counts: tuple[int, ...] = ()
+    """Batch-invariant layouts only: q_b - 1 of each of the R rows (each is attended alone, unpadded)."""
 
     @property
     def tokens(self) -> int:
@@ -100,10 +115,25 @@ def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return anc, depth
 
 
+def _first_groups(lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, tuple[tuple[int, int, int, int], ...]]:
+    """Rows grouped by their own first-token view, L_b + 1 rounded up to a multiple of `bucket`: the order
+    [B] and (a, b, S, row0) per group (row0 = first row when the group's rows are consecutive, else -1)."""
+    view = -(-(lengths + 1) // bucket) * bucket  # [B]
+    order = np.argsort(view, kind="stable")  # [B]
+    cuts = np.flatnonzero(np.diff(view[order])) + 1
+    groups = []
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)]):
+        rows = order[a:b]
+        row0 = int(rows[0]) if rows[-1] - rows[0] == b - a - 1 else -1
+        groups.append((a, b, int(view[rows[0]]), row0))
+    return order, tuple(groups)
+
+
 def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, more_offsets: np.ndarray,
-         more_parents: np.ndarray) -> PackedInputs:
+         more_parents: np.ndarray, bucket: int = 0) -> PackedInputs:
     """Pack one forward. Row b feeds first_ids[b], then more_ids[more_offsets[b]:more_offsets[b+1]]
-    whose parents (indices into that segment, -1 = the first token) are more_parents (same slice)."""
+    whose parents (indices into that segment, -1 = the first token) are more_parents (same slice).
+    bucket > 0: a batch-invariant layout (first-token views rounded up to multiples of it)."""
     batch = len(first_ids)
     lengths = np.asarray(lengths, np.int64)  # [B]
     n = np.diff(np.asarray(more_offsets, np.int64))  # [B] extra tokens per row
@@ -151,8 +181,10 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
         mask2[..., 0] |= pad
     more_index = np.where(valid[:, 1:], starts[more_rows][:, None] + np.arange(1, width)[None, :],
                           starts[more_rows][:, None]) if r else np.zeros((0, 1), np.int64)
-    s1 = int(lengths.max()) + 1
+    order, groups = _first_groups(lengths, bucket) if bucket else (None, ())
+    s1 = max(g[2] for g in groups) if bucket else int(lengths.max()) + 1
     mask1 = np.arange(s1)[None, :] <= lengths[:, None]  # [B, S1]
+    view = max(view, s1)
     positions = lengths[row_of] + depth  # [N]
     layout = PackedLayout(
         rows=torch.as_tensor(row_of), slots=torch.as_tensor(lengths[row_of] + local),
@@ -160,12 +192,14 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
         more_rows=torch.as_tensor(more_rows), more_index=torch.as_tensor(more_index),
         more_valid=torch.as_tensor(valid[:, 1:] if r else np.zeros((0, 1), bool)),
         more_mask=torch.as_tensor(mask2)[:, None],
-        more_spans=tuple(zip(more_rows.tolist(), (L_more + q[more_rows]).tolist())))
+        more_spans=tuple(zip(more_rows.tolist(), (L_more + q[more_rows]).tolist())),
+        first_order=None if order is None else torch.as_tensor(order), first_groups=groups,
+        more_counts=tuple(n[more_rows].tolist()) if bucket else ())
     return PackedInputs(ids=torch.as_tensor(ids)[None], positions=torch.as_tensor(positions)[None], layout=layout,
                         starts=starts, depth=depth, view=view)
 
 
-def pack_prompts(prompts: list[list[int]]) -> PackedInputs:
+def pack_prompts(prompts: list[list[int]], *, bucket: int = 0) -> PackedInputs:
     """The prefill: each row's prompt as a causal chain over an empty cache."""
     lens = np.array([len(p) for p in prompts], np.int64)
     more = np.concatenate([np.asarray(p[1:], np.int64) for p in prompts]) if lens.sum() > len(prompts) else \
@@ -174,10 +208,10 @@ def pack_prompts(prompts: list[list[int]]) -> PackedInputs:
     np.cumsum(lens - 1, out=offsets[1:])
     parents = np.concatenate([np.arange(-1, k - 1) for k in lens - 1]) if len(more) else np.zeros(0, np.int64)
     return pack(first_ids=np.array([p[0] for p in prompts], np.int64), lengths=np.zeros(len(prompts), np.int64),
-                more_ids=more, more_offsets=offsets, more_parents=parents)
+                more_ids=more, more_offsets=offsets, more_parents=parents, bucket=bucket)
 
 
-def pack_drafts(*, pending: np.ndarray, lengths: np.ndarray, drafts: DraftBatch) -> PackedInputs:
+def pack_drafts(*, pending: np.ndarray, lengths: np.ndarray, drafts: DraftBatch, bucket: int = 0) -> PackedInputs:
     """A decoding step: each row's pending token, then its draft nodes (chain or tree)."""
     return pack(first_ids=pending, lengths=lengths, more_ids=drafts.tokens, more_offsets=drafts.offsets,
-                more_parents=drafts.parents)
+                more_parents=drafts.parents, bucket=bucket)

@@ -34,7 +34,7 @@ class VLLMBenchConfig:
     model: str = "smollm2-135m"
     """Embedded model name or a local HF folder."""
     methods: tuple[str, ...] = ("none", "ngram", "suffix", "das")
-    """Methods, run in this order: none | ngram | suffix | das | das-fixed."""
+    """Methods, run in this order: none | ngram | suffix | das | das-static | das-fixed."""
     tasks: str = "long-tail"
     """long-tail: dasrl.tasks' long-tail preset (number and list problems, rewarded); questions: 12 open
     questions (no reward)."""

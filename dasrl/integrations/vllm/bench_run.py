@@ -24,7 +24,8 @@ from pathlib import Path
 
 from dasrl.integrations.vllm.proposer import DASWorkerExtension
 
-METHODS = ("none", "ngram", "suffix", "das", "das-fixed")
+METHODS = ("none", "ngram", "suffix", "das", "das-static", "das-fixed")
+"""das-static: das with a constant acceptance floor (latency_floor off), the ablation of the fitted one."""
 
 QUESTIONS = [
     "Explain step by step how to compute 17 times 23.",
@@ -63,7 +64,7 @@ def speculative_config(method: str, k: int) -> dict | None:
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if method in ("das", "das-fixed"):
+    if method.startswith("das"):
         return {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer", "num_speculative_tokens": k}
     raise ValueError(f"unknown vLLM bench method {method!r}; valid: {', '.join(METHODS)}")
 
@@ -120,7 +121,8 @@ def build(cfg: dict, method: str):
     das = method.startswith("das")
     fix = cfg.get("fix_cpu_sampling", True)
     extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
-                       "fix_cpu_sampling": fix, **cfg.get("dasrl", {})}} if das else {}
+                       "fix_cpu_sampling": fix, "latency_floor": method != "das-static",
+                       **cfg.get("dasrl", {})}} if das else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],

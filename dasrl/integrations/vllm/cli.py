@@ -21,7 +21,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     def bench_vllm(
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, uptime and rows as JSON here."),
         methods: str = typer.Option("none,ngram,suffix,das",
-                                    help="Comma-separated: none, ngram, suffix, das, das-fixed."),
+                                    help="Comma-separated: none, ngram, suffix, das, das-static, das-fixed."),
         model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder."),
         tasks: str = typer.Option("long-tail", help="Task set: long-tail (dasrl.tasks, rewarded) | questions."),
         prompts: int = typer.Option(6, help="Distinct prompts."),

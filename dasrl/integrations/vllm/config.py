@@ -58,6 +58,13 @@ class VLLMDrafterConfig:
     acceptance_prior: float = 8.0
     """Pseudo-tokens with which a request's acceptance estimate leans on its problem's, and its problem's
     on every request's (which starts at 1.0)."""
+    latency_floor: bool = True
+    """das policy: fit vLLM's step cost t = c_base + c_tok * tokens from the time between its calls
+    (StepClock) and derive the acceptance floor from it: a long-class request drafts its L-th token
+    while a**L >= (1 + a) * c_tok / t (its own time per token still falls), any other while
+    a**L >= rows * c_tok / t (the batch's tokens per second still rise); acceptance_floor until fitted."""
+    latency_window: int = 256
+    """Engine steps the latency fit looks back over (it needs 32)."""
     probe_every: int = 16
     """A request whose acceptance cap is 0 drafts one token every this many of its engine steps, to keep
     measuring (0 = never: once stopped, it stays stopped)."""
@@ -85,6 +92,8 @@ class VLLMDrafterConfig:
             raise ValueError(f"trust_acceptance must be >= 0 (> 1 = never), got {self.trust_acceptance}")
         if not self.acceptance_prior >= 0:
             raise ValueError(f"acceptance_prior must be >= 0, got {self.acceptance_prior}")
+        if self.latency_window < 32:
+            raise ValueError(f"latency_window must be >= 32 (the fit needs 32 steps), got {self.latency_window}")
         if self.probe_every < 0:
             raise ValueError(f"probe_every must be >= 0 (0 = never), got {self.probe_every}")
         if len(self.caps) != 3 or any(int(c) < 0 for c in self.caps):

@@ -163,6 +163,8 @@ class DASProposer:
 
     def stats(self) -> dict:
         d = self.drafter.stats.as_dict()
+        lat = self.drafter.clock.model()
+        d.update(latency=None if lat is None else lat.to_dict(), latency_steps=self.drafter.clock.num_samples)
         d.update(live=self.drafter.num_live, indexed_tokens=self.drafter.store.num_tokens,
                  shards=self.drafter.store.num_shards, store_step=self.drafter.store.step)
         return d

@@ -43,8 +43,10 @@ import numpy as np
 
 from dasrl.drafter.base import problem_key
 from dasrl.drafter.store import DraftStore
+from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.policy.base import RequestState
+from dasrl.policy.latency import LatencyModel
 from dasrl.policy.budget import ClassCaps, DASPolicy
 
 
@@ -124,6 +126,7 @@ class BatchDrafter:
         self.store = DraftStore(config.store_config(vocab_size))
         self.policy = DASPolicy(ClassCaps(*config.caps)) if config.policy == "das" else None
         self.stats = DrafterStats()
+        self.clock = StepClock(window=config.latency_window)
         self._reqs: dict[str, _Req] = {}
         self._held: set[str] = set()
         """Known requests vLLM held at the last call: in the batch, or paused (absent but still in `live`)."""
@@ -181,7 +184,10 @@ class BatchDrafter:
             self.stats.paused += len(paused)
             held |= paused
         self._departed_since_step += len(self._held - held)
-        if self._boundary(held, any(r not in self._reqs for r in req_ids)):
+        new_ids = any(r not in self._reqs for r in req_ids)
+        if new_ids:  # the step just computed prefilled them: its token count is unknown
+            self.clock.skip()
+        if self._boundary(held, new_ids):
             self._held = held
             self.end_step()
         self._held = held | present
@@ -204,6 +210,7 @@ class BatchDrafter:
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
         if not rows:
+            self.clock.tick(None)
             return drafts
         caps = self._caps([req_ids[i] for i in rows], [int(num_tokens[i]) for i in rows])
         live = [(i, c) for i, c in zip(rows, caps) if c > 0]
@@ -222,6 +229,8 @@ class BatchDrafter:
                     self.stats.proposals += 1
                     self.stats.drafted += len(toks)
                     self._reqs[req_ids[i]].state.drafted += len(toks)
+        prefilling = len(rows) < n_rows  # rows still in (chunked) prefill: the next step's tokens unknown
+        self.clock.tick(None if prefilling else sum(1 + len(drafts[i]) for i in rows))
         return drafts
 
     def _feed(self, rid: str, req: _Req, row: np.ndarray, n: int) -> None:
@@ -281,14 +290,25 @@ class BatchDrafter:
             s.classes.clear()  # the policy appends one class per call: keep only this call's
         by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
         cfg, out = self.config, []
+        lat = self.clock.model() if cfg.latency_floor else None
         for rid, r in zip(rids, room):
             a = self.acceptance(rid)
             base = self.k if a >= cfg.trust_acceptance else by_id[rid]
-            acc_cap = acceptance_cap(a, cfg.acceptance_floor, self.k)
+            acc_cap = acceptance_cap(a, self._floor(lat, a, len(rids), self._reqs[rid].state), self.k)
             if acc_cap == 0 and cfg.probe_every and self._reqs[rid].state.forwards % cfg.probe_every == 0:
                 acc_cap = 1  # keep measuring: acceptance can come back (history grows, the policy drifts)
             out.append(min(self.k, r, base, acc_cap))
         return out
+
+    def _floor(self, lat: LatencyModel | None, a: float, rows: int, state: RequestState) -> float:
+        """Acceptance floor of one request's draft (see VLLMDrafterConfig.latency_floor): where the L-th
+        drafted token, kept with probability a**L, still pays for the c_tok it adds to a step of t."""
+        if lat is None:
+            return self.config.acceptance_floor
+        t = lat.c_base + lat.c_tok * rows  # this step's cost before drafts
+        if state.classes and state.classes[-1] == "long":  # on the makespan: its own time per token
+            return (1 + a) * lat.c_tok / t
+        return min(0.99, rows * lat.c_tok / t)  # off it: the batch's throughput
 
     @property
     def num_live(self) -> int:

@@ -29,7 +29,9 @@ acceptance_floor -- the chance that the L-th drafted token is reached and kept -
 drafts are rarely accepted stops drafting (a 1-token probe every probe_every of its steps keeps
 measuring); and at a >= trust_acceptance the length-class cap is lifted (draft up to
 num_speculative_tokens, as vLLM's suffix method does), so greedy rollouts whose samples all agree are
-not capped short.
+not capped short. With latency_floor (the default) the floor itself comes from vLLM's step cost, fitted
+by the drafter's StepClock from the time between calls: deep drafts for the long class and in the tail,
+only well-accepted ones for a full batch where tokens are dear (BatchDrafter._floor).
 
 Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 """

@@ -1,0 +1,124 @@
+"""EngineConfig(batch_invariant=True) on the real model (fp32, CPU): a request's logits, tokens and logprobs
+do not depend on the other requests of the batch (how many, which, in what order), and the exactness
+ladder (speculative == plain, greedy and seeded sampling) still holds with it on."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import dasrl.engine.engine as engine_module  # noqa: E402
+from dasrl.drafter.baselines import NGramDrafter, OracleDrafter  # noqa: E402
+from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
+from dasrl.policy.base import FixedBudget  # noqa: E402
+
+THREADS = int(os.environ.get("DASRL_TEST_THREADS", "1"))
+NEW = 16
+SAMPLING = SamplingParams(temperature=1.0, top_p=0.95)  # the default sampler: the gumbel race
+SOLO = (0, 5, 11)
+"""Requests also decoded alone (batch 1 is the slowest shape)."""
+
+
+@pytest.fixture(scope="module")
+def engine(smollm):
+    model, tok = smollm
+    return SpecEngine(model, tok, EngineConfig(num_threads=THREADS, batch_invariant=True))
+
+
+@pytest.fixture(scope="module")
+def requests(chat_prompts):
+    """24 requests: the 8 chat prompts (8 different lengths) x 3 siblings, each with its own seed."""
+    return [chat_prompts[i % 8] for i in range(24)], [700 + i for i in range(24)]
+
+
+def decode(engine, monkeypatch, prompts, seeds, idx, *, keep=()):
+    """Plain sampled decoding of requests idx in one batch: ({request: (tokens, logprobs)}, {(request,
+    position): logits [V]} for the requests in keep), the logits as the sampler saw them."""
+    real = engine_module.draw
+    by_seed = {seeds[i]: i for i in idx}
+    seen = {}
+
+    def spy(logits, params, *, seeds, positions):  # logits [n, V]: every row the engine draws from
+        for row, s, p in zip(logits, seeds.tolist(), positions.tolist()):
+            if by_seed[s] in keep:
+                seen[by_seed[s], p] = row.clone()
+        return real(logits, params, seeds=seeds, positions=positions)
+
+    monkeypatch.setattr(engine_module, "draw", spy)
+    out = engine.generate([prompts[i] for i in idx], seeds=[seeds[i] for i in idx], sampling=SAMPLING,
+                          max_new_tokens=NEW, ignore_eos=True)
+    monkeypatch.undo()
+    return {i: (c.token_ids, np.asarray(c.logprobs)) for i, c in zip(idx, out)}, seen
+
+
+def test_a_request_decodes_the_same_in_any_batch(engine, requests, monkeypatch):
+    prompts, seeds = requests
+    perm = np.random.default_rng(1).permutation(24).tolist()
+    shapes = {"24": [list(range(24))], "24 permuted": [perm], "8": [list(range(s, s + 8)) for s in (0, 8, 16)],
+              "1": [[i] for i in SOLO]}
+    outs, logits = {}, {}
+    for name, batches in shapes.items():
+        outs[name], logits[name] = {}, {}
+        for idx in batches:
+            o, seen = decode(engine, monkeypatch, prompts, seeds, idx, keep=SOLO)
+            outs[name].update(o)
+            logits[name].update(seen)
+    ref = outs["24"]
+    assert len({tuple(ref[i][0]) for i in range(24)}) > 20  # siblings really sampled apart
+    for name, out in outs.items():
+        for i, (toks, logps) in out.items():
+            assert toks == ref[i][0], f"request {i}, batch {name}: tokens differ from the batch of 24"
+            assert np.array_equal(logps, ref[i][1]), f"request {i}, batch {name}: logprobs differ"
+    keys = logits["24"].keys()
+    assert len(keys) == len(SOLO) * NEW
+    for name, seen in logits.items():
+        assert seen.keys() == keys
+        for k in keys:
+            assert torch.equal(seen[k], logits["24"][k]), f"request {k[0]} position {k[1]}, batch {name}: logits"
+
+
+def test_shared_views_do_differ(smollm, requests, monkeypatch):
+    """The check above can fail: without the mode a request's logits do depend on its batch."""
+    model, tok = smollm
+    plain = SpecEngine(model, tok, EngineConfig(num_threads=THREADS))
+    prompts, seeds = requests
+    _, alone = decode(plain, monkeypatch, prompts, seeds, [SOLO[1]], keep=SOLO[1:2])
+    _, batch = decode(plain, monkeypatch, prompts, seeds, list(range(8)), keep=SOLO[1:2])
+    assert alone.keys() == batch.keys() and len(alone) == NEW
+    assert not all(torch.equal(alone[k], batch[k]) for k in alone)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLING], ids=["greedy", "T=1 top-p 0.95"])
+def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling):
+    seeds = list(range(300, 308))
+    plain = engine.generate(chat_prompts, seeds=seeds, sampling=sampling, max_new_tokens=NEW)
+    futures = {i: c.token_ids for i, c in enumerate(plain)}
+    wrong = {i: [t if j % 4 != 3 else (t + 1) % 49152 for j, t in enumerate(f)] for i, f in futures.items()}
+    for drafter in (NGramDrafter(), OracleDrafter(wrong)):
+        spec = engine.generate(chat_prompts, seeds=seeds, sampling=sampling, max_new_tokens=NEW, drafter=drafter,
+                               policy=FixedBudget(4))
+        assert [c.token_ids for c in spec] == [c.token_ids for c in plain], type(drafter).__name__
+    assert engine.last_run.drafted > engine.last_run.accepted > 0  # the oracle's drafts: some rejected
+
+
+def test_fidelity_bench_flag():
+    from typer.testing import CliRunner
+
+    from dasrl.cli import app
+    from dasrl.engine.fidelity import FidelityConfig, engine_config
+
+    assert engine_config(FidelityConfig(batch_invariant=True)).batch_invariant
+    assert not engine_config(FidelityConfig()).batch_invariant
+    result = CliRunner().invoke(app, ["bench", "fidelity", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--batch-invariant" in result.output
+
+
+def test_it_needs_the_engines_attention(smollm):
+    model, tok = smollm
+    with pytest.raises(ValueError, match="batch_invariant=True\\) needs attention='gqa'"):
+        SpecEngine(model, tok, EngineConfig(batch_invariant=True, attention="model"))

@@ -23,12 +23,14 @@ def test_expand_keeps_integer_values_and_skips_requests_without_tokens():
     assert torch.equal(out, torch.tensor([5, 7, 7], dtype=torch.int32))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def vllm_cpu_overrides():
     pytest.importorskip("vllm", exc_type=ImportError)
     from vllm.platforms import current_platform
 
-    current_platform.register_triton_kernel_overrides()  # what every vLLM worker does at start
+    # what every vLLM worker does at start, once (a second call fails in vLLM's module scan once numba is
+    # loaded, which the ngram import below does)
+    current_platform.register_triton_kernel_overrides()
 
 
 @pytest.mark.slow
@@ -45,3 +47,34 @@ def test_draft_logits_are_divided_by_their_own_temperature(vllm_cpu_overrides):
     meta = SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.5, 2.0]), top_k=None, top_p=None)
     got = apply_sampling_constraints(logits.clone(), torch.tensor([2, 3], dtype=torch.int32), meta)
     assert torch.allclose(got, logits / torch.tensor([[0.5], [0.5], [2.0]]))
+
+
+@pytest.mark.slow
+def test_recovered_tokens_drawn_only_for_drafted_rows_keep_their_distribution(vllm_cpu_overrides):
+    """Rows 0 and 2 have drafts, row 1 none. The recovered token of a draft position follows the target
+    p with the draft token removed; a seeded row gets exactly vLLM's own draw (same generator, same
+    noise); and the call costs draws for 2 rows, not 3."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    from dasrl.integrations.vllm import cpu_fix
+
+    original = rs.sample_recovered_tokens
+    cpu_fix.apply()
+    assert rs.sample_recovered_tokens is cpu_fix.sample_recovered_tokens
+    vocab = 8
+    p = torch.softmax(torch.randn(3, vocab, generator=torch.Generator().manual_seed(1)), -1)  # [tokens, V]
+    draft = torch.tensor([2, 5, 0], dtype=torch.int32)  # row 0: 2 drafts, row 2: 1 (row 1: none)
+    cu = torch.tensor([2, 2, 3], dtype=torch.int32)
+    args = dict(max_spec_len=2, num_draft_tokens=[2, 0, 1], cu_num_draft_tokens=cu, draft_token_ids=draft,
+                draft_probs=None, target_probs=p, device=torch.device("cpu"))
+    counts = torch.zeros(vocab)
+    for _ in range(4000):
+        rec = rs.sample_recovered_tokens(sampling_metadata=SimpleNamespace(generators={}), **args)
+        counts[rec[2]] += 1
+    ref = p[2].clone()
+    ref[0] = 0
+    assert torch.allclose(counts / counts.sum(), ref / ref.sum(), atol=0.03)
+    mine = rs.sample_recovered_tokens(sampling_metadata=SimpleNamespace(
+        generators={2: torch.Generator().manual_seed(7)}), **args)
+    theirs = original(sampling_metadata=SimpleNamespace(generators={2: torch.Generator().manual_seed(7)}), **args)
+    assert mine[2] == theirs[2]

@@ -169,6 +169,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         temperature: Optional[list[float]] = typer.Option(None, help="Only these temperatures (repeatable)."),
         threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available)."),
         noise_seeds: int = typer.Option(16, help="Keys per row in the forward-shape flip measurement (0 = skip)."),
+        batch_invariant: bool = typer.Option(False, "--batch-invariant",
+                                             help="EngineConfig(batch_invariant=True) for every engine variant."),
     ) -> None:
         """Seeded sampled rollouts vs plain decoding, token for token: every drafter and batch shape, both
         samplers (docs/sampling.md, docs/benchmarks.md "## Fidelity")."""
@@ -183,6 +185,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         cfg = FidelityConfig.quick() if quick else FidelityConfig()
         overrides = {k: v for k, v in dict(problems=problems, group=group, max_new_tokens=max_new_tokens,
                                            threads=threads).items() if v is not None}
+        overrides["batch_invariant"] = batch_invariant
         if sampler:
             overrides["samplers"] = tuple(sampler)
         if temperature:
@@ -195,7 +198,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
         console.print(f"{model} ({dtype}): {cfg.requests} requests, <= {cfg.max_new_tokens} new tokens, "
                       f"T={list(cfg.temperatures)}, top_p={cfg.top_p}, samplers {list(cfg.samplers)}, "
-                      f"drafters {list(cfg.drafters)} (budget {cfg.budget}), batches {list(cfg.batch_sizes)}")
+                      f"drafters {list(cfg.drafters)} (budget {cfg.budget}), batches {list(cfg.batch_sizes)}"
+                      + (", batch-invariant engine" if cfg.batch_invariant else ""))
         with Progress(TextColumn("{task.description:>34}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("batch {task.fields[batch]:>3}"), TimeElapsedColumn(), console=console,
                       transient=True) as prog:

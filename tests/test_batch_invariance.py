@@ -93,16 +93,38 @@ def test_shared_views_do_differ(smollm, requests, monkeypatch):
     assert not all(torch.equal(alone[k], batch[k]) for k in alone)
 
 
+def capture(monkeypatch):
+    """Record the logits [V] the sampler sees, by (seed, output position), until monkeypatch.undo()."""
+    real, seen = engine_module.draw, {}
+
+    def spy(logits, params, *, seeds, positions):  # logits [n, V]
+        for row, s, p in zip(logits, seeds.tolist(), positions.tolist()):
+            seen[s, p] = row.clone()
+        return real(logits, params, seeds=seeds, positions=positions)
+
+    monkeypatch.setattr(engine_module, "draw", spy)
+    return seen
+
+
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLING], ids=["greedy", "T=1 top-p 0.95"])
-def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling):
+def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling, monkeypatch):
+    """Tokens for every drafter; and with chain drafts, the very logits plain decoding draws from (each draft
+    token is attended as a first token at its slot would be), pending and draft positions alike."""
     seeds = list(range(300, 308))
+    base = capture(monkeypatch)
     plain = engine.generate(chat_prompts, seeds=seeds, sampling=sampling, max_new_tokens=NEW)
+    monkeypatch.undo()
     futures = {i: c.token_ids for i, c in enumerate(plain)}
     wrong = {i: [t if j % 4 != 3 else (t + 1) % 49152 for j, t in enumerate(f)] for i, f in futures.items()}
     for drafter in (NGramDrafter(), OracleDrafter(wrong)):
+        seen = capture(monkeypatch)
         spec = engine.generate(chat_prompts, seeds=seeds, sampling=sampling, max_new_tokens=NEW, drafter=drafter,
                                policy=FixedBudget(4))
+        monkeypatch.undo()
         assert [c.token_ids for c in spec] == [c.token_ids for c in plain], type(drafter).__name__
+        assert len(seen) >= len(base)  # draws also where a rejected draft token sat
+        for key, logits in base.items():
+            assert torch.equal(seen[key], logits), (type(drafter).__name__, key)
     assert engine.last_run.drafted > engine.last_run.accepted > 0  # the oracle's drafts: some rejected
 
 

@@ -70,7 +70,7 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         o1 = F.scaled_dot_product_attention(q1, key[:batch, :, :s1], value[:batch, :, :s1],
                                             attn_mask=m1, scale=scaling)  # [B, Hkv, G, D]
     out[layout.first] = o1.reshape(batch, heads, dim)
-    if layout.more_counts:
+    if layout.more_views:
         _more_invariant(q, key, value, layout, scaling, out)
     elif layout.more_rows.numel():
         m2 = layout.more_mask  # [R, 1, Q, S2]
@@ -113,20 +113,20 @@ def _first_invariant(q1: torch.Tensor, key: torch.Tensor, value: torch.Tensor, l
 
 def _more_invariant(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout, scaling: float | None,
                     out: torch.Tensor) -> None:
-    """Tokens 1.. of each multi-token row (q [N, H, D]), each row alone over its own q_b - 1 queries and
-    L_b + q_b slots (no padding to the widest row), written into out [N, H, D]."""
+    """Tokens 1.. of each multi-token row (q [N, H, D]), each one query over its own view (layout.more_views),
+    as a first token there would be attended; written into out [N, H, D]."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    for i, ((b, s), nq) in enumerate(zip(layout.more_spans, layout.more_counts)):
-        idx = layout.more_index[i, :nq]  # [nq]
-        qi = _grouped(q[idx].transpose(0, 1)[None], kv_heads)  # [1, Hkv, G*nq, D]
-        mask = layout.more_mask[i : i + 1, :, :nq, :s]  # [1, 1, nq, s]
-        if groups > 1:
-            mask = mask.repeat(1, 1, groups, 1)  # [1, 1, G*nq, s]
-        oi = F.scaled_dot_product_attention(qi, key[b : b + 1, :, :s], value[b : b + 1, :, :s], attn_mask=mask,
-                                            scale=scaling)  # [1, Hkv, G*nq, D]
-        out[idx] = oi.reshape(heads, nq, dim).transpose(0, 1)  # [nq, H, D]
+    for i, ((b, _), views) in enumerate(zip(layout.more_spans, layout.more_views)):
+        for a, c, s in views:
+            n = c - a
+            idx = layout.more_index[i, a:c]  # [n]
+            qi = _grouped(q[idx][:, :, None, :], kv_heads)  # [n, Hkv, G, D]
+            mask = layout.more_mask[i, 0, a:c, :s][:, None, None, :]  # [n, 1, 1, s]: cache and own ancestors
+            oi = F.scaled_dot_product_attention(qi, key[b : b + 1, :, :s].expand(n, -1, -1, -1),
+                                                value[b : b + 1, :, :s].expand(n, -1, -1, -1), attn_mask=mask,
+                                                scale=scaling)  # [n, Hkv, G, D] (K/V broadcast, not copied)
+            out[idx] = oi.reshape(n, heads, dim)
 
 
 def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

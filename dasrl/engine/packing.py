@@ -12,10 +12,10 @@ Attention is computed per row over its own cache (`packed_attention` in attentio
 - the other tokens of the rows with q_b > 1, gathered [R, q_max - 1] (padding only among those rows),
   against those R rows' cache.
 
-Batch-invariant layouts (`pack(..., bucket=W)`, EngineConfig.batch_invariant) give every attention call
-shapes that depend on the row alone: first tokens are grouped by their own view length L_b + 1 rounded
-up to a multiple of W, and each multi-token row is attended alone over its own q_b - 1 queries and
-L_b + q_b slots (docs/sampling.md "Batch invariance").
+Batch-invariant layouts (`pack(..., bucket=W)`, EngineConfig.batch_invariant) give every token an
+attention call whose shapes depend on that token alone: one query over its own slot + 1 rounded up to a
+multiple of W (first tokens grouped by that view across rows, a row's other tokens by it within the row),
+so a token's result is what it would be as a first token, in any batch (docs/sampling.md "Batch invariance").
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ class PackedLayout:
     first_groups: tuple[tuple[int, int, int, int], ...] = ()
     """Batch-invariant layouts only: host ints (a, b, S, row0): rows first_order[a:b] attend over S slots
     (their own L + 1 rounded up to the bucket); row0 >= 0 when those rows are row0, row0 + 1, ... (a view)."""
-    more_counts: tuple[int, ...] = ()
-    """Batch-invariant layouts only: q_b - 1 of each of the R rows (each is attended alone, unpadded)."""
+    more_views: tuple[tuple[tuple[int, int, int], ...], ...] = ()
+    """Batch-invariant layouts only: per multi-token row, (a, b, S): its tokens a..b-1 (counted after the
+    first) each attend as one query over S slots, their own slot + 1 rounded up to the bucket, as a
+    first token there would (a chain draft's logits are then plain decoding's, bit for bit)."""
 
     @property
     def tokens(self) -> int:
@@ -129,6 +131,17 @@ def _first_groups(lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, tuple[t
     return order, tuple(groups)
 
 
+def _more_views(lengths: np.ndarray, extra: np.ndarray, bucket: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per multi-token row (cache lengths [R], extra tokens [R]): its extra tokens in runs (a, b, S) of
+    equal view S = (own slot + 1) rounded up to the bucket (slots only grow along a row: a few runs)."""
+    out = []
+    for length, k in zip(lengths.tolist(), extra.tolist()):
+        views = -(-(length + 2 + np.arange(k)) // bucket) * bucket  # [k] token j sits at slot length + 1 + j
+        cuts = [0, *(np.flatnonzero(np.diff(views)) + 1).tolist(), k]
+        out.append(tuple((a, b, int(views[a])) for a, b in zip(cuts[:-1], cuts[1:])))
+    return tuple(out)
+
+
 def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, more_offsets: np.ndarray,
          more_parents: np.ndarray, bucket: int = 0) -> PackedInputs:
     """Pack one forward. Row b feeds first_ids[b], then more_ids[more_offsets[b]:more_offsets[b+1]]
@@ -166,6 +179,8 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
     L_more = lengths[more_rows]  # [R]
     view = int((lengths + q).max())
     s2 = int((L_more + q[more_rows]).max()) if r else 1
+    if bucket and r:  # each token's own view may reach past the row's last slot
+        s2 = -(-s2 // bucket) * bucket
     # Tokens 1.. of the multi-token rows: their cache, then their ancestors among the new tokens.
     slots2 = np.arange(s2)[None, :]  # [1, S2]
     cached = slots2 < L_more[:, None]  # [R, S2]
@@ -184,7 +199,7 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
     order, groups = _first_groups(lengths, bucket) if bucket else (None, ())
     s1 = max(g[2] for g in groups) if bucket else int(lengths.max()) + 1
     mask1 = np.arange(s1)[None, :] <= lengths[:, None]  # [B, S1]
-    view = max(view, s1)
+    view = max(view, s1, s2 if r else 0)
     positions = lengths[row_of] + depth  # [N]
     layout = PackedLayout(
         rows=torch.as_tensor(row_of), slots=torch.as_tensor(lengths[row_of] + local),
@@ -194,7 +209,7 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
         more_mask=torch.as_tensor(mask2)[:, None],
         more_spans=tuple(zip(more_rows.tolist(), (L_more + q[more_rows]).tolist())),
         first_order=None if order is None else torch.as_tensor(order), first_groups=groups,
-        more_counts=tuple(n[more_rows].tolist()) if bucket else ())
+        more_views=_more_views(L_more, n[more_rows], bucket) if bucket else ())
     return PackedInputs(ids=torch.as_tensor(ids)[None], positions=torch.as_tensor(positions)[None], layout=layout,
                         starts=starts, depth=depth, view=view)
 

@@ -11,15 +11,20 @@ Shows, on the embedded SmolLM2 (fp32, one torch thread; run pinned, e.g. `taskse
    32 permuted, and of 8 other rows. Per setting, each source switched off in turn:
    default; linears padded to >= 16 rows only; attention shapes from the row alone only; both
    (EngineConfig(batch_invariant=True)); and both but one attention group left as in the default.
-3. `cost`: a plain-decoding forward (the engine's own) at batch 1, 8, 32, rows on mixed contexts
-   (64-448 cached tokens), batch_invariant off vs on (and on with 512-slot first-token buckets: one view
-   for all rows here), interleaved, median of the repeats.
+3. `cost`: the engine's forward, batch_invariant off vs on (and on with 512-slot buckets: one view for
+   all rows here), interleaved, median of the repeats: plain decoding at batch 1, 8, 32 on mixed contexts
+   (64-448 cached tokens), every row with a 4-token chain draft at batch 8 and 32, the prefill of the 32
+   prompts.
 
 4. `flip`: the one flip of the full fidelity run (docs/benchmarks.md "Fidelity": request 93, position 59,
    batch 8 vs the reference batch of 96; T = 1, top-p 0.95, seeds 2000 + i) regenerated up to position
    60, batch_invariant off and on: the requests 88-95 that differ between the two batch shapes.
 
-    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python scripts/probes/batch_invariance.py [sdpa logits cost flip]
+5. `spec`: with batch_invariant on, 8 requests decoded plainly and with the oracle drafter (budget 4, the
+   true continuations): how many of the positions the speculative run drew at have logits equal
+   (torch.equal) to plain decoding's, split into each row's first (pending) token and draft tokens.
+
+    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python scripts/probes/batch_invariance.py [sdpa logits cost flip spec]
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def teacher_forced(engine, prompts, seqs, idx, *, first_shared=False, more_padde
             s1 = int(lay.first_mask.sum(-1).max())
             lay = dataclasses.replace(lay, first_groups=(), first_mask=lay.first_mask[..., :s1])
         if more_padded:
-            lay = dataclasses.replace(lay, more_counts=())
+            lay = dataclasses.replace(lay, more_views=())
         return dataclasses.replace(inputs, layout=lay)
 
     out = {i: [] for i in idx}
@@ -141,34 +146,43 @@ def logits_by_setting() -> None:
 
 
 def cost(repeats: int = 7) -> None:
-    from dasrl.engine.cache import RowCache
     from dasrl.drafter.base import DraftBatch
+    from dasrl.engine.cache import RowCache
     from dasrl.engine.engine import EngineConfig, SpecEngine
-    from dasrl.engine.packing import pack_drafts
+    from dasrl.engine.packing import pack_drafts, pack_prompts
 
-    model, tok, _ = load()
+    model, tok, prompts = load()
     engines = {"off": SpecEngine(model, tok, EngineConfig(num_threads=1)),
                "on": SpecEngine(model, tok, EngineConfig(num_threads=1, batch_invariant=True)),
                "on, bucket 512": SpecEngine(model, tok, EngineConfig(num_threads=1, batch_invariant=True))}
     engines["on, bucket 512"].attention_bucket = 512  # one view for every row below 511 cached tokens
     rng = np.random.default_rng(0)
-    for batch in (1, 8, 32):
+
+    def chains(batch: int, k: int) -> DraftBatch:  # a chain of k tokens per row
+        return DraftBatch(np.ones(batch * k, np.int32), np.tile(np.arange(-1, k - 1, dtype=np.int32), batch),
+                          np.ones(batch * k), np.arange(0, batch * k + 1, k, dtype=np.int64), np.zeros(batch, np.int64))
+
+    shapes = [(f"batch {b}, plain", b, 0) for b in (1, 8, 32)] + [(f"batch {b}, drafts of 4", b, 4) for b in (8, 32)]
+    shapes.append(("prefill of 32 prompts", 32, -1))
+    for name, batch, k in shapes:
         ctx = rng.integers(64, 449, batch) if batch > 1 else np.array([256])  # [B] cached tokens per row (< 511)
-        times = {k: [] for k in engines}
+        times = {e: [] for e in engines}
         cache = RowCache.for_model(model, rows=batch, capacity=512)  # one cache (memory), no growth in the timing
         for rep in range(repeats + 1):
-            for name, e in engines.items():  # interleaved; a forward commits nothing, so the cache is reused
-                cache.lengths[:] = ctx
-                inputs = pack_drafts(pending=np.zeros(batch, np.int64), lengths=ctx.copy(),
-                                     drafts=DraftBatch.empty(batch), bucket=e.attention_bucket)
+            for label, e in engines.items():  # interleaved; a forward commits nothing, so the cache is reused
+                cache.lengths[:] = 0 if k < 0 else ctx
+                inputs = pack_prompts(prompts, bucket=e.attention_bucket) if k < 0 else pack_drafts(
+                    pending=np.zeros(batch, np.int64), lengths=ctx.copy(),
+                    drafts=chains(batch, k) if k else DraftBatch.empty(batch), bucket=e.attention_bucket)
                 with e.forward_context():
                     t0 = time.perf_counter()
-                    e._forward(cache, inputs)
+                    e._forward(cache, inputs, at=inputs.starts[1:] - 1 if k < 0 else None)
                     if rep:
-                        times[name].append(time.perf_counter() - t0)
-        med = {k: 1e3 * statistics.median(t) for k, t in times.items()}
-        print(f"cost: batch {batch} (contexts {int(ctx.min())}-{int(ctx.max())}), median of {repeats}: "
-              + ", ".join(f"{k} {ms:.1f} ms ({ms / med['off'] - 1:+.1%})" for k, ms in med.items()), flush=True)
+                        times[label].append(time.perf_counter() - t0)
+        med = {e: 1e3 * statistics.median(t) for e, t in times.items()}
+        where = "prompts of 42-120 tokens" if k < 0 else f"contexts {int(ctx.min())}-{int(ctx.max())}"
+        print(f"cost: {name} ({where}), median of {repeats}: "
+              + ", ".join(f"{e} {ms:.1f} ms ({ms / med['off'] - 1:+.1%})" for e, ms in med.items()), flush=True)
 
 
 def flip() -> None:
@@ -202,7 +216,56 @@ def flip() -> None:
               f"{t1 - t0:.0f} s for the 96, {t2 - t1:.0f} s for the 8)", flush=True)
 
 
+def spec() -> None:
+    import dasrl.engine.engine as engine_module
+    from dasrl.drafter.baselines import OracleDrafter
+    from dasrl.engine.engine import EngineConfig, SpecEngine
+    from dasrl.engine.sampling import SamplingParams
+    from dasrl.policy.base import FixedBudget
+
+    model, tok, prompts = load()
+    prompts, seeds = prompts[:8], list(range(500, 508))
+    sampling = SamplingParams(temperature=1.0, top_p=0.95)
+    engine = SpecEngine(model, tok, EngineConfig(num_threads=1, batch_invariant=True))
+    real = engine_module.draw
+
+    targets = engine._targets
+    calls = [0]  # draws so far in this step: 0 = the pending tokens, then the draft nodes (engine._targets)
+
+    def counted(*args, **kw):
+        calls[0] = 0
+        return targets(*args, **kw)
+
+    def run(**kw):
+        seen = {}
+
+        def spy(logits, params, *, seeds, positions):  # logits [n, V]
+            for row, s, p in zip(logits, seeds.tolist(), positions.tolist()):
+                seen[s, p] = (calls[0] > 0, row.clone())
+            calls[0] += 1
+            return real(logits, params, seeds=seeds, positions=positions)
+
+        engine_module.draw, engine._targets = spy, counted
+        try:
+            out = engine.generate(prompts, seeds=seeds, sampling=sampling, max_new_tokens=48, **kw)
+        finally:
+            engine_module.draw, engine._targets = real, targets
+        return out, seen
+
+    plain, base = run()
+    oracle = OracleDrafter({i: c.token_ids for i, c in enumerate(plain)})
+    out, seen = run(drafter=oracle, policy=FixedBudget(4))
+    assert [c.token_ids for c in out] == [c.token_ids for c in plain]
+    first, rest = [], []  # (equal, max |d|) per drawn position: pending tokens drawn first, then draft nodes
+    for key, (draft, row) in seen.items():
+        ref = base[key][1]
+        (rest if draft else first).append((torch.equal(row, ref), float((row - ref).abs().max())))
+    for name, got in (("pending tokens", first), ("draft tokens", rest)):
+        print(f"spec: {name}: {sum(e for e, _ in got)}/{len(got)} equal to plain decoding's logits, "
+              f"max |d| {max((d for _, d in got), default=0.0):.1e}", flush=True)
+
+
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["sdpa", "logits", "cost", "flip"]
+    parts = sys.argv[1:] or ["sdpa", "logits", "cost", "flip", "spec"]
     for part in parts:
-        {"sdpa": sdpa_views, "logits": logits_by_setting, "cost": cost, "flip": flip}[part]()
+        {"sdpa": sdpa_views, "logits": logits_by_setting, "cost": cost, "flip": flip, "spec": spec}[part]()

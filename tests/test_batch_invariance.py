@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import dasrl.engine.engine as engine_module  # noqa: E402
+from dasrl.engine.packing import _first_groups, _more_views  # noqa: E402
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
@@ -144,3 +145,16 @@ def test_it_needs_the_engines_attention(smollm):
     model, tok = smollm
     with pytest.raises(ValueError, match="batch_invariant=True\\) needs attention='gqa'"):
         SpecEngine(model, tok, EngineConfig(batch_invariant=True, attention="model"))
+
+
+def test_invariant_views_by_hand():
+    """Views are each token's own slot + 1 rounded up to the bucket (here 4); rows grouped by view, read
+    as a view (row0) where consecutive."""
+    order, groups = _first_groups(np.array([3, 0, 5]), 4)  # views 4, 4, 8
+    assert order.tolist() == [0, 1, 2] and groups == ((0, 2, 4, 0), (2, 3, 8, 2))
+    order, groups = _first_groups(np.array([5, 0, 3]), 4)  # views 8, 4, 4
+    assert order.tolist() == [1, 2, 0] and groups == ((0, 2, 4, 1), (2, 3, 8, 0))
+    order, groups = _first_groups(np.array([3, 5, 0]), 4)  # views 4, 8, 4: rows 0 and 2 gathered
+    assert order.tolist() == [0, 2, 1] and groups == ((0, 2, 4, -1), (2, 3, 8, 1))
+    # extra tokens of a row with 2 cached: slots 3, 4, 5 (the first token sits at 2) -> views 4, 8, 8
+    assert _more_views(np.array([2, 3]), np.array([3, 4]), 4) == (((0, 1, 4), (1, 3, 8)), ((0, 4, 8),))

@@ -41,7 +41,8 @@ class RowPadding:
 NO_PADDING = RowPadding(low=0)
 INVARIANT_PADDING = RowPadding(low=1, to=16)
 """Batch-invariant mode: every row count below 16 computed as 16. MKL's float32 GEMM gives a row the same
-bits for every M >= 16 (measured: M = 16 to ~1,400, one thread), different ones at M = 1 and 2-9."""
+bits for every M >= 16 and other ones in the bands M = 1 and 2-15 (SmolLM2's shapes, M up to 2,000, one
+thread; docs/sampling.md "Batch invariance")."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: RowPadding) -> torch.Tensor:

@@ -28,7 +28,8 @@ import torch
 from dasrl.drafter.base import DraftBatch
 
 INVARIANT_BUCKET = 64
-"""Batch-invariant layouts: first-token views are rounded up to a multiple of this many slots."""
+"""Batch-invariant layouts: each token's view (its slot + 1) is rounded up to a multiple of this many
+slots (512 cost 5-29% more per forward: docs/sampling.md "Batch invariance")."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class PackedLayout:
     first: torch.Tensor
     """[B] int64: packed index of each row's first token."""
     first_mask: torch.Tensor
-    """[B, 1, 1, S1] bool: slots each row's first token sees (its cache and itself); S1 = max L_b + 1."""
+    """[B, 1, 1, S1] bool: slots each row's first token sees (its cache and itself); S1 = max L_b + 1
+    (batch-invariant layouts: the largest first-token view)."""
     more_rows: torch.Tensor
     """[R] int64: the rows with more than one new token."""
     more_index: torch.Tensor
@@ -50,7 +52,8 @@ class PackedLayout:
     more_valid: torch.Tensor
     """[R, Q] bool: which entries of more_index are real tokens."""
     more_mask: torch.Tensor
-    """[R, 1, Q, S2] bool: slots each of those tokens sees; S2 = max over the R rows of L_b + q_b."""
+    """[R, 1, Q, S2] bool: slots each of those tokens sees; S2 = max over the R rows of L_b + q_b
+    (batch-invariant layouts: rounded up to the bucket)."""
     more_spans: tuple[tuple[int, int], ...] = ()
     """Host ints (row, L_b + q_b) of the R rows: attention on a CPU reads each row's cache as a view."""
     first_order: torch.Tensor | None = None

@@ -520,8 +520,9 @@ def test_step_clock_skips_prefill_steps_and_needs_enough_spread():
 
 def test_latency_floor_by_hand():
     """c_base 75 ms, c_tok 5 ms (CPU-like), 40 rows: t = 275 ms. Off the makespan a draft token must
-    keep the batch's tokens per second: a**L >= 40 * 5 / 275 = 0.727; a long-class request's own time
-    per token: a**L >= (1 + a) * 5 / 275. With 2 rows left (t = 85 ms) the first is 2 * 5 / 85 = 0.118."""
+    keep the batch's tokens per second: a**L >= 40 * 5 / 275 = 0.727; a long-class request, alone in its
+    class, its own time per token: a**L >= (1 + a) * 5 / 275; with n long rows drafting, n times that.
+    With 2 rows left (t = 85 ms) the first is 2 * 5 / 85 = 0.118."""
     d = drafter(policy="das", k=8)
     lat = LatencyModel(0.075, 0.005)
     medium, long_ = RequestState("m", 0, 10, 100), RequestState("l", 0, 10, 100)
@@ -533,6 +534,10 @@ def test_latency_floor_by_hand():
     assert acceptance_cap(0.4, d._floor(lat, 0.4, 40, long_), 8) == 4  # .4**4 = .0256 >= .02545 > .4**5
     assert acceptance_cap(0.4, d._floor(lat, 0.4, 2, medium), 8) == 2  # tail: .16 >= .118 > .064
     assert d._floor(None, 0.4, 40, medium) == d.config.acceptance_floor  # no fit yet
+    # 10 long rows drafting beside it: each token they add slows all ten: 1.4 * 10 * 5 / 275 = 0.2545
+    assert abs(d._floor(lat, 0.4, 40, long_, longs=10) - 14 * 0.005 / 0.275) < 1e-12
+    assert acceptance_cap(0.4, d._floor(lat, 0.4, 40, long_, longs=10), 8) == 1  # .4 >= .2545 > .16
+    assert acceptance_cap(0.17, d._floor(lat, 0.17, 40, long_, longs=10), 8) == 0  # T = 1-like: no draft
 
 
 def test_propose_times_each_step_with_its_own_tokens():

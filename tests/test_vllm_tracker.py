@@ -198,6 +198,7 @@ def test_accepted_tokens_are_counted():
     b.step(d, {"b": R1[:1]})  # drafts R1[1:]
     b.step(d, {"b": R1[1:4] + [99]})  # 3 accepted, then the target differs
     assert d.stats.accepted == 3 and d._reqs["b"].state.accepted == 3
+    assert d.stats.calls == 3 and d.stats.propose_s > 0  # the drafter's own time, for the bench rows
 
 
 def test_bad_input_names_the_request():

@@ -38,6 +38,7 @@ Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
@@ -82,6 +83,11 @@ class DrafterStats:
     """Drafted tokens whose verification was seen (drafted minus drafts still in flight or lost)."""
     paused: int = 0
     """Times a request vLLM still held (preempted or unscheduled) was absent from the batch."""
+    calls: int = 0
+    """Calls to propose (one per vLLM step that reached the proposer)."""
+    propose_s: float = 0.0
+    """Wall seconds inside propose (indexing the new tokens, caps, drafting): the drafter's own cost,
+    paid on the same core as the forward when vLLM runs on a CPU."""
 
     def as_dict(self) -> dict:
         d = dict(vars(self))
@@ -173,6 +179,17 @@ class BatchDrafter:
         its prompt is still being prefilled: no draft). `live`: every request id vLLM still holds state
         for (the runner's `requests`), so that an absent one is known to be paused, not finished; None =
         unknown (every absent request counts as departed). Returns one list of draft ids per row."""
+        start = time.perf_counter()
+        try:
+            return self._propose(req_ids=req_ids, prompt_lens=prompt_lens, token_rows=token_rows,
+                                 num_tokens=num_tokens, sampled=sampled, max_new_tokens=max_new_tokens, live=live)
+        finally:
+            self.stats.calls += 1
+            self.stats.propose_s += time.perf_counter() - start
+
+    def _propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
+                 num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
+                 max_new_tokens: Sequence[int] | None, live: Collection[str] | None) -> list[list[int]]:
         n_rows = len(req_ids)
         for name, seq in (("prompt_lens", prompt_lens), ("num_tokens", num_tokens), ("sampled", sampled)):
             if len(seq) < n_rows:

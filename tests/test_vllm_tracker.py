@@ -272,6 +272,35 @@ def test_low_acceptance_stops_drafting_then_probes():
     assert req.accepted == 0 and d.acceptance("r") < 0.2
 
 
+def test_probes_are_per_problem_and_staggered():
+    """Requests that stopped drafting: one 1-token probe per problem every probe_every calls, whatever
+    the number of its siblings, and two problems probe on different calls."""
+    H = list(range(100, 200))
+    d = BatchDrafter(VLLMDrafterConfig(policy="das", caps=(8, 8, 8), max_spec_factor=0.0, probe_every=4,
+                                       latency_floor=False, acceptance_floor=0.99),
+                     num_speculative_tokens=4, max_model_len=512)
+    d.stats.resolved = 10_000  # nothing ever accepted anywhere: every estimate ~0, every cap 0 but probes
+    b = Batch(width=256)
+    for rid in ("hp", "hq"):
+        b.add(rid, P if rid == "hp" else Q)
+    b.step(d, {"hp": H, "hq": H})
+    b.drop("hp"), b.drop("hq")
+    sib = {"p0": P, "p1": P, "p2": P, "q0": Q, "q1": Q}
+    for rid, prompt in sib.items():
+        b.add(rid, prompt)
+    b.step(d, {rid: H[:1] for rid in sib})
+    calls = []
+    for i in range(1, 13):
+        drafts = b.step(d, {rid: [H[i]] for rid in sib})
+        calls.append({rid for rid, t in drafts.items() if t})
+    assert all(len(c) <= 2 for c in calls)  # at most one probe per problem per call
+    p_calls = [i for i, c in enumerate(calls) if c & {"p0", "p1", "p2"}]
+    q_calls = [i for i, c in enumerate(calls) if c & {"q0", "q1"}]
+    assert len(p_calls) == 3 and len(q_calls) == 3  # 12 calls / 4
+    assert all(len(c & {"p0", "p1", "p2"}) <= 1 for c in calls)
+    assert {b - a for a, b in zip(p_calls, p_calls[1:])} == {4} and not set(p_calls) & set(q_calls)
+
+
 def test_high_acceptance_lifts_the_length_class_cap():
     """Greedy RL: every sample of a prompt is the same, drafts are all accepted. The das class policy
     alone gives a request of a short problem no draft; measured acceptance >= trust_acceptance lifts

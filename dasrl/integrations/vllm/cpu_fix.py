@@ -75,13 +75,18 @@ def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
 
 
 def expand_is_broken() -> bool:
-    """True if vLLM's expand_batch_to_tokens, as this process has it, loses float values (CPU tensors:
-    call it only on vLLM's CPU platform)."""
+    """True if vLLM's expand_batch_to_tokens, as this process has it, loses float values or cannot run at
+    all (CPU tensors: call it only on vLLM's CPU platform). It cannot run in a process where vLLM's CPU
+    kernels were never registered (a proposer built outside a worker: the Triton launcher raises
+    TypeError "Cannot inspect kernel parameters"); the torch version serves there as well."""
     from vllm.v1.sample import rejection_sampler
 
     x = torch.tensor([0.6, 1.0], dtype=torch.float32)  # [batch]
     cu = torch.tensor([2, 3], dtype=torch.int32)
-    got = rejection_sampler.expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1)
+    try:
+        got = rejection_sampler.expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1)
+    except (TypeError, RuntimeError):
+        return True
     return not torch.equal(got, torch.tensor([0.6, 0.6, 1.0], dtype=torch.float32))
 
 

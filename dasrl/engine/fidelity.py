@@ -217,9 +217,15 @@ def _with_gap(model, prompts, ref_out, d: Diff) -> Diff:
     return Diff(d.request, d.position, d.ref_token, d.token, round(gap, 9))
 
 
-def _row(sampler, variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
+def _head(sampler, variant, temp, cfg: FidelityConfig) -> dict:
+    """The keys every JSON row starts with."""
     return {"sampler": sampler, "variant": variant, "temperature": temp, "top_p": cfg.top_p,
-            "batch_invariant": cfg.batch_invariant, "reference_batch": reference_batch, "requests": c.requests, "tokens": c.tokens,
+            "batch_invariant": cfg.batch_invariant}
+
+
+def _row(sampler, variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
+    return {**_head(sampler, variant, temp, cfg), "reference_batch": reference_batch, "requests": c.requests,
+            "tokens": c.tokens,
             "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
             "exposed_tokens": c.exposed, "flip_rate": len(diffs) / c.exposed if c.exposed else 0.0,
             "first_diffs": [d.__dict__ for d in diffs]}
@@ -259,8 +265,8 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
         seqs = [p + c.token_ids for p, c in zip(prompts, outs) if c.token_ids]
         starts = [len(p) for p, c in zip(prompts, outs) if c.token_ids]
         for r in flip_rows(model, seqs, starts, _params(cfg, temp), seeds=seeds):
-            rows.append({"sampler": r.pop("sampler"), "variant": f"forward shape (alone vs batch of {len(seqs)})",
-                         "temperature": temp, "top_p": cfg.top_p, "batch_invariant": cfg.batch_invariant, "requests": len(seqs), "tokens": r["draws"],
+            rows.append({**_head(r.pop("sampler"), f"forward shape (alone vs batch of {len(seqs)})", temp, cfg),
+                         "requests": len(seqs), "tokens": r["draws"],
                          "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
         tick()
     return rows
@@ -305,8 +311,8 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
                 draw(logits, params, seeds=seeds, positions=pos)
                 draw_s.append(time.perf_counter() - t0)
             ms = 1e3 * statistics.median(draw_s[1:])
-            rows.append({"sampler": sampler, "variant": f"cost (batch {batch})", "temperature": temp,
-                         "top_p": cfg.top_p, "batch_invariant": cfg.batch_invariant, "requests": batch, "tokens": 0, "differing_tokens": 0,
+            rows.append({**_head(sampler, f"cost (batch {batch})", temp, cfg), "requests": batch, "tokens": 0,
+                         "differing_tokens": 0,
                          "differing_sequences": 0, "sampler_ms": round(ms, 3), "step_ms": round(step_ms, 2),
                          "forward_ms": None if forward_ms is None else round(forward_ms, 2),
                          "sampler_share": round(ms / step_ms, 4),

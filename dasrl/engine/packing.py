@@ -120,10 +120,15 @@ def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return anc, depth
 
 
+def _round_up(x, bucket: int):
+    """x (an int or an array) rounded up to a multiple of bucket."""
+    return -(-x // bucket) * bucket
+
+
 def _first_groups(lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, tuple[tuple[int, int, int, int], ...]]:
     """Rows grouped by their own first-token view, L_b + 1 rounded up to a multiple of `bucket`: the order
     [B] and (a, b, S, row0) per group (row0 = first row when the group's rows are consecutive, else -1)."""
-    view = -(-(lengths + 1) // bucket) * bucket  # [B]
+    view = _round_up(lengths + 1, bucket)  # [B]
     order = np.argsort(view, kind="stable")  # [B]
     cuts = np.flatnonzero(np.diff(view[order])) + 1
     groups = []
@@ -139,7 +144,7 @@ def _more_views(lengths: np.ndarray, extra: np.ndarray, bucket: int) -> tuple[tu
     equal view S = (own slot + 1) rounded up to the bucket (slots only grow along a row: a few runs)."""
     out = []
     for length, k in zip(lengths.tolist(), extra.tolist()):
-        views = -(-(length + 2 + np.arange(k)) // bucket) * bucket  # [k] token j sits at slot length + 1 + j
+        views = _round_up(length + 2 + np.arange(k), bucket)  # [k] token j sits at slot length + 1 + j
         cuts = [0, *(np.flatnonzero(np.diff(views)) + 1).tolist(), k]
         out.append(tuple((a, b, int(views[a])) for a, b in zip(cuts[:-1], cuts[1:])))
     return tuple(out)
@@ -183,7 +188,7 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
     view = int((lengths + q).max())
     s2 = int((L_more + q[more_rows]).max()) if r else 1
     if bucket and r:  # each token's own view may reach past the row's last slot
-        s2 = -(-s2 // bucket) * bucket
+        s2 = _round_up(s2, bucket)
     # Tokens 1.. of the multi-token rows: their cache, then their ancestors among the new tokens.
     slots2 = np.arange(s2)[None, :]  # [1, S2]
     cached = slots2 < L_more[:, None]  # [R, S2]

@@ -4,7 +4,8 @@ Engine bench: a workload with history. The long-tail task set (dasrl/tasks.py: s
 enumerating problems, the limit far above the median) is rolled out for two "epochs" (G samples each,
 T = 0.6, top-p 0.95, other seeds per epoch); history drafters index epoch 1 and epoch 2 is measured, side
 by side in one run: no speculation, n-gram, global suffix (DraftStore mode global; arctic-inference too
-when installed), DAS (DraftStore problem+request), the oracle (knows epoch 2's outputs: the limit), and
+when installed), DAS's suffix index alone (DraftStore problem+request, `das-suffix`), DAS as a session
+drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows epoch 2's outputs: the limit), and
 HF `model.generate` on the same batch as the external baseline. Every drafter runs under the same
 policy (DAS's length classes learnt from epoch 1, within the per-forward allowance), so the drafter is the
 only difference. Every speculative row must reproduce the no-speculation outputs token for token (`exact`).
@@ -22,6 +23,7 @@ import torch
 
 from dasrl.drafter.base import DraftBatch
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
+from dasrl.drafter.counting import CountingDrafter, digit_tokens
 from dasrl.engine.cache import RowCache
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.packing import pack_drafts
@@ -158,8 +160,16 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
             makers.append(("arctic", lambda: with_history(ArcticDrafter())))
     except ImportError:
         pass
+    def das() -> object:  # DAS's drafter as a session builds it: the store, counting where it can
+        store = with_history(DraftStore(StoreConfig(mode="problem+request")))
+        try:
+            return CountingDrafter(store, digit_tokens(tokenizer))
+        except ValueError:  # a tokenizer that merges digits: the store alone
+            return store
+
     makers += [
-        ("das", lambda: with_history(DraftStore(StoreConfig(mode="problem+request")))),
+        ("das-suffix", lambda: with_history(DraftStore(StoreConfig(mode="problem+request")))),
+        ("das", das),
         ("oracle", lambda: OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})),
     ]
     def policy():

@@ -108,8 +108,10 @@ class Variant:
 
     def session_config(self, seed: int) -> SessionConfig:
         """The SessionConfig of this variant's session (validate-sim rebuilds its policy from it)."""
+        # counting=False: the variants compare history drafters as the paper does (and validate-sim replays
+        # them with a DraftStore); counting drafts are measured by `dasrl demo` and `dasrl bench engine`.
         return SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store,
-                             seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE)
+                             seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE, counting=False)
 
     def session(self, model, tokenizer, seed: int) -> RolloutSession:
         drafter = self.drafter() if self.drafter else (OracleDrafter({}) if self.oracle else None)

@@ -28,6 +28,7 @@ from typing import Hashable, Sequence
 
 from dasrl.atomic import write_json
 from dasrl.drafter.base import Drafter, problem_key
+from dasrl.drafter.counting import CountingDrafter, digit_tokens
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
@@ -49,6 +50,9 @@ class SessionConfig:
     """Keyword arguments of the policy's constructor as (name, value) pairs, e.g. (("limit", 24),)."""
     store: StoreConfig = StoreConfig()
     """The history drafter's scope, window and decay."""
+    counting: bool = True
+    """Draft numbered patterns of a request's own output by counting (drafter/counting.py); needs one token
+    per digit, and is off (with a warning) for a tokenizer without."""
     seed: int = 0
     """Run seed; sample seeds derive from (seed, step, problem, sample index)."""
     background_upkeep: bool = True
@@ -119,6 +123,19 @@ def sample_indices(problem_ids: Sequence[Hashable]) -> list[int]:
     return out
 
 
+def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
+    """The drafter a speculating session builds: a DraftStore, wrapped in counting drafts when
+    config.counting and the tokenizer gives every digit its own token."""
+    store = DraftStore(config.store)
+    if not config.counting:
+        return store
+    try:
+        return CountingDrafter(store, digit_tokens(tokenizer))
+    except ValueError as e:
+        warnings.warn(f"counting drafts are off: {e}", stacklevel=3)
+        return store
+
+
 def speculation_policy(config: SessionConfig) -> ForwardAllowance:
     """The policy a speculating session drafts under: config.policy inside the per-forward allowance, priced
     by config.latency (or the CPU default). The simulator's validation replays sessions with it."""
@@ -140,7 +157,7 @@ class RolloutSession:
         self.config = config
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
-            DraftStore(config.store) if config.speculate else None)
+            history_drafter(config, tokenizer) if config.speculate else None)
         self.policy = speculation_policy(config) if config.speculate else NoSpeculation()
         self.step = 0
         self.history: list[StepSummary] = []
@@ -187,12 +204,17 @@ class RolloutSession:
 
     @property
     def store(self) -> DraftStore | None:
-        """The history drafter when it is a DraftStore (None for other drafters and without speculation)."""
-        return self.drafter if isinstance(self.drafter, DraftStore) else None
+        """The history drafter when it is a DraftStore, counting or not (None for other drafters and
+        without speculation)."""
+        d = self.drafter.inner if isinstance(self.drafter, CountingDrafter) else self.drafter
+        return d if isinstance(d, DraftStore) else None
 
     @store.setter
     def store(self, value: DraftStore | None) -> None:
-        self.drafter = value
+        if isinstance(self.drafter, CountingDrafter) and value is not None:
+            self.drafter.inner = value
+        else:
+            self.drafter = value
 
     def record(self, rollouts: Sequence[Rollout]) -> None:
         """Take this step's rollouts as if this session had generated them, without generating: a
@@ -245,7 +267,8 @@ class RolloutSession:
                 "drafted": sum(s.drafted for s in h), "accepted": sum(s.accepted for s in h),
                 "upkeep_wait_s": sum(s.upkeep_wait_s for s in h), "upkeep_s": sum(s.upkeep_s for s in h),
                 "store_tokens": self.store.num_tokens if self.store else 0,
-                "store_bytes": self.store.bytes_used() if self.store else 0}
+                "store_bytes": self.store.bytes_used() if self.store else 0,
+                "counted_drafts": getattr(self.drafter, "counted", 0)}
 
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:

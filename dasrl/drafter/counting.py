@@ -1,0 +1,197 @@
+"""Counting drafts: continue a numbered pattern of the request's own output by incrementing its numbers.
+
+The samples that set an RL step's makespan are often enumerations that run past their target: "1, 2, 3,
+..., 127", "#### 12\\nSara has 12 stickers left.\\n#### 13\\n...", "3 x 13 = 93, 3 x 14 = ...". A suffix
+drafter cannot propose "46" after "44, 45, " unless "45, 46" is in its history. Counting can: with a
+tokenizer that gives every digit its own token (Llama 2, SmolLM, Qwen), the output is a sequence of items,
+each a non-digit token or a number (a run of digit tokens). When the last items repeat with period P
+(the same tokens, numbers at the same places) for three periods, and each number slot of the period
+steps by a constant across them (an arithmetic progression: +1, +3, -1, 0), the next periods follow:
+
+    ..., 43, 44, 45, 4  ->  items [.. 43 , ␣ 44 , ␣ 45 , ␣] + partial "4";  P = 3, slot steps +1
+                        ->  draft "6" "," " " "4" "7" "," " " ...
+
+A slot that does not step by a constant (a product the model makes up) ends the draft there. Nothing is
+learnt across requests: it reads only the request's own prompt and output.
+
+`CountingDrafter` wraps another drafter (the DraftStore): each row drafts the counting continuation where
+there is one, else what the wrapped drafter proposes. Drafts are verified like any other, so outputs are
+unchanged; only the time is.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from dasrl.drafter.base import Draft, DraftBatch, observe_batch, propose_flat
+
+NUM = -1
+"""Structure key of a number item (non-digit items are keyed by their token id)."""
+
+
+def digit_tokens(tokenizer) -> np.ndarray:
+    """[10] int64: the token id of each digit 0-9, for tokenizers that give every digit its own token.
+    Raises ValueError when a digit is not one token (numbers are then merged: counting cannot draft)."""
+    out = []
+    for d in "0123456789":
+        ids = tokenizer.encode(d, add_special_tokens=False)
+        if len(ids) != 1 or tokenizer.decode(ids) != d:
+            raise ValueError(f"digit {d!r} is not a single token of this tokenizer ({ids}): counting drafts "
+                             "need one token per digit")
+        out.append(int(ids[0]))
+    if len(set(out)) != 10:
+        raise ValueError(f"digit tokens are not distinct: {out}")
+    return np.asarray(out, np.int64)
+
+
+def _items(tail: np.ndarray, digit_of: dict[int, str]) -> tuple[list[int], list[str | None], str]:
+    """(keys, texts, partial): the tail as items (keys: token id or NUM; texts: a number's digits or None)
+    and the digits the tail ends in (a number still being written; '' if none). A leading number, which
+    the window may have cut, is dropped."""
+    keys: list[int] = []
+    texts: list[str | None] = []
+    run = ""
+    for t in tail.tolist():
+        d = digit_of.get(t)
+        if d is not None:
+            run += d
+            continue
+        if run:
+            keys.append(NUM)
+            texts.append(run)
+            run = ""
+        keys.append(t)
+        texts.append(None)
+    if keys and keys[0] == NUM and tail.size and digit_of.get(int(tail[0])) is not None:
+        keys, texts = keys[1:], texts[1:]
+    return keys, texts, run
+
+
+def _period(keys: list[int], max_period: int) -> int:
+    """The shortest P (with a number in it) such that the last three windows of P items are alike; 0 if
+    none."""
+    n = len(keys)
+    for p in range(1, min(max_period, n // 3) + 1):
+        last = keys[n - p:]
+        if NUM in last and keys[n - 2 * p:n - p] == last and keys[n - 3 * p:n - 2 * p] == last:
+            return p
+    return 0
+
+
+def _format(value: int, seen: Sequence[str]) -> str | None:
+    """A slot's next number written as its earlier ones were (zero-padded to their width if they were)."""
+    if value < 0:
+        return None
+    width = len(seen[-1])
+    padded = any(len(s) > 1 and s[0] == "0" for s in seen)
+    return str(value).zfill(width) if padded else str(value)
+
+
+def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32) -> np.ndarray:
+    """[<= budget] int64: the tokens that continue the numbered pattern the tail ends in (see the module
+    docstring); empty when there is none. `tail`: the request's last tokens (prompt and output)."""
+    if budget <= 0 or tail.size == 0:
+        return np.zeros(0, np.int64)
+    digit_of = {int(t): str(d) for d, t in enumerate(digits.tolist())}
+    keys, texts, partial = _items(np.asarray(tail, np.int64), digit_of)
+    p = _period(keys, max_period)
+    if p == 0:
+        return np.zeros(0, np.int64)
+    n = len(keys)
+    steps: dict[int, int | None] = {}  # slot -> step per period (None: not a constant step)
+    for i in range(p):
+        if keys[n - p + i] == NUM:
+            v = [int(texts[n - (3 - c) * p + i]) for c in range(3)]  # the slot in the last three periods
+            steps[i] = v[2] - v[1] if v[2] - v[1] == v[1] - v[0] else None
+    out: list[int] = []
+    k = 0
+    while len(out) < budget:
+        i, cycle = k % p, k // p + 1
+        if keys[n - p + i] != NUM:
+            if partial and k == 0:
+                return np.zeros(0, np.int64)  # the tail ends inside a number where the pattern has none
+            out.append(keys[n - p + i])
+        else:
+            step = steps[i]
+            seen = [texts[n - (3 - c) * p + i] for c in range(3)]
+            text = None if step is None else _format(int(seen[-1]) + cycle * step, seen)
+            if text is None:
+                break
+            if k == 0 and partial:
+                if not text.startswith(partial):
+                    return np.zeros(0, np.int64)
+                text = text[len(partial):]
+            out.extend(int(digits[int(c)]) for c in text)
+        k += 1
+    return np.asarray(out[:budget], np.int64)
+
+
+class CountingDrafter:
+    """Wraps a drafter: counting drafts where the request's output is a numbered pattern, the wrapped
+    drafter's everywhere else (see the module docstring). Implements the Drafter protocol."""
+
+    def __init__(self, inner, digits: np.ndarray, *, window: int = 256, max_period: int = 32) -> None:
+        digits = np.asarray(digits, np.int64)
+        if digits.shape != (10,) or len(set(digits.tolist())) != 10 or digits.min() < 0:
+            raise ValueError(f"digits must be 10 distinct token ids >= 0 (digit_tokens()), got {digits.tolist()}")
+        if window < 3 or max_period < 1:
+            raise ValueError(f"need window >= 3 and max_period >= 1, got window={window}, max_period={max_period}")
+        self.inner, self.digits, self.window, self.max_period = inner, digits, window, max_period
+        self._tail: dict[Hashable, np.ndarray] = {}
+        self.counted = 0
+        """Drafts proposed by counting (rather than by the wrapped drafter) since construction."""
+
+    def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
+        self.inner.start(req_id, problem_id, prompt_ids)  # validates, and refuses a live id
+        self._tail[req_id] = np.asarray(prompt_ids, np.int64)[-self.window:]
+
+    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
+        return self.propose_flat(req_ids, budgets).drafts()
+
+    def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
+        batch = propose_flat(self.inner, req_ids, budgets)  # checks ids and budgets
+        drafts: list[Draft] | None = None
+        for i, (rid, b) in enumerate(zip(req_ids, budgets)):
+            if b <= 0:
+                continue
+            toks = counting_draft(self._tail[rid], digits=self.digits, budget=int(b), max_period=self.max_period)
+            if toks.size:
+                drafts = batch.drafts() if drafts is None else drafts
+                drafts[i] = Draft.chain(toks, match_len=int(toks.size))
+                self.counted += 1
+        return batch if drafts is None else DraftBatch.from_drafts(drafts)
+
+    def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+        self.inner.observe(req_id, tokens)
+        self._extend(req_id, tokens)
+
+    def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int]]) -> None:
+        observe_batch(self.inner, req_ids, token_lists)
+        for rid, toks in zip(req_ids, token_lists):
+            self._extend(rid, toks)
+
+    def _extend(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+        tail = self._tail.get(req_id)
+        if tail is not None:
+            self._tail[req_id] = np.concatenate([tail, np.asarray(tokens, np.int64)])[-self.window:]
+
+    def finish(self, req_id: Hashable) -> None:
+        self.inner.finish(req_id)
+        self._tail.pop(req_id, None)
+
+    def abort(self, req_id: Hashable) -> None:
+        abort = getattr(self.inner, "abort", None)
+        if abort is not None:
+            abort(req_id)
+        self._tail.pop(req_id, None)
+
+    def end_step(self) -> None:
+        self.inner.end_step()
+        self._tail.clear()
+
+    def __getattr__(self, name):  # the wrapped drafter's own API (save, stats, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -1,0 +1,158 @@
+"""Counting drafts (dasrl/drafter/counting.py): hand-worked token arrays, a property test against rendered
+patterns, the wrapper's protocol, and exactness on the real model (a counting prompt, greedy and seeded)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dasrl.drafter.baselines import NGramDrafter
+from dasrl.drafter.counting import CountingDrafter, counting_draft, digit_tokens
+
+# A toy vocabulary: one token per character, digits d -> 10 + d.
+DIGITS = np.arange(10, 20)
+CHARS = {",": 1, " ": 2, "x": 3, "=": 4, "\n": 5, "#": 6, "a": 7, "b": 8, ":": 9}
+DECODE = {v: k for k, v in CHARS.items()} | {10 + d: str(d) for d in range(10)}
+
+
+def enc(text: str) -> np.ndarray:
+    return np.array([10 + int(c) if c.isdigit() else CHARS[c] for c in text], np.int64)
+
+
+def dec(tokens) -> str:
+    return "".join(DECODE[int(t)] for t in tokens)
+
+
+def draft(text: str, budget: int = 12) -> str:
+    return dec(counting_draft(enc(text), digits=DIGITS, budget=budget))
+
+
+# ------------------------------------------------------------------ hand-worked
+@pytest.mark.parametrize("text, expected", [
+    ("a: 43, 44, 45, ", "46, 47, 48, "),             # a list: +1 per period
+    ("a: 43, 44, 45, 4", "6, 47, 48, 4"),            # the tail ends inside a number: its other digits
+    ("98\n99\n100\n101\n", "102\n103\n104\n"),       # more digits
+    ("a: 07 08 09 ", "10 11 12 13 "),                  # zero padded to the width seen
+    ("a: 3, 6, 9, ", "12, 15, 18, "),                  # +3
+    ("5, 4, 3, 2, ", "1, 0, "),                      # counting down stops before -1
+    ("3x12=36,3x13=93,3x14=223,3x1", "5="),          # the product is no progression: the draft stops there
+    ("#1\na1b\n#2\na2b\n#3\na3b\n#", "4\na4b\n#5\na5b"),  # two slots per period
+])
+def test_hand_worked(text, expected):
+    assert draft(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "a: 44, 45, ",        # two periods: not enough evidence
+    "1, 2, 4, ",          # no constant step
+    "ab, ab, ab, ",       # repetition without numbers: the suffix drafter's job
+    "a: 43, 44, 45, 5",   # the number being written cannot be 46
+    "a: 43, 44, 45,",     # the pattern wants " " next, not a digit ... and it ends with ",": fine
+    "",
+])
+def test_no_pattern_no_draft(text):
+    if text == "a: 43, 44, 45,":  # the period [,, ␣, NUM] rotates: " 46, 47" is the continuation
+        assert draft(text) == " 46, 47, 48,"
+    else:
+        assert draft(text) == ""
+
+
+def test_budget_and_zero_budget():
+    assert draft("a: 43, 44, 45, ", budget=3) == "46,"
+    assert draft("a: 43, 44, 45, ", budget=0) == ""
+
+
+def test_a_number_cut_by_the_window_is_not_read():
+    # The tail starts inside "143": read as 43 it would continue the progression 43, 44, 45.
+    tail = enc("143, 144, 145, ")[1:]
+    assert dec(counting_draft(tail, digits=DIGITS, budget=4)) == ""
+
+
+# ------------------------------------------------------------------ property
+SEPS = st.lists(st.sampled_from(sorted(CHARS.values())), min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sep=SEPS, start=st.integers(0, 500), step=st.integers(-3, 5), periods=st.integers(4, 9),
+       cut=st.integers(0, 40), budget=st.integers(1, 24))
+def test_a_rendered_progression_is_continued(sep, start, step, periods, cut, budget):
+    """Render `periods` periods of NUM + sep, cut anywhere in the next ones: the draft is the true
+    continuation (as long as the numbers stay >= 0), and it is never empty when the next number is >= 0."""
+    values = [start + i * step for i in range(periods + 30)]
+    if min(values[:periods + 1]) < 0:
+        return
+    text_tokens = []
+    for v in values:
+        if v < 0:
+            break
+        text_tokens += [10 + int(c) for c in str(v)] + sep
+    full = np.array(text_tokens, np.int64)
+    seen = len(np.concatenate([[10 + int(c) for c in str(v)] + sep for v in values[:periods]]))
+    tail, rest = full[: seen + cut], full[seen + cut:]
+    out = counting_draft(tail, digits=DIGITS, budget=budget)
+    assert out.size <= budget
+    assert np.array_equal(out, rest[: out.size]), (dec(tail), dec(out), dec(rest))
+    if rest.size and values[periods] >= 0:
+        assert out.size > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 25), max_size=80), budget=st.integers(0, 20))
+def test_any_tail_gives_a_valid_draft(tokens, budget):
+    out = counting_draft(np.array(tokens, np.int64), digits=DIGITS, budget=budget)
+    assert out.size <= budget and out.dtype == np.int64
+    assert set(out.tolist()) <= set(tokens) | set(DIGITS.tolist())
+
+
+# ------------------------------------------------------------------ the wrapper
+def test_wrapper_counts_where_it_can_and_delegates_elsewhere():
+    d = CountingDrafter(NGramDrafter(), DIGITS)
+    d.start("r", "p", enc("a:"))
+    d.start("s", "p", enc("ab ab ab a"))
+    d.observe("r", enc(" 43, 44, 45, "))
+    out = d.propose(["r", "s"], [5, 3])
+    assert dec(out[0].tokens) == "46, 4"  # counting
+    assert dec(out[1].tokens) == "b a"  # the n-gram drafter's proposal
+    assert d.counted == 1
+    d.finish("r")
+    with pytest.raises(KeyError):
+        d.propose(["r"], [2])
+    with pytest.raises(KeyError, match="already started"):
+        d.start("s", "p", enc("a"))
+
+
+@pytest.mark.parametrize("digits, match", [(np.arange(9), "10 distinct"), (np.zeros(10), "10 distinct")])
+def test_bad_digits_are_refused(digits, match):
+    with pytest.raises(ValueError, match=match):
+        CountingDrafter(NGramDrafter(), digits)
+
+
+def test_digit_tokens_of_the_embedded_tokenizer(smollm):
+    _, tok = smollm
+    digits = digit_tokens(tok)
+    assert [tok.decode([int(t)]) for t in digits] == list("0123456789")
+
+
+# ------------------------------------------------------------------ exactness on the model
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_counting_drafts_are_exact_on_the_model(smollm, temperature):
+    from dasrl.drafter.store import DraftStore
+    from dasrl.engine import EngineConfig, SamplingParams, SpecEngine
+    from dasrl.policy.base import FixedBudget
+    from dasrl.tasks import chat_ids
+
+    model, tok = smollm
+    engine = SpecEngine(model, tok, EngineConfig(num_threads=1))
+    prompts = [chat_ids(tok, q) for q in ("Count from 1 to 30, separated by commas.",
+                                          "List the numbers from 10 to 40, one per line.")]
+    sampling = SamplingParams(temperature=temperature)
+    kw = dict(sampling=sampling, seeds=[7, 8], max_new_tokens=64)
+    plain = engine.generate(prompts, **kw)
+    drafter = CountingDrafter(DraftStore(), digit_tokens(tok))
+    spec = engine.generate(prompts, drafter=drafter, policy=FixedBudget(8), **kw)
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    if temperature == 0.0:  # greedy counts: the test must have exercised counting
+        assert drafter.counted > 0 and sum(c.accepted for c in spec) > 0

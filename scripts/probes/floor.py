@@ -6,15 +6,27 @@ builds it. The step then takes the fewest forwards this drafter allows (K = 0: p
 lockstep forward is priced by a latency model as if only the accepted draft tokens had been drafted (a
 policy that never wastes a token): a lower bound of the step's forward time with this drafter.
 
-    python scripts/probes/floor.py TRACE_DIR LATENCY_JSON [K ...]
+    python scripts/probes/floor.py TRACE_DIR LATENCY_JSON [K ...] [--counting]
+
+--counting: the drafter a session builds (the DraftStore with counting drafts, the embedded model's
+tokenizer) instead of the DraftStore alone.
 """
 import sys
+from dasrl.drafter.counting import CountingDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import read_trace
 
-path, lat = sys.argv[1], LatencyModel.load(sys.argv[2])
-Ks = [int(k) for k in sys.argv[3:]] or [16]
+args = [a for a in sys.argv[1:] if a != "--counting"]
+path, lat = args[0], LatencyModel.load(args[1])
+Ks = [int(k) for k in args[2:]] or [16]
+digits = None
+if "--counting" in sys.argv:
+    from transformers import AutoTokenizer
+
+    from dasrl.drafter.counting import digit_tokens
+    from dasrl.models import ensure_hf_folder
+    digits = digit_tokens(AutoTokenizer.from_pretrained(ensure_hf_folder()))
 rows = read_trace(path).responses()
 steps = sorted({r.step for r in rows})
 by_step = {s: [r for r in rows if r.step == s] for s in steps}
@@ -23,11 +35,12 @@ by_step = {s: [r for r in rows if r.step == s] for s in steps}
 def replay(history_steps, resp_rows, K):
     """(forwards, seconds, paid): the step's lockstep forwards, their zero-waste price and their price with
     every drafted token paid (every row drafting K at every forward)."""
-    st = DraftStore(StoreConfig(mode="problem+request"))
+    store = DraftStore(StoreConfig(mode="problem+request"))
     for s in history_steps:
         for r in by_step[s]:
-            st.add_rollout(r.problem_id, r.prompt_ids, r.response_ids)
-        st.end_step()
+            store.add_rollout(r.problem_id, r.prompt_ids, r.response_ids)
+        store.end_step()
+    st = store if digits is None else CountingDrafter(store, digits)
     resp = [r.response_ids.tolist() for r in resp_rows]
     plen = [len(r.prompt_ids) for r in resp_rows]
     for k, r in enumerate(resp_rows):

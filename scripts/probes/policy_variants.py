@@ -3,7 +3,7 @@
 The simulator replays a trace exactly as the DAS session ran it (same drafts, accepted tokens and
 forwards: docs/simulator.md "Validation"), so the session's policy can be varied and priced in seconds:
 
-    python scripts/probes/policy_variants.py TRACE_DIR LATENCY_JSON
+    python scripts/probes/policy_variants.py TRACE_DIR LATENCY_JSON [--counting]
 
 Each row: forwards per step, and the modeled rollout time against plain decoding (steps 1+ = from the
 second visit). The first row must reproduce the run's own DAS forwards (`summary.json`).
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import dasrl.policy.allowance as allowance
+from dasrl.drafter.counting import CountingDrafter, digit_tokens
 from dasrl.drafter.store import DraftStore
 from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.budget import ClassCaps, DASPolicy
@@ -21,15 +22,24 @@ from dasrl.rollout.session import SessionConfig, speculation_policy
 from dasrl.rollout.trace import read_trace
 from dasrl.sim.simulator import SimConfig, Simulator, group_steps
 
-steps = group_steps(read_trace(sys.argv[1]).responses())
-cfg = SimConfig(latency=LatencyModel.load(sys.argv[2]))
+args = [a for a in sys.argv[1:] if a != "--counting"]
+steps = group_steps(read_trace(args[0]).responses())
+cfg = SimConfig(latency=LatencyModel.load(args[1]))
+digits = None
+if "--counting" in sys.argv:  # the drafter a session builds: counting drafts over the DraftStore
+    from transformers import AutoTokenizer
+
+    from dasrl.models import ensure_hf_folder
+    digits = digit_tokens(AutoTokenizer.from_pretrained(ensure_hf_folder()))
 max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
 plain = [s.makespan for s in Simulator(drafter="none", policy="none", config=cfg).run(steps, max_new_tokens=max_new).steps]
 true_len = {(step, i): len(r.response_ids) for step, rs in steps for i, r in enumerate(rs)}
 
 
 def run(label, policy):
-    res = Simulator(drafter=DraftStore(SessionConfig().store), policy=policy, config=cfg).run(steps, max_new_tokens=max_new)
+    drafter = DraftStore(SessionConfig().store)
+    drafter = drafter if digits is None else CountingDrafter(drafter, digits)
+    res = Simulator(drafter=drafter, policy=policy, config=cfg).run(steps, max_new_tokens=max_new)
     t = [s.makespan for s in res.steps]
     print(f"| {label} | {' / '.join(str(s.forwards) for s in res.steps)} | "
           f"{' / '.join(f'{a / b:.2f}' for a, b in zip(t, plain))} | {sum(t[1:]) / sum(plain[1:]):.3f} |")

@@ -315,13 +315,14 @@ class Simulator:
 
     def record(self, step: int, responses: Sequence[Response]) -> None:
         """Take a step's responses into history without replaying them, as RolloutSession.record() and
-        end_step() do: a DraftStore indexes them, the policy's length history counts them, then both end
-        the step (acceptance statistics learn nothing: nothing was drafted)."""
+        end_step() do: a DraftStore (or a drafter wrapping one) indexes them, the policy's length history
+        counts them, then both end the step (acceptance statistics learn nothing: nothing was drafted)."""
         drafter = self.drafters.for_step({})
+        add = getattr(drafter, "add_rollout", None)  # a DraftStore, or a drafter wrapping one (counting)
         lengths = getattr(self.policy, "lengths", None)
         for r in responses:
-            if isinstance(drafter, DraftStore):
-                drafter.add_rollout(r.problem_id, r.prompt_ids.tolist(), r.response_ids.tolist())
+            if add is not None:
+                add(r.problem_id, r.prompt_ids.tolist(), r.response_ids.tolist())
             if lengths is not None:
                 lengths.record(r.problem_id, len(r.response_ids))
         if drafter is not None:

@@ -156,3 +156,38 @@ def test_counting_drafts_are_exact_on_the_model(smollm, temperature):
     assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
     if temperature == 0.0:  # greedy counts: the test must have exercised counting
         assert drafter.counted > 0 and sum(c.accepted for c in spec) > 0
+
+
+# ------------------------------------------------------------------ the session builds it
+class _CharTokenizer:
+    """A toy tokenizer, one id per character (the cases below break it)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(text)] if text.isdigit() else [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(str(i) for i in ids)
+
+
+def test_digit_tokens_refuses_a_tokenizer_without_one_token_per_digit():
+    class TwoTokens(_CharTokenizer):
+        def encode(self, text, add_special_tokens=False):
+            return [1, 2]
+    with pytest.raises(ValueError, match="digit '0' is not a single token"):
+        digit_tokens(TwoTokens())
+
+
+def test_session_drafter_counting_on_off_and_without_digits(smollm):
+    from dasrl.drafter.store import DraftStore
+    from dasrl.rollout.session import SessionConfig, history_drafter
+
+    _, tok = smollm
+    on = history_drafter(SessionConfig(), tok)
+    assert isinstance(on, CountingDrafter) and isinstance(on.inner, DraftStore)
+    assert isinstance(history_drafter(SessionConfig(counting=False), tok), DraftStore)
+
+    class NotDigits(_CharTokenizer):
+        def decode(self, ids):
+            return "x"
+    with pytest.warns(UserWarning, match="counting drafts are off"):
+        assert isinstance(history_drafter(SessionConfig(), NotDigits()), DraftStore)

@@ -21,6 +21,7 @@ unchanged; only the time is.
 
 from __future__ import annotations
 
+import warnings
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -100,11 +101,12 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
     if p == 0:
         return np.zeros(0, np.int64)
     n = len(keys)
-    steps: dict[int, int | None] = {}  # slot -> step per period (None: not a constant step)
+    slots: dict[int, tuple[list[str], int | None]] = {}  # slot -> (its texts in the last three periods, step)
     for i in range(p):
         if keys[n - p + i] == NUM:
-            v = [int(texts[n - (3 - c) * p + i]) for c in range(3)]  # the slot in the last three periods
-            steps[i] = v[2] - v[1] if v[2] - v[1] == v[1] - v[0] else None
+            seen = [texts[n - (3 - c) * p + i] for c in range(3)]
+            v = [int(t) for t in seen]
+            slots[i] = seen, (v[2] - v[1] if v[2] - v[1] == v[1] - v[0] else None)  # None: no constant step
     out: list[int] = []
     k = 0
     while len(out) < budget:
@@ -114,8 +116,7 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
                 return np.zeros(0, np.int64)  # the tail ends inside a number where the pattern has none
             out.append(keys[n - p + i])
         else:
-            step = steps[i]
-            seen = [texts[n - (3 - c) * p + i] for c in range(3)]
+            seen, step = slots[i]
             text = None if step is None else _format(int(seen[-1]) + cycle * step, seen)
             if text is None:
                 break
@@ -126,6 +127,16 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
             out.extend(int(digits[int(c)]) for c in text)
         k += 1
     return np.asarray(out[:budget], np.int64)
+
+
+def with_counting(inner, tokenizer):
+    """`inner` wrapped in counting drafts, or `inner` itself (with a warning) when the tokenizer does not
+    give every digit its own token."""
+    try:
+        return CountingDrafter(inner, digit_tokens(tokenizer))
+    except ValueError as e:
+        warnings.warn(f"counting drafts are off: {e}", stacklevel=2)
+        return inner
 
 
 class CountingDrafter:

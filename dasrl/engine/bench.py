@@ -5,10 +5,11 @@ enumerating problems, the limit far above the median) is rolled out for two "epo
 T = 0.6, top-p 0.95, other seeds per epoch); history drafters index epoch 1 and epoch 2 is measured, side
 by side in one run: no speculation, n-gram, global suffix (DraftStore mode global; arctic-inference too
 when installed), DAS's suffix index alone (DraftStore problem+request, `das-suffix`), DAS as a session
-drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows epoch 2's outputs: the limit), and
-HF `model.generate` on the same batch as the external baseline. Every drafter runs under the same
-policy (DAS's length classes learnt from epoch 1, within the per-forward allowance), so the drafter is the
-only difference. Every speculative row must reproduce the no-speculation outputs token for token (`exact`).
+drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows epoch 2's
+outputs: the limit), and HF `model.generate` on the same batch as the external baseline. Every drafter
+runs under the same policy (DAS's length classes learnt from epoch 1, within the per-forward allowance),
+so the drafter is the only difference. Every speculative row must reproduce the no-speculation outputs
+token for token (`exact`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from dasrl.drafter.base import DraftBatch
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter.counting import CountingDrafter, digit_tokens
+from dasrl.drafter.counting import with_counting
 from dasrl.engine.cache import RowCache
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.packing import pack_drafts
@@ -160,16 +161,12 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
             makers.append(("arctic", lambda: with_history(ArcticDrafter())))
     except ImportError:
         pass
-    def das() -> object:  # DAS's drafter as a session builds it: the store, counting where it can
-        store = with_history(DraftStore(StoreConfig(mode="problem+request")))
-        try:
-            return CountingDrafter(store, digit_tokens(tokenizer))
-        except ValueError:  # a tokenizer that merges digits: the store alone
-            return store
+    def das_suffix() -> DraftStore:
+        return with_history(DraftStore(StoreConfig(mode="problem+request")))
 
     makers += [
-        ("das-suffix", lambda: with_history(DraftStore(StoreConfig(mode="problem+request")))),
-        ("das", das),
+        ("das-suffix", das_suffix),
+        ("das", lambda: with_counting(das_suffix(), tokenizer)),  # as a session drafts: counting where it can
         ("oracle", lambda: OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})),
     ]
     def policy():

@@ -28,7 +28,7 @@ from typing import Hashable, Sequence
 
 from dasrl.atomic import write_json
 from dasrl.drafter.base import Drafter, problem_key
-from dasrl.drafter.counting import CountingDrafter, digit_tokens
+from dasrl.drafter.counting import CountingDrafter, with_counting
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
@@ -127,13 +127,7 @@ def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
     """The drafter a speculating session builds: a DraftStore, wrapped in counting drafts when
     config.counting and the tokenizer gives every digit its own token."""
     store = DraftStore(config.store)
-    if not config.counting:
-        return store
-    try:
-        return CountingDrafter(store, digit_tokens(tokenizer))
-    except ValueError as e:
-        warnings.warn(f"counting drafts are off: {e}", stacklevel=3)
-        return store
+    return with_counting(store, tokenizer) if config.counting else store
 
 
 def speculation_policy(config: SessionConfig) -> ForwardAllowance:

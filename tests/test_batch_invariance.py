@@ -107,7 +107,7 @@ def capture(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLING], ids=["greedy", "T=1 top-p 0.95"])
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SAMPLING], ids=["greedy", "T=1 top-p 0.95"])
 def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling, monkeypatch):
     """Tokens for every drafter; and with chain drafts, the very logits plain decoding draws from (each draft
     token is attended as a first token at its slot would be), pending and draft positions alike."""

@@ -12,7 +12,7 @@ from dasrl.engine.coupling import couple
 from dasrl.engine.sampling import SamplingParams, draw
 
 V = 1024  # four blocks of 256 token ids
-GREEDY, T1 = SamplingParams(), SamplingParams(temperature=1.0)
+GREEDY, T1 = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)
 
 
 def tree(tokens, parents, probs) -> Draft:

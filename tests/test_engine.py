@@ -28,6 +28,7 @@ BIG = 1000
 THREADS = int(os.environ.get("DASRL_TEST_THREADS", "1"))
 """torch threads for the tests: 1 by default, since oversubscribed cores (a shared machine) make 2 threads
 several times slower than 1; exactness does not depend on it."""
+GREEDY = SamplingParams(temperature=0.0)
 NUCLEUS = SamplingParams(temperature=0.6, top_p=0.95)
 TOPK = SamplingParams(temperature=0.6, top_k=20)
 
@@ -59,7 +60,7 @@ def hf_greedy(smollm, chat_prompts):
 def plain(engine, chat_prompts):
     """The engine with drafting off: {sampling name: completions}."""
     return {name: engine.generate(chat_prompts, sampling=params, seeds=SEEDS[: len(chat_prompts)], max_new_tokens=NEW)
-            for name, params in [("greedy", SamplingParams()), ("nucleus", NUCLEUS), ("topk", TOPK)]}
+            for name, params in [("greedy", GREEDY), ("nucleus", NUCLEUS), ("topk", TOPK)]}
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +166,7 @@ def test_plain_greedy_equals_hf_generate(plain, hf_greedy):
 def test_greedy_speculative_is_exact(engine, chat_prompts, plain, hf_greedy, history, name, budget):
     futures = dict(enumerate(hf_greedy))
     drafter = make_drafter(name, futures=futures, history=history)
-    out = engine.generate(chat_prompts, drafter=drafter, policy=FixedBudget(budget), max_new_tokens=NEW,
+    out = engine.generate(chat_prompts, sampling=GREEDY, drafter=drafter, policy=FixedBudget(budget), max_new_tokens=NEW,
                           seeds=SEEDS[: len(chat_prompts)])
     assert tokens(out) == hf_greedy
     assert [c.finish_reason for c in out] == [c.finish_reason for c in plain["greedy"]]
@@ -225,9 +226,9 @@ def test_batch_composition_does_not_matter(engine, chat_prompts, history):
 @pytest.mark.parametrize("budget", [3, 7])
 def test_oracle_saves_forwards(engine, chat_prompts, plain, budget):
     prompts = chat_prompts[:3]
-    ref = engine.generate(prompts, ignore_eos=True, max_new_tokens=NEW)
+    ref = engine.generate(prompts, sampling=GREEDY, ignore_eos=True, max_new_tokens=NEW)
     drafter = OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})
-    out = engine.generate(prompts, ignore_eos=True, max_new_tokens=NEW, drafter=drafter,
+    out = engine.generate(prompts, sampling=GREEDY, ignore_eos=True, max_new_tokens=NEW, drafter=drafter,
                           policy=FixedBudget(budget))
     assert tokens(out) == tokens(ref)
     for c in out:  # the prefill emits token 0; every step then emits budget + 1
@@ -238,7 +239,7 @@ def test_oracle_saves_forwards(engine, chat_prompts, plain, budget):
 
 def test_rows_leave_the_batch(engine, chat_prompts):
     steps = []
-    out = engine.generate(chat_prompts, max_new_tokens=NEW, on_step=steps.append)
+    out = engine.generate(chat_prompts, sampling=GREEDY, max_new_tokens=NEW, on_step=steps.append)
     sizes = [s.batch_size for s in steps]
     assert sizes[0] == len(chat_prompts) and sizes == sorted(sizes, reverse=True)
     assert sum(s.finished for s in steps) == len(chat_prompts)
@@ -258,29 +259,29 @@ def test_stops(engine, smollm, chat_prompts, plain):
     full = ref[i].token_ids
     # a stop token id: ends right after its first occurrence
     stop_id = full[10]
-    out = engine.generate([chat_prompts[i]], stop_token_ids=[stop_id], max_new_tokens=NEW)[0]
+    out = engine.generate([chat_prompts[i]], sampling=GREEDY, stop_token_ids=[stop_id], max_new_tokens=NEW)[0]
     assert out.token_ids == full[: full.index(stop_id) + 1] and out.finish_reason == "stop"
     # a stop string: ends at the token that completes it, speculative or not
     text = tok.decode(full)
     stop = text[len(tok.decode(full[:12])):][:6].strip() or text[-4:]
     for drafter in (None, OracleDrafter({0: full})):
-        got = engine.generate([chat_prompts[i]], stop_strings=[stop], max_new_tokens=NEW, drafter=drafter,
+        got = engine.generate([chat_prompts[i]], sampling=GREEDY, stop_strings=[stop], max_new_tokens=NEW, drafter=drafter,
                               policy=FixedBudget(8))[0]
         assert got.finish_reason == "stop" and stop in tok.decode(got.token_ids)
         assert stop not in tok.decode(got.token_ids[:-1])
         assert got.token_ids == full[: len(got.token_ids)]
     # max_new_tokens and the context limit
-    got = engine.generate([chat_prompts[i]], max_new_tokens=5)[0]
+    got = engine.generate([chat_prompts[i]], sampling=GREEDY, max_new_tokens=5)[0]
     assert got.token_ids == full[:5] and got.finish_reason == "length"
     small = SpecEngine(smollm[0], tok, EngineConfig(max_context=len(chat_prompts[i]) + 4, num_threads=THREADS))
     for drafter in (None, OracleDrafter({0: full})):
-        got = small.generate([chat_prompts[i]], max_new_tokens=NEW, drafter=drafter, policy=FixedBudget(16))[0]
+        got = small.generate([chat_prompts[i]], sampling=GREEDY, max_new_tokens=NEW, drafter=drafter, policy=FixedBudget(16))[0]
         assert got.token_ids == full[:4] and got.finish_reason == "context"
 
 
 def test_logprobs_match_a_full_forward(engine, smollm, chat_prompts, plain):
     model, _ = smollm
-    for name, params in [("greedy", SamplingParams()), ("topk", TOPK), ("nucleus", NUCLEUS)]:
+    for name, params in [("greedy", GREEDY), ("topk", TOPK), ("nucleus", NUCLEUS)]:
         c = plain[name][3]
         seq = torch.tensor([c.prompt_ids + c.token_ids])
         with torch.inference_mode():
@@ -338,7 +339,7 @@ def test_failed_step_leaves_rows_consistent(engine, chat_prompts, plain):
     ref = tokens(plain["greedy"])
     drafter = FailingDrafter(fail_at=4)
     with pytest.raises(EngineStepError, match="drafter exploded") as info:
-        engine.generate(chat_prompts, drafter=drafter, policy=FixedBudget(4), max_new_tokens=NEW)
+        engine.generate(chat_prompts, sampling=GREEDY, drafter=drafter, policy=FixedBudget(4), max_new_tokens=NEW)
     assert info.value.step == 4
     for c, want in zip(info.value.partial, ref):
         assert len(c.token_ids) >= 4 and c.token_ids == want[: len(c.token_ids)]
@@ -353,7 +354,7 @@ def test_bad_drafts_are_refused(engine, chat_prompts):
             return [Draft.chain([10**6] * min(b, 2)) for b in budgets]
 
     with pytest.raises(EngineStepError, match="outside"):
-        engine.generate(chat_prompts[:2], drafter=Garbage(), policy=FixedBudget(2), max_new_tokens=4)
+        engine.generate(chat_prompts[:2], sampling=GREEDY, drafter=Garbage(), policy=FixedBudget(2), max_new_tokens=4)
 
 
 # ---------------------------------------------------------------- calibration and bench helpers
@@ -403,7 +404,7 @@ class SpyBudget(FixedBudget):
 def test_coupled_tree_drafts_are_exact_and_verified_as_chains(coupled_engine, chat_prompts, plain, history, sampling):
     """couple=True asks the store for trees of 3 x cap nodes, verifies the chain coupling picks from each,
     and changes no output token."""
-    params = {"greedy": SamplingParams(), "nucleus": NUCLEUS, "topk": TOPK}[sampling]
+    params = {"greedy": GREEDY, "nucleus": NUCLEUS, "topk": TOPK}[sampling]
     ref = plain[sampling]
     drafter = make_drafter("das-tree", futures={}, history=history)
     asked = []

@@ -85,7 +85,7 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
 
     model, tok = smollm
     prompts = [p for p in (chat_prompts[0], chat_prompts[2], chat_prompts[6], chat_prompts[3]) for _ in range(2)]
-    sp = SamplingParams()  # greedy: the exactness rung that holds across batch shapes in fp32
+    sp = SamplingParams(temperature=0.0)  # greedy: the exactness rung that holds across batch shapes in fp32
     local = RolloutSession(model, tok, SessionConfig(speculate=False))
     dist = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=2, router="length"))
     pids = {}

@@ -15,7 +15,9 @@ from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filter
     ({"temperature": float("nan")}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"logprobs_mode": "raw_logits"}, "raw_logits"),
+    ({"logprobs_mode": "processed"}, "logprobs_mode"),
     ({"top_k": 2.5}, "top_k"),
     ({"sampler": "gumble"}, "'gumble'"),
     ({"sampler": None}, "sampler"),
@@ -25,12 +27,37 @@ def test_bad_params_are_refused(kwargs, match):
         SamplingParams(**kwargs)
 
 
-def test_params_frozen_and_greedy():
+def test_params_frozen_and_defaults_as_vllm():
+    """SamplingParams() is vLLM's default sampling (T = 1, no top-k, no top-p), not greedy; vLLM's -1
+    means no top-k too."""
     p = SamplingParams()
-    assert p.greedy and not SamplingParams(temperature=0.6).greedy
+    assert (p.temperature, p.top_k, p.top_p) == (1.0, 0, 1.0) and not p.greedy
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(top_k=-1).top_k == 0
     assert p.sampler == "gumbel" and SAMPLERS == ("gumbel", "inverse_cdf")
+    assert p.logprobs_mode == "processed_logprobs"
     with pytest.raises(Exception):
-        p.temperature = 1.0  # type: ignore[misc]
+        p.temperature = 0.5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_logprobs_modes(sampler):
+    """processed_logprobs: log of the filtered, tempered probability of the drawn token; raw_logprobs: the
+    log-softmax of the raw logits. The tokens are the same in both modes."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 700, generator=g) * 3
+    seeds, pos = np.arange(6), np.arange(6) * 7
+    sp = dict(temperature=0.7, top_p=0.9, top_k=50, sampler=sampler)
+    tok, lp = draw(logits, SamplingParams(**sp), seeds=seeds, positions=pos)
+    tok_raw, lp_raw = draw(logits, SamplingParams(**sp, logprobs_mode="raw_logprobs"), seeds=seeds, positions=pos)
+    assert tok.tolist() == tok_raw.tolist()
+    probs = filtered_probs(logits, SamplingParams(**sp)).numpy()
+    assert np.allclose(lp, np.log(probs[np.arange(6), tok]), atol=1e-6)
+    raw = torch.log_softmax(logits.double(), -1).numpy()[np.arange(6), tok]
+    assert np.allclose(lp_raw, raw, atol=1e-12) and not np.allclose(lp, lp_raw, atol=1e-3)
+    greedy = [draw(logits, SamplingParams(temperature=0.0, logprobs_mode=m), seeds=seeds, positions=pos)
+              for m in ("processed_logprobs", "raw_logprobs")]
+    assert greedy[0][0].tolist() == greedy[1][0].tolist()
+    assert np.array_equal(greedy[0][1], greedy[1][1])  # greedy: both are the raw log-softmax, as vLLM
 
 
 def test_uniforms_are_position_keyed():
@@ -74,7 +101,8 @@ def _draw1(logits, params, seed=0, pos=0):
 def test_greedy_takes_first_argmax():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 1.0, 5.0, 5.0]])
     for sampler in SAMPLERS:
-        tok, lp = draw(logits, SamplingParams(sampler=sampler), seeds=np.zeros(2), positions=np.zeros(2))
+        tok, lp = draw(logits, SamplingParams(temperature=0.0, sampler=sampler), seeds=np.zeros(2),
+                       positions=np.zeros(2))
         assert tok.tolist() == [1, 0]
         assert np.allclose(lp, torch.log_softmax(logits.double(), -1)[[0, 1], [1, 0]].numpy())
 

@@ -53,18 +53,31 @@ MIN_TEMPERATURE = 1e-5
 ties, and the old sampler's 1/T gave NaN log-probs at 5e-324."""
 
 
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM's `logprobs_mode` names for the log-probabilities we can return exactly (vLLM's *_logits modes,
+which return logits in place of log-probabilities, are not offered)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target's distribution is turned into a token."""
+    """How the target's distribution is turned into a token. Defaults as vLLM's SamplingParams
+    (temperature 1, no top-k, no top-p). Per-request settings are generate() arguments, not fields here: a
+    seed per sample (`seeds=`; one seed for the whole batch would make every sample of a prompt the same),
+    `max_new_tokens` (vLLM's max_tokens), `stop_token_ids` / `stop_strings` (vLLM's stop)."""
 
-    temperature: float = 0.0
+    temperature: float = 1.0
     """0 = greedy (argmax); > 0 divides the logits."""
     top_k: int = 0
-    """Keep the k most likely tokens (ties included); 0 = off."""
+    """Keep the k most likely tokens (ties included); 0 = off (vLLM's -1 is taken as 0)."""
     top_p: float = 1.0
     """Nucleus: keep the smallest most-likely set whose mass reaches top_p; 1 = off. In (0, 1]."""
     sampler: str = "gumbel"
     """'gumbel' (position-keyed race, robust to last-bit logit noise) or 'inverse_cdf' (the old draw)."""
+    logprobs_mode: str = "processed_logprobs"
+    """What each token's logprob is, by vLLM's names. 'processed_logprobs': under the distribution the token
+    was drawn from (temperature, top-k, top-p applied; greedy: the log-softmax of the raw logits, as vLLM);
+    what an RL importance ratio needs and what TRL asks vLLM for. 'raw_logprobs' (vLLM's default): the
+    log-softmax of the raw logits, whatever the sampling. docs/sampling.md, "Log-probabilities"."""
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -73,12 +86,17 @@ class SamplingParams:
         if 0 < t < MIN_TEMPERATURE:  # refused, not turned greedy: greedy logprobs mean another thing
             raise ValueError(f"temperature {t!r} is below {MIN_TEMPERATURE} (numerically argmax, and 1/T "
                              f"overflows near 5e-324): use 0 for greedy decoding")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < -1:
+            raise ValueError(f"top_k must be an int >= 0 (0 or -1 = off), got {k!r}")
+        if k == -1:  # vLLM's older spelling of "off"
+            object.__setattr__(self, "top_k", 0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}; got {self.sampler!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}; got "
+                             f"{self.logprobs_mode!r}")
 
     @property
     def greedy(self) -> bool:
@@ -505,8 +523,9 @@ def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
     """The engine's entry point: one token per row of logits [n, V] for request seeds [n] at output
     positions [n]; ([n] int64 tokens, [n] float64 logprobs). A pure function of (logits row, seed, position).
 
-    Logprobs are under the sampling distribution (after temperature, top-k, top-p); for greedy, under the
-    model's own distribution (log-softmax of the raw logits), since the greedy distribution is a point mass.
+    Logprobs follow params.logprobs_mode: 'processed_logprobs', under the sampling distribution (after
+    temperature, top-k, top-p; for greedy, the log-softmax of the raw logits, since the greedy distribution
+    is a point mass); 'raw_logprobs', the log-softmax of the raw logits. Tokens do not depend on the mode.
     """
     n = logits.shape[0]
     if len(seeds) != n or len(positions) != n:
@@ -519,5 +538,10 @@ def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
         return tokens.cpu().numpy().astype(np.int64), logp.cpu().numpy()
     k = kept(logits, params, weights=params.sampler == "inverse_cdf")
     if params.sampler == "inverse_cdf":
-        return _inverse_cdf(k, uniforms(seeds, positions))
-    return _race(logits, k, params, _key(seeds, positions, _RACE))
+        tokens, logp = _inverse_cdf(k, uniforms(seeds, positions))
+    else:
+        tokens, logp = _race(logits, k, params, _key(seeds, positions, _RACE))
+    if params.logprobs_mode == "raw_logprobs":
+        at = torch.as_tensor(tokens, device=logits.device)[:, None]
+        logp = torch.log_softmax(logits.double(), dim=-1).gather(1, at).squeeze(1).cpu().numpy()
+    return tokens, logp

@@ -118,7 +118,7 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     n_req, new = (3, 12) if cfg.tiny else (8, 48)
     prompts = [rng.integers(0, shape[5], int(rng.integers(4, 12))).tolist() for _ in range(n_req)]
     seeds = list(range(100, 100 + n_req))
-    samplers = {"greedy": SamplingParams(),
+    samplers = {"greedy": SamplingParams(temperature=0.0),
                 "sampled": SamplingParams(temperature=0.8, top_p=0.9, top_k=50)}
     kw = dict(max_new_tokens=new, ignore_eos=True, seeds=seeds)
     rows = []

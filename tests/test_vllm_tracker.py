@@ -103,12 +103,12 @@ def test_a_preempted_request_continues_without_ending_the_step():
     d, b = drafter(), Batch()
     b.add("a", P)
     b.add("b", P)
-    b.step(d, {"a": R1[:3], "b": R1[:2]})
-    b.drop("a")  # preempted: leaves the batch while b runs
-    b.step(d, {"b": R1[2:3]})
+    d_step(d, b, {"a": R1[:3], "b": R1[:2]}, {"a", "b"})
+    b.drop("a")  # preempted: leaves the batch while b runs; vLLM still holds it
+    d_step(d, b, {"b": R1[2:3]}, {"a", "b"})
     b.add("a", P)  # resumed with the same id: its row is prompt + everything so far
     b.rows["a"] = P + R1[:3]
-    drafts = b.step(d, {"a": R1[3:4], "b": R1[3:4]})
+    drafts = d_step(d, b, {"a": R1[3:4], "b": R1[3:4]}, {"a", "b"})
     assert d.stats.steps == 0 and d.stats.started == 2 and d.stats.finished == 0
     assert d.store._live["a"].output == R1[:4]  # nothing fed twice
     assert drafts["a"] == []  # nothing ahead of either sibling yet
@@ -365,7 +365,8 @@ def test_a_paused_request_is_not_finished_when_the_rest_of_the_batch_turns_over(
         d_step(d, b, {"a": R1[3:4], "c": [8]}, live if with_live else None)
         return d
     d = scenario(with_live=True)
-    assert d.stats.steps == 0 and d.stats.finished == 0 and d.stats.restarted == 0 and d.stats.paused >= 2
+    assert d.stats.steps == 0 and d.stats.finished == 1 and d.stats.restarted == 0 and d.stats.paused >= 2
+    assert set(d._reqs) == {"a", "c"}  # b finished (its rollout is history now); a only paused
     assert d.store._live["a"].output == R1[:4]  # its history kept, nothing fed twice
     # Without `live` the batch looked drained when c arrived: a false RL-step boundary finished a's
     # 3-token partial rollout into the window and a was re-started from its row on return.
@@ -592,3 +593,123 @@ def test_propose_times_each_step_with_its_own_tokens():
     lat = d.clock.model()
     assert len(lens) > 1 and d.clock.num_samples == 44
     assert lat is not None and abs(lat.c_base - 0.010) < 1e-9 and abs(lat.c_tok - 0.001) < 1e-9
+
+
+# ------------------------------------------------------------------ servers: batches that never drain, overlapping steps
+
+def live_step(d, b, new, live):
+    """d_step with vLLM's held requests as the runner's dict (id -> its request-state object)."""
+    return d_step(d, b, new, {rid: live[rid] for rid in live})
+
+
+def test_a_server_that_never_drains_tracks_only_what_vllm_holds():
+    """Requests arrive while others run, 4 at a time, 300 in all: the batch never drains. Finished
+    requests are history at once and leave tracking (the proposer's cost stays that of the batch), and
+    the window still rolls every max_step_requests finished requests."""
+    def serve(d, n=300):
+        b, live, most = Batch(), {}, 0
+        for i in range(n):
+            rid = f"r{i}"
+            b.add(rid, P if i % 2 else Q)
+            live[rid] = object()
+            live_step(d, b, {rid: R1[:1], **{r: [R1[len(b.rows[r]) - b.prompt[r]]] for r in b.rows if r != rid}},
+                      live)
+            most = max(most, d.num_live)
+            if len(b.rows) == 4:  # the oldest finishes
+                old = next(iter(b.rows))
+                b.drop(old)
+                del live[old]
+        return most
+    d = drafter()
+    assert serve(d) <= 4 and d.stats.finished == 296 and d.stats.steps == 0  # default bound: 4096
+    d = drafter(max_step_requests=50)
+    assert serve(d) <= 4 and d.stats.steps == 296 // 50 and d.store.step == d.stats.steps
+
+
+def test_a_reused_request_id_starts_a_new_request():
+    """vLLM may see an id again for another request (VLLM_DISABLE_REQUEST_ID_RANDOMIZATION, an agent's
+    next turn under VeRL's full_determinism). Its tokens must not be spliced onto the old request."""
+    d, b = drafter(), Batch()
+    live = {"a": object(), "h": object()}
+    b.add("a", P)
+    b.add("h", Q)
+    live_step(d, b, {"a": R1[:3], "h": [5]}, live)
+    b.drop("a")
+    del live["a"]
+    live_step(d, b, {"h": [6]}, live)  # a finished; h keeps the batch from draining
+    turn2 = P + R1[:3] + [40, 41]  # the same id, the conversation's next turn: a longer prompt
+    b.add("a", turn2)
+    live["a"] = object()
+    live_step(d, b, {"a": [42], "h": [7]}, live)
+    assert d.store._live["a"].output == [42] and d.stats.reused == 0  # departed first: simply a new start
+    # Reused in consecutive calls (never absent), same prompt length, a longer row: only vLLM's
+    # request-state object tells them apart.
+    other = [9, 8, 7, 6, 5, 4, 3, 2, 1]
+    assert len(other) == len(turn2)
+    b.rows["a"], b.prompt["a"] = other + [50, 51, 52, 53, 54], len(other)
+    live["a"] = object()
+    live_step(d, b, {"a": [55], "h": [8]}, live)
+    assert d.stats.reused == 1 and d.store._live["a"].output == [50, 51, 52, 53, 54, 55]
+    assert d.stats.finished == 2  # the first a, and its second incarnation
+
+
+def test_a_failing_step_is_skipped_warned_once_and_counted(caplog):
+    """An exception inside the drafter must not reach vLLM's runner: no drafts for that step, one
+    warning naming the exception, each failure counted; the next good step drafts again."""
+    from types import SimpleNamespace as NS
+
+    from dasrl.integrations.vllm import DASProposer
+
+    p = DASProposer(vllm_config(policy="fixed", max_spec_factor=0.0))
+    live = {"h": NS(sampling_params=NS(max_tokens=32))}
+    p.bind(NS(requests=live))
+    p.propose_batch(input_batch({"h": P + R1}), [[R1[-1]]])
+    del live["h"]
+    live["a"] = NS(sampling_params=NS(max_tokens=32))
+    with caplog.at_level("WARNING"):
+        for _ in range(2):  # a placeholder token (-1) in the row: the tracker raises ValueError
+            assert p.propose_batch(input_batch({"a": P + [R1[0], -1]}), [[-1]]) == [[]]
+    ours = [r for r in caplog.records if r.name == "dasrl.integrations.vllm.proposer"]
+    assert len(ours) == 1 and "ValueError" in ours[0].getMessage() and p.stats()["errors"] == 2
+    assert p.propose_batch(input_batch({"a": P + R1[:1]}), [[R1[0]]]) == [R1[1:5]]  # k = 4
+
+
+def test_overlapping_steps_roll_the_window_at_the_callers_signal():
+    """An async server: step 2's requests of problem P arrive while step 1's request of Q still runs, and
+    the batch drains in the middle of step 2 (an agent waiting on a tool). With the caller's end_step
+    (collective_rpc) the window rolls exactly there: rollouts finished before the signal are step 1's,
+    q (in flight across it) is step 2's, nothing fed twice, and the drain infers no boundary."""
+    d, b = drafter(mode="problem", window=1), Batch()
+    live = {}
+    for rid, prompt in (("a1", P), ("a2", P), ("q", Q)):
+        b.add(rid, prompt)
+        live[rid] = object()
+    H = list(range(100, 140))
+    live_step(d, b, {"a1": R1[:4], "a2": R1[:4], "q": H[:2]}, live)
+    live_step(d, b, {"a1": R1[4:], "a2": R1[4:], "q": H[2:4]}, live)
+    for rid in ("a1", "a2"):
+        b.drop(rid)
+        del live[rid]
+    live_step(d, b, {"q": H[4:6]}, live)
+    assert d.stats.finished == 2 and d.store.step == 0
+    d.end_step()  # the trainer took step 1's rollouts
+    b.add("b1", P)
+    live["b1"] = object()
+    drafts = live_step(d, b, {"b1": R1[:1], "q": H[6:8]}, live)
+    assert drafts["b1"] == R1[1:] and d.stats.restarted == 1  # history of step 1; q re-started from its row
+    assert d.store._live["q"].output == H[:8]
+    live_step(d, b, {"b1": R1[1:], "q": H[8:40]}, live)
+    for rid in ("b1", "q"):
+        b.drop(rid)
+        del live[rid]
+    b.add("t", Q)  # drained, then a new request: no inferred boundary once the caller sends them
+    live["t"] = object()
+    live_step(d, b, {"t": H[:1]}, live)
+    assert d.stats.steps == 1 and d.store.step == 1
+    d.end_step()  # window 1: step 1's rollouts (a1, a2) leave, step 2's (b1, q) are the history
+    b.add("b2", P)
+    b.add("q2", Q)
+    live["b2"], live["q2"] = object(), object()
+    drafts = live_step(d, b, {"b2": R1[:1], "q2": H[:1], "t": H[1:2]}, live)
+    assert drafts["q2"] == H[1:9] and drafts["b2"] == R1[1:]  # b1 and q are step 2's rollouts
+    assert d.store.num_tokens == len(P + R1) + len(Q + H)  # the window holds b1 and q only

@@ -10,8 +10,9 @@ See docs/vllm.md. Importing this package does not import vLLM.
 """
 
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.proposer import DASProposer, DASWorkerExtension, install_runner_hook
+from dasrl.integrations.vllm.proposer import (DASProposer, DASWorkerExtension, dasrl_end_step, dasrl_stats,
+                                              install_runner_hook)
 from dasrl.integrations.vllm.tracker import BatchDrafter, DrafterStats
 
 __all__ = ["BatchDrafter", "DASProposer", "DASWorkerExtension", "DrafterStats", "VLLMDrafterConfig",
-           "install_runner_hook"]
+           "dasrl_end_step", "dasrl_stats", "install_runner_hook"]

@@ -46,8 +46,12 @@ class VLLMDrafterConfig:
     engine's (0, 4, 24) left them without drafts; at T = 0 on the long-tail set, das then drafted 302
     times to suffix's 450 in step 2, both ~100% accepted, and took 1.45x suffix's time per step)."""
     step_requests: int = 0
-    """When an RL step ends: 0 = when the batch drains (every request of the step has left and a new
-    one arrives: one `LLM.generate` call per step); N > 0 = after every N requests that left the batch."""
+    """When an RL step ends if the caller never says so (`dasrl_end_step`): 0 = when the batch drains
+    (every request of the step has left and a new one arrives: one `LLM.generate` call per step) or
+    after max_step_requests finished requests; N > 0 = after every N finished requests."""
+    max_step_requests: int = 4096
+    """With step_requests = 0: a step also ends once this many requests finished since the last
+    boundary without the batch draining (a server that is never idle; 0 = only when it drains)."""
     acceptance_floor: float = 0.2
     """das policy: a draft ends before the position whose chance of being reached and accepted, a**L under
     the request's estimated per-token acceptance a, falls below this (0 = acceptance never caps). At
@@ -85,6 +89,8 @@ class VLLMDrafterConfig:
         if self.step_requests < 0:
             raise ValueError(f"step_requests must be >= 0 (0 = step ends when the batch drains), got "
                              f"{self.step_requests}")
+        if self.max_step_requests < 0:
+            raise ValueError(f"max_step_requests must be >= 0 (0 = no bound), got {self.max_step_requests}")
         if self.on_seeded not in ON_SEEDED:
             raise ValueError(f"unknown on_seeded {self.on_seeded!r}; valid: {', '.join(ON_SEEDED)}")
         if not 0 <= self.acceptance_floor < 1:

@@ -90,6 +90,7 @@ class DASProposer:
                                     max_model_len=int(model.max_model_len), vocab_size=int(model.get_vocab_size()))
         self._runner: Any = None
         self._warned_seeded = False
+        self._warned_error = False
         install_runner_hook()
         if self.config.fix_cpu_sampling:
             cpu_fix.apply()
@@ -119,14 +120,31 @@ class DASProposer:
         return self.propose_batch(batch, sampled_token_ids)
 
     def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
-        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row."""
+        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row.
+
+        A failure of the drafter itself must not stop vLLM's step (drafts are optional; vLLM's own
+        custom_class path would turn it into a RuntimeError of the runner): the step goes without
+        drafts, the drafter forgets its requests (re-started from their rows next step), the first such
+        failure is logged with its traceback and every one is counted (`dasrl_stats()["errors"]`). A
+        deliberate refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
         self.check_seeded(input_batch)
         n = len(sampled_token_ids)
-        req_ids = list(input_batch.req_ids[:n])
-        return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
-                                    token_rows=input_batch.token_ids_cpu, num_tokens=input_batch.num_tokens_no_spec[:n],
-                                    sampled=sampled_token_ids, max_new_tokens=self._max_new_tokens(req_ids),
-                                    live=self._live_ids())
+        try:
+            req_ids = list(input_batch.req_ids[:n])
+            return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
+                                        token_rows=input_batch.token_ids_cpu,
+                                        num_tokens=input_batch.num_tokens_no_spec[:n], sampled=sampled_token_ids,
+                                        max_new_tokens=self._max_new_tokens(req_ids), live=self._live())
+        except Exception as exc:
+            self.drafter.stats.errors += 1
+            if not self._warned_error:
+                self._warned_error = True
+                logger.warning("dasrl DASProposer: drafting failed and is skipped for this step (%s: %s); "
+                               "logged once, every such step is counted in dasrl_stats()['errors']",
+                               type(exc).__name__, exc, exc_info=True)
+            self.drafter.forget()
+            self.drafter.clock.skip()
+            return [[] for _ in range(n)]
 
     def check_seeded(self, input_batch: Any) -> None:
         """vLLM 0.32's InputBatch.generators maps batch rows to the torch.Generator of each request with
@@ -141,12 +159,13 @@ class DASProposer:
             self._warned_seeded = True
             logger.warning("dasrl DASProposer: %s", SEEDED_REASON)
 
-    def _live_ids(self) -> Any:
-        """Ids of every request the runner still holds state for (vLLM 0.32: GPUModelRunner.requests,
-        popped in _update_states only for the scheduler's finished_req_ids; preempted and unscheduled
-        requests stay). None when the runner has no such dict."""
+    def _live(self) -> Mapping | None:
+        """Every request the runner still holds state for, id -> its CachedRequestState (vLLM 0.24-0.33:
+        GPUModelRunner.requests, popped in _update_states only for the scheduler's finished_req_ids;
+        preempted and unscheduled requests stay; a new request under a reused id gets a new state
+        object). None when the runner has no such dict."""
         requests = getattr(self._runner, "requests", None)
-        return requests.keys() if isinstance(requests, Mapping) else None
+        return requests if isinstance(requests, Mapping) else None
 
     def _max_new_tokens(self, req_ids: list[str]) -> list[int] | None:
         requests = getattr(self._runner, "requests", None)
@@ -160,6 +179,7 @@ class DASProposer:
         return out
 
     def end_step(self) -> None:
+        """Close the RL step now (and infer no boundary from the batch from here on)."""
         self.drafter.end_step()
 
     def stats(self) -> dict:
@@ -167,29 +187,43 @@ class DASProposer:
         lat = self.drafter.clock.model()
         d.update(latency=None if lat is None else lat.to_dict(), latency_steps=self.drafter.clock.num_samples)
         d.update(live=self.drafter.num_live, indexed_tokens=self.drafter.store.num_tokens,
-                 shards=self.drafter.store.num_shards, store_step=self.drafter.store.step)
+                 shards=self.drafter.store.num_shards, store_step=self.drafter.store.step,
+                 explicit_steps=self.drafter.explicit)
         return d
 
 
+def das_proposer(worker: Any) -> DASProposer:
+    """The DASProposer of a vLLM worker (what collective_rpc hands a callable), or an error saying why not."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if not isinstance(drafter, DASProposer):
+        raise RuntimeError(f"this worker's drafter is {type(drafter).__name__}, not DASProposer: set "
+                           'speculative_config={"method": "custom_class", '
+                           '"model": "dasrl.integrations.vllm.DASProposer", ...}')
+    return drafter
+
+
+def dasrl_end_step(worker: Any) -> None:
+    """`llm.collective_rpc(dasrl_end_step)`: close the RL step in every worker, with no worker extension
+    (vLLM runs a callable as fn(worker); VeRL's servers forward `collective_rpc` as they are)."""
+    das_proposer(worker).end_step()
+
+
+def dasrl_stats(worker: Any) -> dict:
+    """`llm.collective_rpc(dasrl_stats)`: the drafter's counters, one dict per worker."""
+    return das_proposer(worker).stats()
+
+
 class DASWorkerExtension:
-    """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: lets the
-    caller reach the proposer in the worker processes through `llm.collective_rpc(name)`:
-    `dasrl_end_step` (close the RL step explicitly), `dasrl_stats` (the drafter's counters) and
-    `dasrl_fix_cpu_sampling` (cpu_fix.apply() for any speculative method, vLLM's own included)."""
+    """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: the same
+    calls by name, for `llm.collective_rpc("dasrl_end_step")` and vLLM's dev-mode HTTP `/collective_rpc`
+    (which takes names only): `dasrl_end_step`, `dasrl_stats` and `dasrl_fix_cpu_sampling`
+    (cpu_fix.apply() for any speculative method, vLLM's own included)."""
 
     def dasrl_fix_cpu_sampling(self) -> bool:
         return cpu_fix.apply()
 
-    def _das_proposer(self) -> DASProposer:
-        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
-        if not isinstance(drafter, DASProposer):
-            raise RuntimeError(f"this worker's drafter is {type(drafter).__name__}, not DASProposer: set "
-                               'speculative_config={"method": "custom_class", '
-                               '"model": "dasrl.integrations.vllm.DASProposer", ...}')
-        return drafter
-
     def dasrl_end_step(self) -> None:
-        self._das_proposer().end_step()
+        dasrl_end_step(self)
 
     def dasrl_stats(self) -> dict:
-        return self._das_proposer().stats()
+        return dasrl_stats(self)

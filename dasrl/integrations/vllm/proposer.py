@@ -50,8 +50,9 @@ SEEDED_REASON = (
 
 def install_runner_hook() -> bool:
     """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) so that a DASProposer
-    drafter is bound to its runner before each call. Idempotent; returns True if it was installed now
-    (False: already installed, or vLLM is not importable)."""
+    drafter is bound to its runner before each call, and give vLLM's workers `dasrl_end_step` and
+    `dasrl_stats` for collective_rpc by name. Idempotent; returns True if it was installed now (False:
+    already installed, or vLLM is not importable)."""
     try:
         from vllm.v1.worker import gpu_model_runner
     except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests): nothing to wrap
@@ -71,6 +72,14 @@ def install_runner_hook() -> bool:
 
     setattr(propose_draft_token_ids, _HOOK_MARK, True)
     cls.propose_draft_token_ids = propose_draft_token_ids
+    # collective_rpc by name reaches the worker (WorkerWrapperBase.__getattr__ in vLLM 0.24-0.33), whatever
+    # worker extension the caller set (VeRL sets its own): the two calls become worker methods. Added, never
+    # replacing a name vLLM has.
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    for name, fn in (("dasrl_end_step", dasrl_end_step), ("dasrl_stats", dasrl_stats)):
+        if not hasattr(WorkerBase, name):
+            setattr(WorkerBase, name, fn)
     return True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -31,9 +32,15 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def temp_pattern(name_regex: str) -> re.Pattern:
+    """The names of the temporary files atomic_write makes for targets whose names match `name_regex`
+    (one that a killed writer can leave behind), for a caller that cleans up after its own writes."""
+    return re.compile(rf"\.(?:{name_regex})\.[0-9a-f]{{12}}\.tmp")
+
+
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new temporary file next to `path`, created with mode 0o666 so that the umask applies
-    (tempfile.mkstemp creates 0o600 whatever the umask says)."""
+    (tempfile.mkstemp creates 0o600 whatever the umask says). Its name is matched by temp_pattern."""
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:

@@ -28,6 +28,10 @@ MAX_TOKEN = 2**31 - 1
 """Largest token id a drafter indexes (int32)."""
 MAX_BUDGET = 2**31 - 1
 """Largest draft budget per request (a larger one is refused, not clamped)."""
+MAX_DRAFT = 1024
+"""Most tokens one draft holds, whatever its budget: a larger budget is served as this one (the native
+index, the reference and the counting drafter share it), so a budget of 2^31 - 1 costs what 1024 does
+rather than a loop until memory runs out. One verification forward could not check more anyway."""
 MAX_MATCH = 2**20
 """Longest context suffix a drafter matches."""
 MAX_BRANCHING = 2**16
@@ -208,25 +212,22 @@ def problem_key(prompt_ids: Sequence[int]) -> int:
 
 
 def budget_array(req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> np.ndarray:
-    """[n] int64 budgets, each in [0, MAX_BUDGET], or an error naming the bad value and its request."""
+    """[n] int64 budgets, each an int in [0, MAX_BUDGET], or a ValueError naming the bad value and its
+    request. Floats, strings and bools are refused, not truncated (1.9 is not a budget of 1)."""
     if len(req_ids) != len(budgets):
         raise ValueError(f"{len(req_ids)} request ids but {len(budgets)} budgets")
     if type(budgets) is list and all(type(b) is int and 0 <= b <= MAX_BUDGET for b in budgets):
         return np.array(budgets, dtype=np.int64)  # the common case, without numpy reductions
-    try:
-        arr = np.asarray(budgets, dtype=np.int64)
-    except (OverflowError, TypeError, ValueError):
-        arr = None
-    if arr is None or arr.ndim != 1 or (isinstance(budgets, np.ndarray) and budgets.dtype.kind not in "iu"):
-        for rid, b in zip(req_ids, budgets):
-            if not isinstance(b, (int, np.integer)) or isinstance(b, (bool, np.bool_)) or not 0 <= b <= MAX_BUDGET:
-                raise ValueError(f"draft budget must be an int in [0, 2^31 - 1], got {b!r} for request {rid!r}")
-        raise ValueError(f"draft budgets must be a flat sequence of ints, got {budgets!r}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > MAX_BUDGET):
-        i = int(np.argmin(arr)) if int(arr.min()) < 0 else int(np.argmax(arr))
-        kind = "must be >= 0" if arr[i] < 0 else "must be <= 2^31 - 1"
-        raise ValueError(f"draft budget {kind}, got {int(arr[i])} for request {list(req_ids)[i]!r}")
-    return arr
+    if isinstance(budgets, np.ndarray) and budgets.ndim == 1 and budgets.dtype.kind in "iu":
+        if budgets.size == 0 or (int(budgets.min()) >= 0 and int(budgets.max()) <= MAX_BUDGET):
+            return budgets.astype(np.int64)
+    for rid, b in zip(req_ids, budgets):  # the slow path finds the first bad one and names it
+        if not isinstance(b, (int, np.integer)) or isinstance(b, (bool, np.bool_)):
+            raise ValueError(f"draft budget must be an int, got {b!r} ({type(b).__name__}) for request {rid!r}")
+        if not 0 <= b <= MAX_BUDGET:
+            kind = "must be >= 0" if b < 0 else "must be <= 2^31 - 1"
+            raise ValueError(f"draft budget {kind}, got {int(b)} for request {rid!r}")
+    return np.array([int(b) for b in budgets], dtype=np.int64)
 
 
 def check_budgets(req_ids: Sequence[Hashable], budgets: Sequence[int]) -> None:

@@ -25,7 +25,7 @@ class StoreConfig:
     decay: float = 0.8
     """Weight factor per step of age: a rollout k steps old weighs decay**k."""
     live_weight: float = 1.0
-    """Weight of live sequences (the request itself and its in-flight siblings)."""
+    """Weight of live sequences (the request itself and its in-flight siblings), in [1e-100, 1e100]."""
     params: DraftParams = DraftParams()
     """Match length, minimum path probability and branching of drafts."""
     vocab_size: int | None = None
@@ -38,8 +38,10 @@ class StoreConfig:
             raise ValueError(f"window must be an int >= 0 (0 = unlimited), got {self.window!r}")
         if not (_is_real(self.decay) and 0.0 < self.decay <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
-        if not (_is_real(self.live_weight) and 0.0 < self.live_weight <= 1e300):
-            raise ValueError(f"live_weight must be positive and finite, got {self.live_weight!r}")
+        # Bounded so that live_weight * decay**age stays a normal double until the step is evicted
+        # (store.MIN_STEP_WEIGHT): the weights of a draft's ratios never underflow to 0.
+        if not (_is_real(self.live_weight) and 1e-100 <= self.live_weight <= 1e100):
+            raise ValueError(f"live_weight must be in [1e-100, 1e100], got {self.live_weight!r}")
         if not isinstance(self.params, DraftParams):
             raise ValueError(f"params must be a DraftParams, got {self.params!r}")
         if self.vocab_size is not None and (not _is_int(self.vocab_size) or not 1 <= self.vocab_size <= MAX_TOKEN + 1):

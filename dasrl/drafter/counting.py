@@ -26,7 +26,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DraftBatch, observe_batch, propose_flat
+from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch, observe_batch, propose_flat
 
 NUM = -1
 """Structure key of a number item (non-digit items are keyed by their token id)."""
@@ -91,8 +91,10 @@ def _format(value: int, seen: Sequence[str]) -> str | None:
 
 
 def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32) -> np.ndarray:
-    """[<= budget] int64: the tokens that continue the numbered pattern the tail ends in (see the module
-    docstring); empty when there is none. `tail`: the request's last tokens (prompt and output)."""
+    """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern the tail ends in
+    (see the module docstring); empty when there is none. `tail`: the request's last tokens (prompt and
+    output)."""
+    budget = min(budget, MAX_DRAFT)  # a pattern never runs out: the cap bounds this loop
     if budget <= 0 or tail.size == 0:
         return np.zeros(0, np.int64)
     digit_of = {int(t): str(d) for d, t in enumerate(digits.tolist())}

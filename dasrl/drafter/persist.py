@@ -5,22 +5,39 @@ then `store.json`, which names it and carries its sha256, is renamed into place:
 point. A reader therefore sees the old pair or the new one; a crash in between leaves the old JSON naming
 the old npz (deleted only after the commit). A JSON and an npz that do not belong together (checksum
 differs) are refused, as is anything malformed: every field is validated before a store is built.
+
+Several writers: a save holds an exclusive flock on the folder from its first write to its cleanup, a load
+a shared one, so concurrent saves run one after the other (the last one wins, complete) and a load never
+sees a data file deleted under it. The cleanup deletes only what saves write: other `store-<hash>.npz`
+files (older saves, a killed save's orphan) and atomic_write's temporary files of those names; any other
+file in the folder is the user's and stays.
+
+Untrusted folders: `store.json` and the npz must be regular files, not symlinks (opened with O_NOFOLLOW;
+a FIFO or a device is refused, not read), of bounded size; the npz members must be the two arrays, stored
+uncompressed as save writes them (a compressed member could expand far past the file's size), their
+sizes read from the zip directory before anything is loaded.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import json
 import math
+import os
 import re
+import stat
+import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable
 
 import numpy as np
 
-from dasrl.atomic import atomic_write, write_json
+from dasrl.atomic import atomic_write, temp_pattern, write_json
 from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
 
@@ -29,6 +46,13 @@ LEGACY = "dasrl-store/1"  # store.npz without a checksum: still read
 MAX_STEPS = 2**20
 """Most steps a saved window may hold."""
 _DATA_NAME = re.compile(r"store-[0-9a-f]{16}\.npz")
+_TEMP_NAME = temp_pattern(r"store\.json|store-[0-9a-f]{16}\.npz")
+MAX_JSON_BYTES = 2**28
+"""Largest store.json read (256 MiB: ~6M sequences)."""
+MAX_DATA_BYTES = 2**34
+"""Largest npz read (16 GiB)."""
+MAX_TOKENS = 2**31
+"""Most tokens a saved window may hold."""
 
 
 @dataclass(frozen=True)
@@ -56,26 +80,45 @@ def save_store(folder: Path, *, step: int, num_steps: int, config: StoreConfig,
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     name = f"store-{digest[:16]}.npz"
-    atomic_write(folder / name, lambda f: f.write(data))
     doc = {"format": FORMAT, "step": step, "num_steps": num_steps, "data": name, "sha256": digest,
            "config": {"mode": config.mode, "window": config.window, "decay": config.decay},
            "sequences": [[age, shard, weight] for age, shard, weight, _ in sequences]}
-    write_json(folder / "store.json", doc, indent=None)  # the commit point
-    for stale in folder.glob("store*.npz"):
-        if stale.name != name:
-            stale.unlink(missing_ok=True)
+    with _locked(folder, fcntl.LOCK_EX):
+        atomic_write(folder / name, lambda f: f.write(data))
+        write_json(folder / "store.json", doc, indent=None)  # the commit point
+        for entry in os.scandir(folder):
+            if (_DATA_NAME.fullmatch(entry.name) and entry.name != name) or _TEMP_NAME.fullmatch(entry.name):
+                os.unlink(entry.path)
+
+
+@contextmanager
+def _locked(folder: Path, how: int):
+    """An flock on the folder itself (no lock file left behind); released by the kernel if we die."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def load_store(folder: Path, config: StoreConfig | None = None) -> SavedStore:
+    try:
+        with _locked(folder, fcntl.LOCK_SH):
+            return _load(folder, config)
+    except OSError as e:  # the folder itself: missing, not a folder, unreadable
+        raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
 
+
+def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
     where = folder / "store.json"
 
     def bad(what: str) -> ValueError:
         return ValueError(f"{where}: not a valid draft store: {what}")
 
     try:
-        doc = json.loads(where.read_bytes())
-    except (OSError, ValueError) as e:
+        doc = json.loads(_read_regular(where, MAX_JSON_BYTES))
+    except ValueError as e:  # not JSON (a UnicodeDecodeError is one too)
         raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
     if not isinstance(doc, dict):
         raise bad(f"expected a JSON object, got {type(doc).__name__}")
@@ -130,13 +173,11 @@ def _read_data(folder: Path, doc: dict, bad) -> tuple[np.ndarray, np.ndarray]:
         name, digest = doc.get("data"), doc.get("sha256")
         if not (isinstance(name, str) and _DATA_NAME.fullmatch(name)) or not isinstance(digest, str):
             raise bad(f"'data' must name a store-<hash>.npz file and 'sha256' its digest, got {name!r}, {digest!r}")
-    try:
-        data = (folder / name).read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
+    data = _read_regular(folder / name, MAX_DATA_BYTES)
     if digest is not None and hashlib.sha256(data).hexdigest() != digest:
         raise ValueError(f"{folder / name}: does not match {folder / 'store.json'} (checksum differs: a damaged "
                          f"file, or files from different saves)")
+    _check_members(folder / name, data)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             tokens, offsets = z["tokens"], z["offsets"]
@@ -149,6 +190,52 @@ def _read_data(folder: Path, doc: dict, bad) -> tuple[np.ndarray, np.ndarray]:
     if tokens.size == 0:
         tokens = np.zeros(0, np.int32)
     return tokens, offsets.astype(np.int64)
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, not through a symlink; else ValueError."""
+    try:
+        # O_NONBLOCK: opening a FIFO returns at once (refused below) instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{_where(path)}is a symbolic link; a draft store's files must be regular files") from None
+        raise ValueError(f"{_where(path)}{e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{_where(path)}not a regular file (mode {stat.filemode(st.st_mode)}); refused")
+        if st.st_size > limit:
+            raise ValueError(f"{_where(path)}{st.st_size} bytes, more than the {limit} a draft store file may hold")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew while we read
+        raise ValueError(f"{_where(path)}more than the {limit} bytes a draft store file may hold")
+    return data
+
+
+def _check_members(path: Path, data: bytes) -> None:
+    """The npz's zip directory, before numpy reads it: the two arrays save writes, stored uncompressed
+    (so no member is larger than the file), with at most MAX_TOKENS tokens."""
+    try:
+        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as e:
+        raise ValueError(f"{_where(path)}not a readable npz ({type(e).__name__}: {e})") from None
+    names = sorted(m.filename for m in members)
+    if names != ["offsets.npy", "tokens.npy"]:
+        raise ValueError(f"{_where(path)}must hold exactly tokens.npy and offsets.npy, got {names}")
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size:
+            raise ValueError(f"{_where(path)}member {m.filename} is compressed ({m.compress_size} bytes declared to "
+                             f"expand to {m.file_size}); draft stores are saved uncompressed")
+        if m.filename == "tokens.npy" and m.file_size > 8 * MAX_TOKENS + 4096:  # int64 tokens + npy header
+            raise ValueError(f"{_where(path)}tokens.npy is {m.file_size} bytes, more than {MAX_TOKENS} tokens")
+
+
+def _where(path: Path) -> str:
+    return f"cannot read a draft store from {path.parent}: {path.name}: "
 
 
 def _int(x: object) -> bool:

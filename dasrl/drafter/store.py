@@ -7,7 +7,10 @@ Modes (the scope of the history, as in the paper's Figure 6):
   global           one index over every problem's history and every live request (the ArcticInference /
                    vLLM `suffix` behaviour), for comparison.
 
-Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`.
+Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
+whose weight decay**k falls below MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
+leaves the window whatever `window` says: against anything newer it weighs nothing, and kept longer its
+weight would underflow to 0.0 (NaN draft probabilities, a save that no longer loads).
 
 Shards: a shard exists while it holds a sequence or a live request uses it (created only after a request
 passed validation, dropped when its last sequence and last user go), so the shard count is bounded by
@@ -34,6 +37,9 @@ from dasrl.drafter.suffix import (Cursor, SuffixIndex, extend_batch, first_bad, 
 
 
 GLOBAL = "__global__"
+MIN_STEP_WEIGHT = 1e-200
+"""A finished step whose decay**age is below this is evicted (see the module docstring). With live_weight
+in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
 
 _EMPTY = np.zeros(0, np.int32)
 
@@ -236,7 +242,9 @@ class DraftStore:
             ix.scale_weights(self.config.decay)
         self._steps.append(self._current)
         self._current = []
-        while self.config.window and len(self._steps) > self.config.window:
+        window, decay = self.config.window, self.config.decay
+        while self._steps and ((window and len(self._steps) > window)
+                               or decay ** len(self._steps) < MIN_STEP_WEIGHT):  # the oldest's weight
             for shard, sid in self._steps.popleft():
                 self._drop(shard, sid)
         self.step += 1
@@ -266,6 +274,8 @@ class DraftStore:
     @classmethod
     def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":
         """Read what save() wrote; every field is validated before anything is built (one ValueError)."""
+        if config is not None and not isinstance(config, StoreConfig):
+            raise TypeError(f"config must be a StoreConfig or None, got {config!r} ({type(config).__name__})")
         saved = load_store(Path(folder), config)
         store = cls(saved.config)
         steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(saved.num_steps)]

@@ -22,6 +22,7 @@ REGISTRARS = [
     "dasrl.demo.cli",
     "dasrl.sim.cli",
     "dasrl.sim.gpu",
+    "dasrl.sim.whatif_cli",
     "dasrl.integrations.vllm.cli",
     "dasrl.experiments.cli",
     "dasrl.integrations.cli",

@@ -1,0 +1,218 @@
+"""Recorded rollouts for `dasrl whatif`, turned into the simulator's Responses (token ids).
+
+Sources:
+- `champ`: CHAMP's recorded solutions of one model (dasrl.champ); variants play the RL steps,
+  `samples` variants per problem form one step (the step's G siblings).
+- a VeRL `trainer.rollout_data_dir`: VeRL 0.9.1 writes `{global_step}.jsonl` per step
+  (RayPPOTrainer._write_generations), one JSON object a line with "input" (the prompt, decoded with
+  skip_special_tokens), "output" (the response, decoded the same way), "gts", "score", "step", plus
+  extra reward fields; the prompt text is the problem key (GRPO siblings share it).
+- a JSONL or Parquet file of rows `step`, `problem_id` or `prompt`, `response` (text or token ids), and
+  optionally `prompt` (text or token ids) beside a problem_id;
+- our own traces (dasrl.rollout.trace, Parquet with format metadata): token ids as recorded.
+
+Bad input raises SourceError naming the file, the line (1-based; a Parquet row index) and the field,
+before anything is replayed or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dasrl.rollout.trace import FORMAT as TRACE_FORMAT
+from dasrl.rollout.trace import Response, TraceError, read_trace
+
+Tokenize = Callable[[list[str]], list[list[int]]]
+
+
+class SourceError(ValueError):
+    """A recorded-rollouts source that cannot be used: file, line and field at fault."""
+
+
+@dataclass(frozen=True)
+class ChampSource:
+    model: str = "GPT-4"
+    variants: tuple[str, ...] = ()
+    """The variants that play the steps, in order (empty = all 18 in the dataset's order)."""
+    samples: int = 1
+    """Variants per problem in one step (the step's siblings)."""
+    problems: int = 0
+    """The first N problems (0 = all 270)."""
+
+
+@dataclass
+class _Row:
+    step: int
+    key: object  # problem id, or the prompt text when no id is given
+    prompt: object  # str | list[int] | None
+    response: object  # str | list[int]
+
+
+def _bad(file, line, field, msg) -> SourceError:
+    return SourceError(f"{file}:{line}: field {field!r}: {msg}")
+
+
+def _ids_or_text(v, file, line, field, *, optional=False):
+    if v is None and optional:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (list, np.ndarray)) and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < 2**31 for t in v):
+        return [int(t) for t in v]
+    raise _bad(file, line, field, f"must be text or a list of token ids in [0, 2^31), got {str(v)[:60]!r}")
+
+
+def _row(d, file, line, *, step_field="step", pid_field="problem_id", prompt_field="prompt",
+         resp_field="response") -> _Row:
+    if not isinstance(d, dict):
+        raise SourceError(f"{file}:{line}: expected a JSON object, got {type(d).__name__}")
+    step = d.get(step_field)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise _bad(file, line, step_field, f"must be an integer >= 0, got {step!r}")
+    if resp_field not in d:
+        raise _bad(file, line, resp_field, "missing")
+    resp = _ids_or_text(d[resp_field], file, line, resp_field)
+    prompt = _ids_or_text(d.get(prompt_field), file, line, prompt_field, optional=True)
+    pid = d.get(pid_field) if pid_field else None
+    if pid is None:
+        if prompt is None:
+            raise _bad(file, line, pid_field or prompt_field, "missing (it keys the problem)" if not pid_field else f"missing, and no {prompt_field!r} to key the problem by")
+        pid = prompt if isinstance(prompt, str) else tuple(prompt)
+    elif isinstance(pid, bool) or not isinstance(pid, (str, int, np.integer)):
+        raise _bad(file, line, pid_field, f"must be a string or an integer, got {pid!r}")
+    return _Row(int(step), pid, prompt, resp)
+
+
+def _jsonl(path: Path, **fields) -> list[_Row]:
+    rows = []
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                d = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise SourceError(f"{path}:{i}: not valid JSON ({e})") from None
+            rows.append(_row(d, path, i, **fields))
+    if not rows:
+        raise SourceError(f"{path}: no rows")
+    return rows
+
+
+def _parquet(path: Path) -> list[_Row]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a file that is not Parquet
+        raise SourceError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    return [_row(d, path, i) for i, d in enumerate(table.to_pylist())]
+
+
+def _is_trace(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
+    if not files:
+        return False
+    try:
+        meta = pq.read_schema(files[0]).metadata or {}
+    except Exception:
+        return False  # not Parquet at all: the generic reader names the problem
+    return meta.get(b"format") == TRACE_FORMAT.encode()
+
+
+def _tokenized(rows: list[_Row], tokenize: Tokenize, source: str) -> list[Response]:
+    texts = [r.response for r in rows if isinstance(r.response, str)]
+    texts += [r.prompt for r in rows if isinstance(r.prompt, str)]
+    ids = iter(tokenize(texts) if texts else [])
+    resp = [next(ids) if isinstance(r.response, str) else r.response for r in rows]
+    prompts = [next(ids) if isinstance(r.prompt, str) else (r.prompt or []) for r in rows]
+    out, seen = [], {}
+    for r, p, a in zip(rows, prompts, resp):
+        k = (r.step, r.key)
+        seen[k] = seen.get(k, -1) + 1
+        pid = r.key if isinstance(r.key, (str, int)) else "prompt-" + hashlib.blake2b(
+            np.asarray(r.key, np.int64).tobytes(), digest_size=8).hexdigest()
+        out.append(Response(step=r.step, problem_id=pid, sample=seen[k], prompt_ids=np.asarray(p, np.int32),
+                            response_ids=np.asarray(a, np.int32)))
+    if not out:
+        raise SourceError(f"{source}: no rollouts")
+    return out
+
+
+def champ_rows(src: ChampSource) -> list[_Row]:
+    from dasrl import champ
+
+    variants = src.variants or champ.VARIANTS
+    unknown = [v for v in variants if v not in champ.VARIANTS]
+    if unknown:
+        raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; valid: {', '.join(champ.VARIANTS)}")
+    if src.samples < 1 or len(variants) % src.samples:
+        raise SourceError(f"champ: samples per step must divide the {len(variants)} variants, got {src.samples}")
+    if src.problems < 0:
+        raise SourceError(f"champ: problems must be >= 0 (0 = all), got {src.problems}")
+    try:
+        sols = champ.load_solutions(src.model)
+    except ValueError as e:
+        raise SourceError(f"champ: {e}") from None
+    pids = list(sols)[: src.problems or None]
+    rows = []
+    for j, v in enumerate(variants):
+        rows += [_Row(j // src.samples, pid, sols[pid][v].prompt, sols[pid][v].text) for pid in pids]
+    return rows
+
+
+def load(source: str | Path, tokenize: Tokenize, *, champ: ChampSource = ChampSource()) -> list[Response]:
+    """Responses of `source` ('champ', a VeRL rollout_data_dir, a JSONL / Parquet file, or a dasrl trace),
+    text tokenized by `tokenize`."""
+    if str(source) == "champ":
+        return _tokenized(champ_rows(champ), tokenize, "champ")
+    path = Path(source)
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or folder (or use 'champ')")
+    if _is_trace(path):
+        try:
+            return read_trace(path).responses()
+        except TraceError as e:
+            raise SourceError(str(e)) from None
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        bad = [f.name for f in files if not f.stem.isdigit()]
+        if not files or bad:
+            raise SourceError(f"{path}: a VeRL rollout_data_dir holds <step>.jsonl files only; "
+                              + (f"found {', '.join(bad[:3])}" if bad else "found none"))
+        rows = [r for f in sorted(files, key=lambda f: int(f.stem))
+                for r in _jsonl(f, pid_field=None, prompt_field="input", resp_field="output")]
+        return _tokenized(rows, tokenize, str(path))
+    if path.suffix == ".jsonl":
+        return _tokenized(_jsonl(path), tokenize, str(path))
+    if path.suffix == ".parquet":
+        return _tokenized(_parquet(path), tokenize, str(path))
+    raise SourceError(f"{path}: expected 'champ', a folder (VeRL rollout_data_dir or a dasrl trace), "
+                      f"a .jsonl or a .parquet file")
+
+
+def hf_tokenizer(folder: str | Path | None):
+    """A local HF tokenizer folder (None: the embedded SmolLM2's)."""
+    from transformers import AutoTokenizer
+
+    if folder is None:
+        from dasrl.models import ensure_hf_folder
+
+        folder = ensure_hf_folder()
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def tokenize_with(tok) -> Tokenize:
+    """Text -> token ids, no special tokens added (what a rollout's response holds)."""
+    def tokenize(texts: Sequence[str]) -> list[list[int]]:
+        return tok(list(texts), add_special_tokens=False)["input_ids"]
+    return tokenize

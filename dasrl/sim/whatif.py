@@ -1,0 +1,213 @@
+"""`dasrl whatif`: what would speculative decoding, and which drafter, do to these recorded rollouts?
+
+Every method replays the same recorded steps through the simulator (dasrl.sim.simulator, the code path
+`validate-sim` checks against the engine): a drafted token is accepted iff it equals the recorded token
+(exact for our position-keyed sampler; for vLLM's rejection sampler with one-hot drafts, the same in
+expectation), tree drafts follow the matching child, and every row of a step sits in one packed forward
+(static batching, the step's G samples of every problem at once: the recorded lengths give the tail).
+
+Two kinds of figures come out:
+- hardware-independent, from the replay at one equal draft cap K for every drafter: tokens per
+  verification forward (all rows: tokens / row-forwards; the critical path: each step's longest response
+  over the step's forwards, i.e. the step's speedup in forwards), accepted per drafted token, and drafted
+  tokens wasted per generated token;
+- predicted rollout seconds per step under each latency profile, each method at its own defaults: vLLM's
+  `suffix` at its default 24 tokens, `ngram`, `global` and `das-suffix` at K, and `das` under the session's
+  policy (DAS length classes inside the per-forward allowance), whose drafting depends on the profile,
+  so it is replayed once per profile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dasrl.drafter.arctic import ArcticDrafter, arctic_status
+from dasrl.drafter.store import DraftStore, StoreConfig
+from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.base import FixedBudget, NoSpeculation
+from dasrl.policy.budget import make_policy
+from dasrl.rollout.session import SessionConfig, history_drafter
+from dasrl.rollout.trace import Response
+from dasrl.sim.profiles import Profile
+from dasrl.sim import fastreplay
+from dasrl.sim.simulator import StepStats, group_steps
+from dasrl.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
+
+FORMAT = "dasrl.whatif/1"
+METHODS = ("das", "das-suffix", "global", "suffix", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class WhatifConfig:
+    cap: int = 16
+    """K: the equal draft cap of the hardware-independent replay."""
+    methods: tuple[str, ...] = METHODS
+    store: StoreConfig = SessionConfig().store
+    """The das drafters' history settings (the session's defaults)."""
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"draft cap K must be >= 1, got {self.cap}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(METHODS)}")
+
+
+def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
+    """The drafter of `method`, fresh (its history starts empty)."""
+    if method == "das":  # the session's drafter: the DraftStore wrapped in counting drafts where the tokenizer allows
+        return history_drafter(replace(SessionConfig(), store=cfg.store), tokenizer)
+    if method == "das-suffix":
+        return DraftStore(cfg.store)
+    if method == "global":  # one ever-growing index of every problem's history, as vLLM's / arctic's suffix cache
+        return DraftStore(replace(cfg.store, mode="global", window=0, decay=1.0))
+    if method == "suffix":
+        return ArcticDrafter(VLLM_SUFFIX)
+    if method == "ngram":
+        return VLLMNGramDrafter()
+    return None
+
+
+def session_policy(latency) -> ForwardAllowance:
+    """What `speculation_policy(SessionConfig(latency=...))` builds, for a LatencyModel in hand."""
+    return ForwardAllowance(make_policy("das"), allowance_for(latency), latency=latency)
+
+
+@dataclass
+class Replay:
+    """One method's replay: per-step simulator stats and the step's longest response."""
+
+    method: str
+    label: str
+    steps: list[StepStats]
+    longest: list[int]
+
+    def price(self, profile: Profile) -> list[float]:
+        """Predicted seconds of each step under `profile` (its forwards priced one by one)."""
+        out = []
+        for st in self.steps:
+            s = np.asarray(st.shapes, np.float64).reshape(-1, 4)
+            out.append(float(np.sum(profile.latency.predict(s[:, 1], s[:, 2], s[:, 3]))) if len(s) else 0.0)
+        return out
+
+    def figures(self, first: int = 0) -> dict:
+        sts, longest = self.steps[first:], self.longest[first:]
+        tok, rf = sum(s.tokens for s in sts), sum(s.row_forwards for s in sts)
+        drafted, acc = sum(s.proposed for s in sts), sum(s.accepted for s in sts)
+        return {"tokens_per_forward": tok / rf if rf else 0.0,
+                "critical_tokens_per_forward": sum(longest) / max(sum(s.forwards for s in sts), 1),
+                "acceptance": acc / drafted if drafted else 0.0,
+                "wasted_per_token": (drafted - acc) / tok if tok else 0.0,
+                "drafted": drafted, "accepted": acc, "tokens": tok, "forwards": sum(s.forwards for s in sts)}
+
+
+def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, cfg: WhatifConfig, tokenizer,
+           label: str, progress: Callable[[int], None] | None = None) -> Replay:
+    """`method`'s drafter under `policy` over the steps in order (fastreplay: the simulator's run_step with
+    every row in one packed forward)."""
+    max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
+    drafter = make_drafter(method, cfg, tokenizer)
+    out = []
+    for i, (step, rs) in enumerate(steps):
+        out.append(fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new))
+        if progress:
+            progress(i)
+    return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps])
+
+
+@dataclass
+class ModelResult:
+    """Every method on one recorded set of rollouts (one CHAMP model, one user source)."""
+
+    model: str
+    at_cap: dict[str, Replay] = field(default_factory=dict)
+    """Hardware-independent replays, every drafter at the cap K."""
+    own: dict[tuple[str, str], Replay] = field(default_factory=dict)
+    """(method, profile) -> the replay of the method at its own defaults under that profile."""
+
+    def rows(self, profiles: Sequence[Profile], cfg: WhatifConfig) -> list[dict]:
+        out = []
+        for m, rep in self.at_cap.items():
+            fig, later = rep.figures(), rep.figures(1)
+            per_step = {p.name: self.own[(m, p.name)].price(p) for p in profiles}
+            at_cap = {p.name: rep.price(p) for p in profiles}
+            out.append({
+                "model": self.model, "drafter": m, "cap": cfg.cap,
+                "tokens_per_forward": round(fig["tokens_per_forward"], 4),
+                "tokens_per_forward_from_step2": round(later["tokens_per_forward"], 4),
+                "critical_tokens_per_forward": round(fig["critical_tokens_per_forward"], 4),
+                "critical_tokens_per_forward_from_step2": round(later["critical_tokens_per_forward"], 4),
+                "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
+                "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
+                "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
+                "predicted_s_per_step_at_cap": {k: round(_mean(v[1:] or v), 4) for k, v in at_cap.items()},
+                "steps": [{"step": st.step, "tokens_per_forward": round(st.tokens / max(st.row_forwards, 1), 4),
+                           "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,
+                           "forwards": st.forwards, "longest": rep.longest[i],
+                           "predicted_s": {k: round(v[i], 4) for k, v in per_step.items()}}
+                          for i, st in enumerate(rep.steps)],
+            })
+        return out
+
+
+OWN_DEFAULTS = {
+    "das": "session policy (DAS classes in the per-forward allowance of each profile), counting drafts",
+    "das-suffix": "per-problem suffix index, fixed cap {cap}",
+    "global": "one unwindowed index over all problems, fixed cap {cap}",
+    "suffix": f"vLLM suffix defaults (arctic-inference, depth 24, {VLLM_SUFFIX_TOKENS} tokens, factor 1.0, "
+              "p >= 0.1, 10000 cached)",
+    "ngram": "vLLM ngram defaults (n = 5, earliest match), {cap} tokens",
+    "none": "plain decoding",
+}
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str, str, object]]:
+    """(kind, method, profile or '', policy) of every replay one source needs."""
+    out = []
+    for m in cfg.methods:
+        out.append(("cap", m, "", NoSpeculation() if m == "none" else FixedBudget(cfg.cap)))
+    for m in cfg.methods:
+        if m == "das":
+            out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
+        elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:
+            out.append(("own", m, "", FixedBudget(VLLM_SUFFIX_TOKENS)))
+    return out
+
+
+def run(name: str, responses: Sequence[Response], *, profiles: Sequence[Profile], cfg: WhatifConfig, tokenizer,
+        progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
+    """Every planned replay of one source; `progress(label, done_steps, total_steps)`."""
+    if "suffix" in cfg.methods and arctic_status() is not None:
+        raise RuntimeError(f"method 'suffix' needs arctic-inference ({arctic_status()}): `make arctic-install`, "
+                           f"or leave suffix out of --methods")
+    steps = group_steps(responses)
+    res = ModelResult(name)
+    for kind, m, prof, policy in plan(cfg, profiles):
+        label = f"{m}@{cfg.cap}" if kind == "cap" else f"{m} ({prof or 'defaults'})"
+        tick = (lambda i, label=label: progress(label, i + 1, len(steps))) if progress else None
+        rep = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
+        if kind == "cap":
+            res.at_cap[m] = rep
+            if not (m == "das" or (m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS)):
+                res.own.update({(m, p.name): rep for p in profiles})
+        elif prof:
+            res.own[(m, prof)] = rep
+        else:
+            res.own.update({(m, p.name): rep for p in profiles})
+    return res
+
+
+def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg: WhatifConfig, source: str,
+             tokenizer_name: str, started: float, extra: dict | None = None) -> dict:
+    rows = [r for res in results for r in res.rows(profiles, cfg)]
+    return {"format": FORMAT, "source": source, "tokenizer": tokenizer_name, "cap": cfg.cap,
+            "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
+            "elapsed_s": round(time.perf_counter() - started, 1), **(extra or {}), "rows": rows}

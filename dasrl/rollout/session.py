@@ -6,18 +6,33 @@
         ... rewards, policy update ...
         session.end_step(rewards)      # history upkeep runs in the background during the next update
 
-Samples of the same prompt (GRPO's G samples) share a problem id (the prompt-token hash unless given);
-a sample's seed comes from (run seed, step, problem, sample index), so a spec-on and a spec-off run of
-the same loop see the same random numbers and produce the same tokens.
+Samples of the same prompt (GRPO's G samples) share a problem id (the prompt-token hash unless given).
+Seeds: a sample's seed is sample_seed(run seed, step, problem, sample index), so a spec-on and a spec-off
+run of the same loop see the same random numbers and produce the same tokens. The sample index must be
+unique per problem within a step, across generate calls and across processes, or two samples of a group
+are drawn with one seed and come out identical. By default the session numbers each problem's samples
+0, 1, 2, ... in the order it generates them in the step, over all its generate calls. A loop that splits
+one step's batch over several processes (each with its own session) passes `samples=`: each sample's
+index in the step's global batch (the TRL integration passes the position in the global generation batch),
+so N processes draw the same seeds as one process generating the whole batch. An index drawn twice for a
+problem in one step is refused (ValueError).
+
+Errors of the background upkeep (end_step's window roll) are raised, with their cause, by the next call
+that needs the history (generate, record, end_step, stats, save); the session stays failed until load().
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import glob
 import json
 import math
+import numbers
 import os
+import re
+import secrets
+import shutil
 import threading
 import time
 import warnings
@@ -26,7 +41,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Sequence
 
-from dasrl.atomic import write_json
+from dasrl.atomic import _fsync_dir, write_json
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
 from dasrl.drafter.store import DraftStore, StoreConfig
@@ -63,6 +78,14 @@ class SessionConfig:
     """latency.json from `dasrl calibrate`; None = the CPU figures measured here (50 ms + 2.5 ms/token)."""
     draft_allowance: int | None = None
     """Draft tokens per forward for the whole batch; None = c_base / c_tok of the latency model."""
+    history: int = 100
+    """Step summaries kept in `session.history` and in saves (the latest); older ones are folded into
+    the totals stats() reports, so a long run's memory and session.json stay bounded."""
+
+    def __post_init__(self) -> None:
+        h = self.history
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            raise ValueError(f"SessionConfig: history must be an int >= 1, got {h!r}")
 
 
 @dataclass
@@ -155,25 +178,31 @@ class RolloutSession:
         self.policy = speculation_policy(config) if config.speculate else NoSpeculation()
         self.step = 0
         self.history: list[StepSummary] = []
+        self._folded = dict.fromkeys(_TOTALS, 0)  # stats() totals of the summaries dropped from history
+        self._drawn: dict[Hashable, set[int]] = {}  # sample indices of each problem drawn this step
         self._upkeep: threading.Thread | None = None
         self._upkeep_s = 0.0
+        self._failed: BaseException | None = None  # what the last upkeep raised (cleared by load)
 
     # ------------------------------------------------------------------ the step
     def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
-                 seeds: Sequence[int] | None = None, sampling: SamplingParams = SamplingParams(),
-                 max_new_tokens: int = 256, stop_token_ids: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None, samples: Sequence[int] | None = None,
+                 sampling: SamplingParams = SamplingParams(), max_new_tokens: int = 256,
+                 stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = (),
                  on_step=None) -> list[Rollout]:
-        """Generate one training step's batch (all samples of all prompts)."""
+        """Generate (part of) one training step's batch. `samples`: each request's sample index within its
+        problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
+        the derived seeds."""
         if len(prompts) == 0:
             raise ValueError("generate() needs at least one prompt")
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
-        samples = sample_indices(pids)
-        if seeds is None:
-            seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         t0 = time.perf_counter()
         wait = self._join_upkeep()
+        samples = self._samples(pids, samples)
+        if seeds is None:
+            seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         curve: list[tuple[float, int]] = []
 
         def record(info: StepInfo) -> None:
@@ -183,10 +212,12 @@ class RolloutSession:
 
         outs: list[Completion] = self.engine.generate(
             prompts, seeds=seeds, sampling=sampling, drafter=self.drafter, policy=self.policy,
-            max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, problem_ids=pids,
+            max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, stop_lines=stop_lines, problem_ids=pids,
             req_ids=[(self.step, i) for i in range(len(prompts))], on_step=record)
+        for pid, k in zip(pids, samples):
+            self._drawn.setdefault(pid, set()).add(k)
         run = self.engine.last_run
-        self.history.append(StepSummary(
+        self._append(StepSummary(
             step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
             forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens,
             drafted=run.drafted, accepted=run.accepted, batch_curve=curve,
@@ -195,6 +226,39 @@ class RolloutSession:
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,
                         forwards=c.forwards, drafted=c.drafted, accepted=c.accepted)
                 for pid, k, seed, c in zip(pids, samples, seeds, outs)]
+
+    def _samples(self, pids: list, given: Sequence[int] | None) -> list[int]:
+        """Each request's sample index (given, or the next unused of its problem), none drawn before in
+        this step nor twice in this call."""
+        if given is None:
+            nxt = {pid: max(ks) + 1 for pid, ks in self._drawn.items() if ks}
+            out = []
+            for pid in pids:
+                out.append(nxt.get(pid, 0))
+                nxt[pid] = out[-1] + 1
+            return out
+        out = list(given)
+        if len(out) != len(pids):
+            raise ValueError(f"{len(pids)} prompts but {len(out)} sample indices")
+        seen: set = set()
+        for i, (pid, k) in enumerate(zip(pids, out)):
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+                raise ValueError(f"sample indices must be ints >= 0, got {k!r}")
+            k = int(k)
+            if k in self._drawn.get(pid, ()) or (pid, k) in seen:
+                raise ValueError(f"sample index {k} of problem {pid!r} is drawn twice in step {self.step}: "
+                                 f"its seed would repeat (give each sample of a problem its own index)")
+            seen.add((pid, k))
+            out[i] = k
+        return out
+
+    def _append(self, summary: StepSummary) -> None:
+        """Add a step summary; beyond config.history the oldest is folded into the stats() totals."""
+        self.history.append(summary)
+        while len(self.history) > self.config.history:
+            old = self.history.pop(0)
+            for name in _TOTALS:
+                self._folded[name] += 1 if name == "steps" else getattr(old, name)
 
     @property
     def store(self) -> DraftStore | None:
@@ -215,11 +279,12 @@ class RolloutSession:
         DraftStore indexes them and the policy's length history counts them (its acceptance statistics do
         not: nothing was drafted); then call end_step(). For
         loops that run a session only on some steps but keep its history complete. Its drafter must have
-        no live requests."""
+        no live requests. Their sample indices count as drawn in this step."""
         self._join_upkeep()
         store = self.store
         lengths = getattr(self.policy, "lengths", None)
         for r in rollouts:
+            self._drawn.setdefault(r.problem_id, set()).add(r.sample)
             if store is not None:
                 store.add_rollout(r.problem_id, r.prompt_ids, r.completion_ids)
             if lengths is not None:
@@ -229,14 +294,20 @@ class RolloutSession:
         """The step's rollouts are final: fold them into the window and roll it (in the background)."""
         self._join_upkeep()
         self.step += 1
+        self._drawn = {}
+        step = self.step
 
         def upkeep() -> None:
             t = time.perf_counter()
-            if self.drafter is not None:
-                self.drafter.end_step()
-            end = getattr(self.policy, "end_step", None)
-            if end is not None:
-                end()
+            try:
+                if self.drafter is not None:
+                    self.drafter.end_step()
+                end = getattr(self.policy, "end_step", None)
+                if end is not None:
+                    end()
+            except BaseException as e:  # kept for the caller: a thread's exception would only be printed
+                e.add_note(f"(in the upkeep of end_step() before step {step})")
+                self._failed = e
             self._upkeep_s = time.perf_counter() - t
 
         if self.config.background_upkeep:
@@ -244,22 +315,29 @@ class RolloutSession:
             self._upkeep.start()
         else:
             upkeep()
+            self._join_upkeep()
 
-    def _join_upkeep(self) -> float:
-        if self._upkeep is None:
-            return 0.0
+    def _join_upkeep(self, *, check: bool = True) -> float:
+        """Wait for the background upkeep; with check, raise what it raised (the history it left is half
+        rolled: every later call that needs it raises too, until load())."""
         t = time.perf_counter()
-        self._upkeep.join()
-        self._upkeep = None
+        if self._upkeep is not None:
+            self._upkeep.join()
+            self._upkeep = None
+        if check and self._failed is not None:
+            raise RuntimeError(f"the session's history upkeep failed ({type(self._failed).__name__}: "
+                               f"{self._failed}); its draft window is half rolled: load() a save or start a "
+                               f"new session") from self._failed
         return time.perf_counter() - t
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
-        h = self.history
-        return {"steps": len(h), "rollout_s": sum(s.rollout_s for s in h),
-                "forwards": sum(s.forwards for s in h), "new_tokens": sum(s.new_tokens for s in h),
-                "drafted": sum(s.drafted for s in h), "accepted": sum(s.accepted for s in h),
-                "upkeep_wait_s": sum(s.upkeep_wait_s for s in h), "upkeep_s": sum(s.upkeep_s for s in h),
+        """Totals over every generate() call (summaries folded out of `history` included); the store's
+        size after the last end_step's upkeep (joined first)."""
+        self._join_upkeep()
+        tot = {name: self._folded[name] + (len(self.history) if name == "steps" else
+                                           sum(getattr(s, name) for s in self.history)) for name in _TOTALS}
+        return {**tot,
                 "store_tokens": self.store.num_tokens if self.store else 0,
                 "store_bytes": self.store.bytes_used() if self.store else 0,
                 "counted_drafts": getattr(self.drafter, "counted", 0)}
@@ -267,22 +345,53 @@ class RolloutSession:
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
         """Session state without pickle: the drafter window (npz + JSON), length and acceptance
-        statistics and counters (JSON). session.json is written last and holds a digest of the store's
-        files, so load() can tell a store that does not belong to it (a save cut short between the two)."""
+        statistics, the latest config.history step summaries and the totals of older ones (JSON).
+        session.json holds a digest of the store's files, so load() can tell a store that does not belong
+        to it.
+
+        Crash-safe: the save is written whole into a new folder beside `folder` (.NAME.tmp-*) and switched
+        in by two renames: the previous save to .NAME.old-*, the new one to `folder`; then the old one is
+        deleted. A kill or a full disk at any point leaves the previous save loadable: at `folder`, or (a
+        kill between the two renames) at .NAME.old-*, where load() finds it. `folder` must not exist or
+        hold a session save only (it is replaced whole): other files there are refused, not deleted."""
         self._join_upkeep()
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        if folder.exists():
+            foreign = sorted(p.name for p in folder.iterdir() if p.name not in ("session.json", "store")
+                             and not p.name.startswith(".")) if folder.is_dir() else [folder.name]
+            if foreign:
+                raise ValueError(f"{folder}: not a session save ({foreign[:5]} in it); save() replaces the "
+                                 f"folder whole: give a new folder or one that holds only a session save")
         state = {"format": SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
-                 "history": [_jsonable(asdict(s)) for s in self.history], "store": None}
-        if self.store is not None:
-            self.store.save(folder / "store")
-            state["store"] = {"digest": _folder_digest(folder / "store")}
+                 "history": [_jsonable(asdict(s)) for s in self.history], "folded": dict(self._folded),
+                 "store": None}
         for name in ("lengths", "acceptance"):
             part = getattr(self.policy, name, None)
             if part is not None:
                 state[name] = part.state_dict()
-        state = json.loads(json.dumps(state))  # as load() will see it (int dict keys become strings...)
-        write_json(folder / "session.json", {"checksum": _checksum(state), **state})
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tag = secrets.token_hex(6)
+        new, old = folder.parent / f".{folder.name}.tmp-{tag}", folder.parent / f".{folder.name}.old-{tag}"
+        new.mkdir()
+        moved = False
+        try:
+            if self.store is not None:
+                self.store.save(new / "store")
+                state["store"] = {"digest": _folder_digest(new / "store")}
+            state = json.loads(json.dumps(state))  # as load() will see it (int dict keys become strings...)
+            write_json(new / "session.json", {"checksum": _checksum(state), **state})
+            if folder.exists():
+                os.rename(folder, old)
+                moved = True
+            os.rename(new, folder)
+            _fsync_dir(folder.parent)
+        except BaseException:
+            if moved and not folder.exists():
+                os.rename(old, folder)  # the previous save back in place
+            shutil.rmtree(new, ignore_errors=True)
+            raise
+        for stale in _leftovers(folder):  # this save's old folder, and any a killed save left behind
+            shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, folder: str | os.PathLike) -> None:
         """Restore what save() wrote into this session (same model; the config may differ).
@@ -291,8 +400,16 @@ class RolloutSession:
         policy statistics into throwaway copies) and assigned only when all of it passed, so a failed
         load leaves the session as it was. A save that holds a store whose folder is missing or does not
         match is refused (ValueError); loading a save without a store into a session with one, or the
-        other way round, warns (a legitimate change of setup, but its history is lost)."""
+        other way round, warns (a legitimate change of setup, but its history is lost). Where `folder` is
+        missing and a save killed between its two renames left the previous save at .NAME.old-*, that one
+        is loaded (with a warning). A successful load clears a failed upkeep (its state is replaced)."""
         folder = Path(folder)
+        if not folder.exists():
+            kept = sorted(_leftovers(folder, "old"), key=lambda p: p.stat().st_mtime)
+            if kept:
+                warnings.warn(f"{folder} is missing: loading {kept[-1].name}, the previous save a killed "
+                              f"save() left beside it", stacklevel=2)
+                folder = kept[-1]
         src = folder / "session.json"
         try:
             state = json.loads(src.read_text(encoding="utf-8"))
@@ -313,7 +430,11 @@ class RolloutSession:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{src}: field 'step' must be an int >= 0, got {step!r}")
         history = _history_from(state.get("history"), src)
-        self._join_upkeep()
+        folded = state.get("folded", dict.fromkeys(_TOTALS, 0))  # absent in saves from before it
+        if not (isinstance(folded, dict) and set(folded) == set(_TOTALS) and all(map(_is_number, folded.values()))):
+            raise ValueError(f"{src}: field 'folded' must be an object of numbers with keys {sorted(_TOTALS)}, "
+                             f"got {folded!r}")
+        self._join_upkeep(check=False)
         store = self._load_store(folder, state, src)
         parts = []
         for name in ("lengths", "acceptance"):
@@ -328,7 +449,7 @@ class RolloutSession:
                 raise ValueError(f"{src}: field {name!r}: {e}") from None
             parts.append((part, state[name]))
         # everything passed: assign
-        self.step, self.history = step, history
+        self.step, self.history, self._folded, self._drawn, self._failed = step, history, folded, {}, None
         if store is not None:
             self.store = store
         for part, sd in parts:
@@ -362,7 +483,15 @@ class RolloutSession:
 
 
 SESSION_FORMAT = "dasrl-session/1"
-_SESSION_KEYS = {"format", "step", "config", "history", "store", "lengths", "acceptance", "checksum"}
+_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance", "checksum"}
+_TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
+"""The stats() totals, summed over step summaries."""
+
+
+def _leftovers(folder: Path, kind: str = "tmp|old") -> list[Path]:
+    """The folders save() makes beside `folder` (.NAME.tmp-* while writing, .NAME.old-* while switching)."""
+    pattern = re.compile(rf"\.{re.escape(folder.name)}\.(?:{kind})-[0-9a-f]{{12}}")
+    return [p for p in folder.parent.glob(f".{glob.escape(folder.name)}.*") if pattern.fullmatch(p.name)]
 
 
 def _checksum(state: dict) -> str:

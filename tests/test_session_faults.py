@@ -1,0 +1,259 @@
+"""RolloutSession on a tiny random Llama: sample seeds unique across calls of a step, a failing background
+upkeep surfaces at the next call, bounded history, saves that survive SIGKILL at every stage and a full
+disk, out-of-range seeds refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from dasrl.drafter.store import DraftStore, StoreConfig
+from dasrl.engine.sampling import SamplingParams
+from dasrl.rollout.session import RolloutSession, SessionConfig
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
+CONFIG = SessionConfig(counting=False)  # the tiny model has no tokenizer
+
+
+def _session(tiny_llama, config=CONFIG, **kw) -> RolloutSession:
+    return RolloutSession(tiny_llama(0), None, config, **kw)
+
+
+def _step(s: RolloutSession, n: int = 2, **kw):
+    out = s.generate([PROMPTS[0]] * n + [PROMPTS[1]] * n, max_new_tokens=6, **kw)
+    s.end_step()
+    return out
+
+
+# ------------------------------------------------------------------------------------- seeds
+def test_samples_of_a_step_are_unique_across_calls(tiny_llama):
+    s = _session(tiny_llama)
+    a = s.generate([PROMPTS[0]] * 2, max_new_tokens=6)
+    b = s.generate([PROMPTS[0]] * 2 + [PROMPTS[1]], max_new_tokens=6)
+    assert [r.sample for r in a + b] == [0, 1, 2, 3, 0]
+    seeds = [r.seed for r in a + b]
+    assert len(set(seeds)) == 5
+    assert len({tuple(r.completion_ids) for r in a + b[:2]}) == 4  # T = 1 over a 97-token vocabulary
+    # one call with the whole step's batch draws the same seeds and tokens (the rule is per step)
+    whole = _session(tiny_llama).generate([PROMPTS[0]] * 4 + [PROMPTS[1]], max_new_tokens=6)
+    assert [r.seed for r in whole] == seeds
+    assert [r.completion_ids for r in whole] == [r.completion_ids for r in a + b]
+    s.end_step()
+    assert [r.sample for r in s.generate([PROMPTS[0]], max_new_tokens=2)] == [0]  # a new step starts at 0
+
+
+def test_given_sample_indices_split_a_batch_over_processes(tiny_llama):
+    """Two sessions each generating their part of a step with global indices == one session generating it."""
+    whole = _session(tiny_llama).generate([PROMPTS[0]] * 4, max_new_tokens=6)
+    rank0 = _session(tiny_llama).generate([PROMPTS[0]] * 2, samples=[0, 1], max_new_tokens=6)
+    rank1 = _session(tiny_llama).generate([PROMPTS[0]] * 2, samples=[2, 3], max_new_tokens=6)
+    assert [r.completion_ids for r in rank0 + rank1] == [r.completion_ids for r in whole]
+    s = _session(tiny_llama)
+    s.generate([PROMPTS[0]], samples=[5], max_new_tokens=2)
+    for bad, match in [([5], "sample index 5 of problem .* drawn twice"), ([1, 1], "drawn twice"),
+                       ([-1], "ints >= 0"), ([1.0], "ints >= 0"), ([1, 2, 3], "1 prompts but 3 sample")]:
+        with pytest.raises(ValueError, match=match):
+            s.generate([PROMPTS[0]] * (1 if len(bad) == 3 else len(bad)), samples=bad, max_new_tokens=2)
+    assert [r.sample for r in s.generate([PROMPTS[0]], max_new_tokens=2)] == [6]  # after the largest drawn
+
+
+def test_seeds_outside_64_bits_are_refused_before_work(tiny_llama):
+    s = _session(tiny_llama)
+    for seeds in ([2**64], [2**63], [-(2**63) - 1]):
+        with pytest.raises(ValueError, match=r"seeds must fit in 64 bits.*" + str(seeds[0])):
+            s.generate([PROMPTS[0]], seeds=seeds, max_new_tokens=2)
+    assert s.history == []
+    edge = s.generate([PROMPTS[0]] * 2, seeds=[2**63 - 1, -(2**63)], max_new_tokens=2)
+    assert [r.seed for r in edge] == [2**63 - 1, -(2**63)]
+
+
+# ------------------------------------------------------------------------------------- upkeep
+class FailingStore(DraftStore):
+    """The injected fault: a store whose window roll raises."""
+
+    def end_step(self) -> None:
+        raise OSError("disk on fire")
+
+
+class SlowStore(DraftStore):
+    """A store whose window roll takes a second (so a reader that does not wait would see the old window)."""
+
+    def end_step(self) -> None:
+        time.sleep(1.0)
+        super().end_step()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_failed_upkeep_surfaces_at_the_next_call(tiny_llama, tmp_path, background):
+    s = _session(tiny_llama, SessionConfig(counting=False, background_upkeep=background),
+                 drafter=FailingStore(StoreConfig()))
+    s.generate(PROMPTS, max_new_tokens=4)
+    if background:
+        s.end_step()  # returns: the roll runs in the background
+    else:
+        with pytest.raises(RuntimeError, match="upkeep failed") as e:
+            s.end_step()
+        assert isinstance(e.value.__cause__, OSError)
+    for call in (lambda: s.generate(PROMPTS, max_new_tokens=2), s.end_step, s.stats,
+                 lambda: s.save(tmp_path / "x"), lambda: s.record([])):
+        with pytest.raises(RuntimeError, match="upkeep failed .*disk on fire") as e:
+            call()
+        assert isinstance(e.value.__cause__, OSError) and "disk on fire" in str(e.value.__cause__)
+    assert not (tmp_path / "x").exists() and len(s.history) == 1
+    good = _session(tiny_llama)
+    _step(good)
+    good.save(tmp_path / "good")
+    s.load(tmp_path / "good")  # a load replaces the half-rolled state: the session works again
+    assert s.stats()["steps"] == 1 and len(s.generate(PROMPTS, max_new_tokens=2)) == 2
+
+
+def test_stats_waits_for_the_upkeep(tiny_llama):
+    s = _session(tiny_llama, SessionConfig(counting=False, store=StoreConfig(window=1)),
+                 drafter=SlowStore(StoreConfig(window=1)))
+    _step(s)
+    one = s.stats()["store_tokens"]
+    _step(s)  # its roll (a second from now) drops the first step's rollouts from the 1-step window
+    now = s.stats()["store_tokens"]
+    time.sleep(1.5)
+    assert now == s.stats()["store_tokens"] < 2 * one  # read after the roll, not before it
+
+
+# ------------------------------------------------------------------------------------- history
+def test_history_is_bounded_and_stats_keep_totals(tiny_llama, tmp_path):
+    s = _session(tiny_llama, SessionConfig(counting=False, history=3))
+    sums = {"forwards": 0, "new_tokens": 0}
+    for _ in range(5):
+        s.generate(PROMPTS, max_new_tokens=4)
+        sums = {k: v + getattr(s.history[-1], k) for k, v in sums.items()}
+        s.end_step()
+    st = s.stats()
+    assert len(s.history) == 3 and [h.step for h in s.history] == [2, 3, 4]
+    assert st["steps"] == 5 and st["forwards"] == sums["forwards"] and st["new_tokens"] == sums["new_tokens"]
+    s.save(tmp_path / "s")
+    assert len(json.loads((tmp_path / "s" / "session.json").read_text())["history"]) == 3
+    back = _session(tiny_llama)
+    back.load(tmp_path / "s")
+    got = back.stats()
+    assert {k: got[k] for k in st if k != "store_bytes"} == {k: st[k] for k in st if k != "store_bytes"}
+    assert len(back.history) == 3
+    with pytest.raises(ValueError, match="history must be an int >= 1"):
+        SessionConfig(history=0)
+
+
+# ------------------------------------------------------------------------------------- saves
+def _kill_at(module, name: str, nth: int) -> None:
+    """Make the nth call of module.name SIGKILL this process (the fault; the real save code runs up to it)."""
+    real, calls = getattr(module, name), [0]
+
+    def hook(*a, **k):
+        calls[0] += 1
+        if calls[0] == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **k)
+    setattr(module, name, hook)
+
+
+def _killed_save(s: RolloutSession, folder, stage: str) -> None:
+    """s.save(folder) in a forked child that is SIGKILLed at `stage`."""
+    import dasrl.drafter.persist as persist
+    import dasrl.rollout.session as session
+
+    where = {"store": (persist, "write_json", 1),  # the store's npz written, its store.json not
+             "json": (session, "write_json", 1),  # the store written, session.json not
+             "rename1": (session.os, "rename", 1),  # everything written, nothing switched
+             "rename2": (session.os, "rename", 2),  # the previous save moved aside, the new one not in place
+             "cleanup": (session.shutil, "rmtree", 1)}[stage]  # switched, the previous save not deleted
+    pid = os.fork()
+    if pid == 0:  # the child: only file work (no torch), then it dies
+        try:
+            _kill_at(*where)
+            s.save(folder)
+        finally:
+            os._exit(3)  # not killed: the parent's assertion says so
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (stage, status)
+
+
+def _saved(tiny_llama, folder, steps: int) -> None:
+    s = _session(tiny_llama)
+    for _ in range(steps):
+        _step(s)
+    s.save(folder)
+
+
+def _loads(tiny_llama, folder) -> int:
+    s = _session(tiny_llama)
+    s.load(folder)
+    return s.step
+
+
+@pytest.fixture(scope="module")
+def saves(tiny_llama):
+    """(the previous save's session: step 1, the new save's: step 3, a session to load into)."""
+    sessions = [_session(tiny_llama) for _ in range(3)]
+    for s, steps in zip(sessions, (1, 3, 0)):
+        for _ in range(steps):
+            _step(s)
+    return sessions
+
+
+@pytest.mark.parametrize("stage, step", [("store", 1), ("json", 1), ("rename1", 1), ("rename2", 1),
+                                         ("cleanup", 3)])
+def test_a_save_killed_at_any_stage_leaves_a_loadable_save(saves, tmp_path, stage, step):
+    previous, new, loader = saves
+    folder = tmp_path / "sess"
+    previous.save(folder)
+    _killed_save(new, folder, stage)
+    if stage == "rename2":
+        assert not folder.exists()  # killed between the renames: only the moved-aside previous save
+        with pytest.warns(UserWarning, match="previous save a killed save"):
+            loader.load(folder)
+    else:
+        loader.load(folder)
+    assert loader.step == step
+    assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".sess.")]  # the killed save's leftovers
+    new.save(folder)  # a later save switches cleanly and removes them
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["sess"]
+    loader.load(folder)
+    assert loader.step == 3
+
+
+def test_a_full_disk_leaves_the_previous_save(tiny_llama, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a 2 MiB tmpfs here (needs root): the ENOSPC case is not exercised")
+    try:
+        folder = disk / "sess"
+        _saved(tiny_llama, folder, 1)
+        big = _session(tiny_llama)
+        _step(big)
+        for i in range(400):  # a window far beyond 2 MiB of npz
+            big.store.add_rollout(1000 + i, [1, 2, 3], [(i * 7 + j) % 97 for j in range(2000)])
+        big.end_step()
+        with pytest.raises(OSError) as e:
+            big.save(folder)
+        assert e.value.errno == 28  # ENOSPC
+        assert sorted(q.name for q in disk.iterdir()) == ["sess"]  # nothing half-written left
+        assert _loads(tiny_llama, folder) == 1
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_folder_with_other_files_is_not_replaced(tiny_llama, tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    s = _session(tiny_llama)
+    _step(s)
+    with pytest.raises(ValueError, match=r"not a session save \(\['weights.bin'\]"):
+        s.save(tmp_path)
+    assert (tmp_path / "weights.bin").read_bytes() == b"x"
+    s.save(tmp_path / "sess")
+    s.save(tmp_path / "sess")  # replacing a session save is fine
+    shutil.rmtree(tmp_path / "sess")

@@ -1,4 +1,7 @@
+import functools
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -7,6 +10,9 @@ import pytest
 
 from dasrl.rollout.trace import (Response, TraceError, TraceWriter, read_trace, summarize, to_table,
                                  write_trace)
+
+# A Parquet file from another writer carries no dasrl checksum: read only when asked, field by field.
+read_foreign = functools.partial(read_trace, require_checksum=False)
 
 
 def resp(step, pid, sample, n=5, lp=False):
@@ -56,46 +62,46 @@ def _write_raw(path, **over):
 def test_missing_column_named(tmp_path):
     p = _write_raw(tmp_path / "m.parquet", reward=None)
     with pytest.raises(TraceError, match="missing column.*reward"):
-        read_trace(p)
+        read_foreign(p)
 
 
 def test_out_of_order_steps_name_row(tmp_path):
     p = _write_raw(tmp_path / "o.parquet", step=[0, 2, 1])
     with pytest.raises(TraceError, match=r"row 2, column 'step'.*out of order"):
-        read_trace(p)
+        read_foreign(p)
 
 
 def test_bad_ids_name_row_and_column(tmp_path):
     p = _write_raw(tmp_path / "n.parquet", response_ids=[[3, 4], [5], [6, -1]])
     with pytest.raises(TraceError, match=r"row 2, column 'response_ids': token id -1 at position 1"):
-        read_trace(p)
+        read_foreign(p)
     p = _write_raw(tmp_path / "v.parquet", prompt_ids=[[1], [99], [2]])
     with pytest.raises(TraceError, match=r"row 1, column 'prompt_ids'.*vocabulary"):
-        read_trace(p, vocab_size=50)
+        read_foreign(p, vocab_size=50)
     p = _write_raw(tmp_path / "s.parquet", sample=[0, -4, 0])
     with pytest.raises(TraceError, match=r"row 1, column 'sample'"):
-        read_trace(p)
+        read_foreign(p)
     p = _write_raw(tmp_path / "e.parquet", prompt_ids=[[1], [], [2]])
     with pytest.raises(TraceError, match=r"row 1, column 'prompt_ids': empty prompt"):
-        read_trace(p)
+        read_foreign(p)
     p = _write_raw(tmp_path / "l.parquet", logprobs=[[0.1, 0.2], [0.1], [0.1, 0.3]])
     with pytest.raises(TraceError, match=r"row 2, column 'logprobs'"):
-        read_trace(p)
+        read_foreign(p)
 
 
 def test_corrupt_file_and_out_of_order_across_files(tmp_path):
     p = tmp_path / "c.parquet"
     p.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(TraceError, match="not a readable Parquet"):
-        read_trace(p)
+        read_foreign(p)
     d = tmp_path / "d"
     d.mkdir()
     _write_raw(d / "a.parquet", step=[3, 3, 3])
     _write_raw(d / "b.parquet", step=[1, 1, 1])
     with pytest.raises(TraceError, match=r"b.parquet: row 0, column 'step'"):
-        read_trace(d)
+        read_foreign(d)
     with pytest.raises(TraceError, match="no such"):
-        read_trace(tmp_path / "nope.parquet")
+        read_foreign(tmp_path / "nope.parquet")
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -135,7 +141,7 @@ def test_ids_beyond_int32_are_refused_not_wrapped(tmp_path):
                              "reward": pa.array([None], pa.float64()), "finish_reason": ["stop"]}), p)
     with pytest.raises(TraceError, match=r"row 0, column 'response_ids': token id 4294967303 at position 1 "
                                          r"is too large for int32"):
-        read_trace(p)
+        read_foreign(p)
     assert not (tmp_path / "w.parquet").exists()
 
 
@@ -143,13 +149,13 @@ def test_zero_row_file_is_refused(tmp_path):
     p = _write_raw(tmp_path / "e.parquet", step=[], problem_id=[], sample=[], prompt_ids=[], response_ids=[],
                    reward=pa.array([], pa.float64()), finish_reason=[])
     with pytest.raises(TraceError, match=r"e.parquet: holds no rows"):
-        read_trace(p)
+        read_foreign(p)
     d = tmp_path / "d"
     d.mkdir()
     write_trace(d / "step-000000.parquet", [resp(0, 1, 0)])
     os.replace(p, d / "step-000001.parquet")
     with pytest.raises(TraceError, match=r"step-000001.parquet: holds no rows"):
-        read_trace(d)
+        read_foreign(d)
 
 
 @pytest.mark.parametrize("raw, msg", [("abc", "vocab_size is b'abc', not an integer"),
@@ -161,7 +167,7 @@ def test_bad_vocab_size_metadata(tmp_path, raw, msg):
                   "reward": pa.array([None], pa.float64()), "finish_reason": ["stop"]})
     pq.write_table(t.replace_schema_metadata({"vocab_size": raw}), p)
     with pytest.raises(TraceError, match=msg):
-        read_trace(p)
+        read_foreign(p)
 
 
 def test_mixed_int_and_string_problem_ids(tmp_path):
@@ -176,3 +182,31 @@ def test_mixed_int_and_string_problem_ids(tmp_path):
     with pytest.raises(TraceError, match=r"step-000001.parquet: problem ids are strings but .*step-000000.parquet "
                                          r"has integers"):
         read_trace(d)
+
+
+def test_a_file_without_our_checksum_is_refused_unless_asked(tmp_path):
+    p = _write_raw(tmp_path / "f.parquet")
+    with pytest.raises(TraceError, match=r"f.parquet: no dasrl checksum in its metadata .*require_checksum=False"):
+        read_trace(p)
+    assert len(read_foreign(p)) == 3
+    q = tmp_path / "ours.parquet"
+    write_trace(q, [resp(0, 1, 0)], vocab_size=100)
+    t = pq.read_table(q)
+    pq.write_table(t.replace_schema_metadata({}), q)  # the footer's metadata gone, the data intact
+    with pytest.raises(TraceError, match="no dasrl checksum"):
+        read_trace(q)
+
+
+def test_names_that_are_not_utf8(tmp_path):
+    name = os.fsencode(tmp_path) + b"/tr\xff\xfe.parquet"
+    write_trace(name, [resp(0, 1, 0), resp(0, 1, 1)], vocab_size=100)
+    for path in (name, os.fsdecode(name)):
+        t = read_trace(path)
+        assert len(t) == 2 and t.vocab_size == 100
+    d = os.fsencode(tmp_path) + b"/d\xff"
+    TraceWriter(d).write_step([resp(0, 1, 0)])
+    assert len(read_trace(d)) == 1
+    cli = os.path.join(os.path.dirname(sys.executable), "dasrl")
+    r = subprocess.run([os.fsencode(cli), b"trace", b"info", name], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-2000:]
+    assert b"responses" in r.stdout and b"hit_length" in r.stdout

@@ -11,7 +11,11 @@ partial one. `write_trace` writes a single file atomically.
 
 `read_trace` validates everything a simulator or trainer relies on and names the bad row and column.
 Files are written with Parquet page checksums, and read with them verified, so a flipped bit in a data
-page is an error rather than a silently different token.
+page is an error rather than a silently different token. Every file we write also carries a checksum of
+its content in the footer metadata, and a file without one is refused: a flipped bit in the footer can
+drop the metadata whole, and a reader that took such a file for another writer's would skip the check
+(a Parquet file from another writer reads with `require_checksum=False`, validated field by field).
+Paths may be str, bytes or os.PathLike, names need not be UTF-8.
 """
 
 from __future__ import annotations
@@ -189,16 +193,17 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f, write_page_checksum=True))
 
 
-def write_trace(path: str | os.PathLike, responses: Sequence[Response], *, vocab_size: int | None = None) -> None:
+def write_trace(path: str | bytes | os.PathLike, responses: Sequence[Response], *,
+                vocab_size: int | None = None) -> None:
     """Write a whole trace as one Parquet file, atomically."""
-    _atomic_write(to_table(responses, vocab_size=vocab_size), Path(path))
+    _atomic_write(to_table(responses, vocab_size=vocab_size), Path(os.fsdecode(path)))
 
 
 class TraceWriter:
     """Appends RL steps to a trace directory: one atomically written file per step."""
 
-    def __init__(self, path: str | os.PathLike, *, vocab_size: int | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | bytes | os.PathLike, *, vocab_size: int | None = None) -> None:
+        self.path = Path(os.fsdecode(path))
         if self.path.exists() and not self.path.is_dir():
             raise TraceError(f"{self.path}: exists and is not a directory (TraceWriter writes one file per step)")
         self.path.mkdir(parents=True, exist_ok=True)
@@ -235,10 +240,11 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def _read_one(f: Path) -> pa.Table:
+def _read_one(f: Path, require_checksum: bool) -> pa.Table:
     try:
-        # checksums are verified where the writer stored them (ours does); other files read as before
-        t = pq.read_table(f, page_checksum_verification=True)
+        # Opened by Python, not by Arrow: Arrow wants a UTF-8 path, and a file name need not be one.
+        with open(f, "rb") as fh:
+            t = pq.read_table(fh, page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as e:  # truncated, bit-flipped, not Parquet at all
         raise TraceError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     try:
@@ -248,7 +254,10 @@ def _read_one(f: Path) -> pa.Table:
     if t.num_rows == 0:
         raise TraceError(f"{f}: holds no rows (a trace file has at least one response)")
     want = (t.schema.metadata or {}).get(_CHECKSUM)
-    if want is not None:  # files from other writers carry none: they are validated field by field only
+    if want is None and require_checksum:
+        raise TraceError(f"{f}: no dasrl checksum in its metadata (a damaged footer, or a Parquet file from "
+                         "another writer: read_trace(..., require_checksum=False) validates those field by field)")
+    if want is not None:
         try:
             got = _digest(t)
         except (pa.ArrowException, ValueError, TypeError) as e:
@@ -365,13 +374,16 @@ class Trace:
             yield cur, buf
 
 
-def read_trace(path: str | os.PathLike, *, vocab_size: int | None = None) -> Trace:
-    """Read and validate a trace file or directory; errors name the file, row and column."""
+def read_trace(path: str | bytes | os.PathLike, *, vocab_size: int | None = None,
+               require_checksum: bool = True) -> Trace:
+    """Read and validate a trace file or directory; errors name the file, row and column. Files without
+    dasrl's checksum are refused unless `require_checksum` is False (see the module docstring)."""
     vocab_size = _check_vocab_size(vocab_size, "read_trace")
-    files = _files(Path(path))
+    path = Path(os.fsdecode(path))
+    files = _files(path)
     tables, last_step, pid_from = [], None, None
     for f in files:
-        t = _read_one(f)
+        t = _read_one(f, require_checksum)
         meta_vs = _meta_vocab(t.schema.metadata, str(f))
         vs = vocab_size if vocab_size is not None else meta_vs
         validate(t, source=str(f), vocab_size=vs)

@@ -131,7 +131,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 spec = sources.ChampSource(model=m, variants=vs, samples=samples, problems=problems)
                 loaded.append((m, sources.load(source, tokenize, champ=spec)))
         except sources.SourceError as e:
-            console.print(f"[red]error:[/red] {e}")
+            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
         results = []
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -145,7 +145,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 try:
                     results.append(whatif.run(name, responses, profiles=profs, cfg=cfg, tokenizer=tok, progress=tick))
                 except RuntimeError as e:
-                    console.print(f"[red]error:[/red] {e}")
+                    console.print(f"[red]error:[/red] {e}", soft_wrap=True)
                     raise typer.Exit(2) from None
         doc = whatif.document(results, profiles=profs, cfg=cfg, source=source, started=started,
                               tokenizer_name=str(tokenizer or "smollm2-135m (embedded)"),

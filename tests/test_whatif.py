@@ -1,0 +1,261 @@
+"""`dasrl whatif`: hand-worked replays, the fast replay against the simulator and against the engine's
+recorded counts (benchmarks/demo_trace), the sources' parsing and errors, the profiles, and the CLI end to
+end on a CHAMP slice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dasrl.policy.base import FixedBudget, NoSpeculation
+from dasrl.rollout.trace import Response, write_trace
+from dasrl.sim import fastreplay, profiles, sources, whatif
+from dasrl.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    pytest.importorskip("transformers")
+    return sources.hf_tokenizer(None)
+
+
+def _resp(step, pid, prompt, response, sample=0):
+    return Response(step=step, problem_id=pid, sample=sample, prompt_ids=np.asarray(prompt, np.int32),
+                    response_ids=np.asarray(response, np.int32))
+
+
+# ---------------------------------------------------------------------------------------- hand-worked
+
+
+def test_ngram_replay_by_hand():
+    """Prompt 10..14 20 21, response 10..14 20 21 22. Forward 1 (prefill) emits 10; forwards 2-5 emit 11-14
+    (no earlier 5-gram); after 14 the 5-gram 10..14 occurs first at 0, so the draft is what followed it,
+    20 21 10 ..., capped by the row's room (8 - 5 generated - 1 pending = 2): 20 and 21, both accepted,
+    and 22 the target's own. 6 forwards for 8 tokens."""
+    r = _resp(0, "p", [10, 11, 12, 13, 14, 20, 21], [10, 11, 12, 13, 14, 20, 21, 22])
+    st = fastreplay.run_step(VLLMNGramDrafter(), FixedBudget(16), 0, [r], max_new_tokens=8)
+    assert (st.forwards, st.tokens, st.proposed, st.accepted) == (6, 8, 2, 2)
+    assert [s[1] for s in st.shapes] == [7, 1, 1, 1, 1, 1 + 2]
+
+
+def test_none_is_one_token_per_forward_and_prices_by_hand():
+    r = [_resp(0, "a", [1, 2], [5, 6, 7]), _resp(0, "b", [3], [8])]
+    st = fastreplay.run_step(None, NoSpeculation(), 0, r, max_new_tokens=3)
+    # prefill: the 3 prompt tokens of both rows; b is done; a then reads its cached prompt + output less
+    # the pending token: 2 + 1 - 1 = 2, then 3
+    assert st.shapes == [(2, 3, 0, 0), (1, 1, 2, 0), (1, 1, 3, 0)]
+    rep = whatif.Replay("none", "none", [st], [3])
+    prof = profiles.measured("x", profiles.LatencyModel(1.0, 0.1, 0.01), "test")
+    assert rep.price(prof) == pytest.approx([(1 + 0.3) + (1 + 0.1 + 0.02) + (1 + 0.1 + 0.03)])
+    fig = rep.figures()
+    assert fig["tokens_per_forward"] == pytest.approx(4 / 4) and fig["critical_tokens_per_forward"] == 1.0
+
+
+def test_history_replay_by_hand():
+    """Step 0 has no history and no repetition: 6 forwards. Step 1 repeats it: the prefill emits 1, then
+    the per-problem index drafts what followed '1', capped by the room (6 - 1 generated - 1 pending = 4):
+    2 3 4 5, all accepted, and 6 the target's own: 2 forwards. 12 tokens / 8 forwards."""
+    steps = group_steps([_resp(0, "p", [7, 8], [1, 2, 3, 4, 5, 6]), _resp(1, "p", [7, 8], [1, 2, 3, 4, 5, 6])])
+    rep = whatif.replay(steps, method="das-suffix", policy=FixedBudget(16), cfg=whatif.WhatifConfig(),
+                        tokenizer=None, label="x")
+    assert [s.forwards for s in rep.steps] == [6, 2]
+    assert rep.figures()["tokens_per_forward"] == pytest.approx(12 / 8)
+    assert rep.figures(1)["critical_tokens_per_forward"] == pytest.approx(3.0)
+    assert (rep.steps[1].proposed, rep.steps[1].accepted) == (4, 4)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ngram_index_agrees_with_the_scan(seed):
+    rng = np.random.default_rng(seed)
+    for min_n, max_n in ((5, 5), (2, 4), (1, 3)):
+        d = VLLMNGramDrafter(min_n, max_n)
+        seq = rng.integers(0, 3, 60).tolist()
+        d.start("r", None, seq[:5])
+        for i in range(5, 60):
+            ctx = np.asarray(seq[:i])
+            start = earliest_longest_match(ctx, min_n, max_n) if i >= min_n else None
+            want = [] if start is None else ctx[start:start + 8].tolist()
+            assert d.propose(["r"], [8])[0].tokens.tolist() == want
+            d.observe("r", [seq[i]])
+
+
+# --------------------------------------------------------------------------- fast replay == simulator
+
+
+@pytest.mark.parametrize("method", whatif.METHODS)
+def test_fast_replay_equals_the_simulator(method, tok):
+    if method == "suffix":
+        pytest.importorskip("arctic_inference.suffix_decoding")
+    rng = np.random.default_rng(1)
+    base = [rng.integers(0, 50, int(rng.integers(5, 60))).tolist() for _ in range(4)]
+    rs = [_resp(s, p, [100 + p, 7, 8], (base[p][:3] + rng.integers(0, 50, 3).tolist() + base[p][3:])[: 20 + 9 * g],
+                sample=g) for s in range(3) for p in range(4) for g in range(2)]
+    steps = group_steps(rs)
+    cfg, lat = whatif.WhatifConfig(), profiles.shipped()[0].latency
+    mx = max(len(r.response_ids) for r in rs)  # whatif's length limit: the longest recorded response
+    for make_policy in (lambda: FixedBudget(6), lambda: whatif.session_policy(lat)):
+        fast = whatif.replay(steps, method=method, policy=make_policy(), cfg=cfg, tokenizer=tok, label="f").steps
+        sim = Simulator(drafter=whatif.make_drafter(method, cfg, tok) or "none", policy=make_policy(),
+                        config=SimConfig(max_new_tokens=mx))
+        ref = [sim.run_step(s, r, max_new_tokens=mx) for s, r in steps]
+        for a, b in zip(fast, ref):
+            assert (a.forwards, a.row_forwards, a.tokens, a.proposed, a.accepted) == \
+                (b.forwards, b.row_forwards, b.tokens, b.proposed, b.accepted)
+            assert [tuple(x) for x in a.shapes] == [tuple(x) for x in b.shapes]
+
+
+def test_replay_matches_the_engine_on_the_demo_trace(tok):
+    """benchmarks/demo_trace is the `make demo` run of benchmarks/demo_long_tail.json (counting drafts
+    on): the session's drafter and policy replayed over it give the engine's forwards, drafted and
+    accepted tokens exactly, step by step."""
+    from dasrl.rollout.session import SessionConfig, history_drafter, speculation_policy
+    from dasrl.rollout.trace import read_trace
+
+    doc = json.loads((ROOT / "benchmarks/demo_long_tail.json").read_text())
+    steps = dict(read_trace(ROOT / "benchmarks/demo_trace").by_step())
+    drafter, policy = history_drafter(SessionConfig(), tok), speculation_policy(SessionConfig())
+    for rec in doc["steps"]:
+        st = fastreplay.run_step(drafter, policy, rec["step"], steps[rec["step"]],
+                                 max_new_tokens=doc["config"]["max_new_tokens"])
+        assert (st.forwards, st.proposed, st.accepted) == (rec["das_forwards"], rec["drafted"], rec["accepted"])
+
+
+# ------------------------------------------------------------------------------------------- sources
+
+
+def _tokenize(texts):
+    return [[ord(c) for c in t] for t in texts]
+
+
+def test_jsonl_source_text_and_ids(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text("\n".join(json.dumps(d) for d in [
+        {"step": 0, "prompt": "ab", "response": "abc"},
+        {"step": 0, "prompt": "ab", "response": [1, 2]},
+        {"step": 1, "problem_id": 7, "response": "x"},
+    ]) + "\n")
+    rs = sources.load(p, _tokenize)
+    assert [r.response_ids.tolist() for r in rs] == [[97, 98, 99], [1, 2], [120]]
+    assert rs[0].problem_id == rs[1].problem_id == "ab" and [r.sample for r in rs] == [0, 1, 0]
+    assert rs[0].prompt_ids.tolist() == [97, 98] and rs[2].problem_id == 7
+
+
+@pytest.mark.parametrize("line, where", [
+    ('{"step": 0, "prompt": "a"}', "r.jsonl:2: field 'response': missing"),
+    ('{"step": -1, "prompt": "a", "response": "b"}', "r.jsonl:2: field 'step'"),
+    ('{"step": 0, "response": "b"}', "r.jsonl:2: field 'problem_id'"),
+    ('{"step": 0, "prompt": "a", "response": [1, -3]}', "r.jsonl:2: field 'response'"),
+    ('{"step": 0, "prompt": "a", "response": "b"', "r.jsonl:2: not valid JSON"),
+    ('[1, 2]', "r.jsonl:2: expected a JSON object"),
+])
+def test_jsonl_errors_name_file_line_and_field(tmp_path, line, where):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"step": 0, "prompt": "a", "response": "b"}\n' + line + "\n")
+    with pytest.raises(sources.SourceError, match=where.replace("[", r"\[")):
+        sources.load(p, _tokenize)
+
+
+def test_verl_rollout_data_dir(tmp_path):
+    """VeRL 0.9.1's _write_generations: {global_step}.jsonl, fields input, output, gts, score, step."""
+    for step in (1, 2):
+        rows = [{"input": "q1", "output": f"a{step}", "gts": "1", "score": 0.0, "step": step},
+                {"input": "q1", "output": "b", "gts": "1", "score": 1.0, "step": step}]
+        (tmp_path / f"{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rs = sources.load(tmp_path, _tokenize)
+    assert [(r.step, r.problem_id, r.sample) for r in rs] == [(1, "q1", 0), (1, "q1", 1), (2, "q1", 0), (2, "q1", 1)]
+    (tmp_path / "notes.jsonl").write_text("{}\n")
+    with pytest.raises(sources.SourceError, match="notes.jsonl"):
+        sources.load(tmp_path, _tokenize)
+
+
+def test_parquet_sources(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"step": [0, 0], "problem_id": ["a", "b"], "response": [[1, 2], [3]]}), tmp_path / "g.parquet")
+    assert [r.response_ids.tolist() for r in sources.load(tmp_path / "g.parquet", _tokenize)] == [[1, 2], [3]]
+    pq.write_table(pa.table({"step": [0], "problem_id": ["a"], "response": [[1, -2]]}), tmp_path / "bad.parquet")
+    with pytest.raises(sources.SourceError, match=r"bad.parquet:0: field 'response'"):
+        sources.load(tmp_path / "bad.parquet", _tokenize)
+    trace = [_resp(0, 3, [1], [4, 5])]
+    write_trace(tmp_path / "t.parquet", trace)
+    got = sources.load(tmp_path / "t.parquet", _tokenize)
+    assert got[0].response_ids.tolist() == [4, 5] and got[0].problem_id == 3
+
+
+def test_champ_source_and_its_errors():
+    pytest.importorskip("champ_dataset")
+    from dasrl import champ
+
+    probs = champ.load_problems()
+    assert len(probs) == 270 and probs[0].answer == "239"
+    sols = champ.load_solutions("GPT-4")
+    assert len(sols) == 270 and all(len(v) == 18 for v in sols.values())
+    s = sols["P_Combinatorics_1"]["0-Shot"]
+    assert "length 6" in s.prompt and not s.text.startswith("The number of strings")  # not the summary turn
+    rs = sources.load("champ", _tokenize, champ=sources.ChampSource(problems=2, variants=("0-Shot", "5-Shot"),
+                                                                    samples=2))
+    assert [(r.step, r.problem_id, r.sample) for r in rs] == [
+        (0, "P_Combinatorics_1", 0), (0, "P_Combinatorics_2", 0), (0, "P_Combinatorics_1", 1), (0, "P_Combinatorics_2", 1)]
+    for bad, msg in ((sources.ChampSource(model="GPT-5"), "unknown CHAMP model"),
+                     (sources.ChampSource(variants=("7-Shot",)), "unknown variant"),
+                     (sources.ChampSource(samples=5), "must divide")):
+        with pytest.raises(sources.SourceError, match=msg):
+            sources.load("champ", _tokenize, champ=bad)
+
+
+# ------------------------------------------------------------------------------------------ profiles
+
+
+def test_profiles_from_first_principles():
+    total, streamed = profiles.param_counts(profiles.MODELS["qwen2.5-7b"])
+    assert total == pytest.approx(7.62e9, rel=0.01)  # Qwen2.5-7B's model card: 7.61B
+    assert profiles.param_counts(profiles.MODELS["qwen2.5-32b"])[0] == pytest.approx(32.8e9, rel=0.01)
+    p = profiles.derive("qwen2.5-7b", "h100")
+    assert p.status == "assumed" and p.name == "qwen2.5-7b-h100"
+    # 14.1 GB streamed at 0.8 x 3.35 TB/s + 1 ms; 2 x 7.07e9 FLOPs at 0.6 x 989 TFLOPS
+    assert p.latency.c_base == pytest.approx(streamed * 2 / (0.8 * 3.35e12) + 1e-3)
+    assert p.latency.c_tok == pytest.approx(2 * streamed / (0.6 * 989e12))
+    assert p.latency.c_other == pytest.approx(2 * 28 * 4 * 128 * 2 / (0.8 * 3.35e12))
+    with pytest.raises(ValueError, match="does not fit"):
+        profiles.derive("qwen2.5-32b", "l4")
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_end_to_end_on_a_champ_slice(tmp_path):
+    pytest.importorskip("champ_dataset")
+    from typer.testing import CliRunner
+
+    from dasrl.cli import app
+
+    methods = "das,das-suffix,global,ngram,none"
+    lat = tmp_path / "cpu.json"
+    lat.write_text(json.dumps({"format": "dasrl.latency/1", "c_base": 0.05, "c_tok": 0.002}))
+    out, png = tmp_path / "w.json", tmp_path / "w.png"
+    res = CliRunner().invoke(app, ["whatif", "champ", "--problems", "3", "--variants", "0-Shot,5-Shot,No C w/o H",
+                                   "--methods", methods, "--latency", f"cpu={lat}", "--json", str(out),
+                                   "--png", str(png)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert png.stat().st_size > 0
+    rows = {r["drafter"]: r for r in doc["rows"]}
+    assert set(rows) == set(methods.split(","))
+    names = [p["name"] for p in doc["profiles"]]
+    assert names == [*profiles.SHIPPED, "cpu"] and doc["profiles"][0]["status"] == "assumed"
+    assert rows["none"]["tokens_per_forward"] == 1.0 and rows["none"]["acceptance"] == 0.0
+    assert all(r["tokens_per_forward"] >= 1.0 and len(r["steps"]) == 3 for r in rows.values())
+    assert all(len(line) <= 80 for line in res.output.splitlines())
+    # bad input: one error naming the file, line and field; nothing written
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0, "prompt": "a", "response": "b"}\n{"step": "x", "response": "b"}\n')
+    out2 = tmp_path / "w2.json"
+    res = CliRunner().invoke(app, ["whatif", str(bad), "--methods", "none", "--json", str(out2)])
+    assert res.exit_code == 2 and "bad.jsonl:2: field 'step'" in res.output and not out2.exists()

@@ -4,6 +4,8 @@ model loaded, no run folder made)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -21,8 +23,8 @@ def _run(args):
 @pytest.mark.parametrize("args, msg", [
     (["--steps", "-1"], "Invalid value for '--steps': must be >= 1, got -1"),
     (["--steps", "0"], "Invalid value for '--steps': must be >= 1, got 0"),  # not "the default"
-    (["--scale", "0"], "Invalid value for '--scale': must be a number > 0, got 0.0"),
-    (["--scale", "nan"], "must be a number > 0, got nan"),
+    (["--scale", "0"], "Invalid value for '--scale': must be > 0, got 0.0"),
+    (["--scale", "nan"], "'--scale': must be a number, got nan"),
     (["--window", "-3"], "Invalid value for '--window': must be >= 1, got -3"),
     (["--k", "-2"], "Invalid value for '--k': must be >= 0, got -2"),
     (["--max-batch", "-1"], "Invalid value for '--max-batch': must be >= 0, got -1"),
@@ -30,7 +32,7 @@ def _run(args):
     (["--warmup", "3"], "Invalid value for '--warmup': 3 leaves none of the 3 steps of workload tiny"),
     (["--steps", "2", "--warmup", "2"], "2 leaves none of the 2 steps"),
     (["--drafter", "magic"], "unknown drafter 'magic'"),
-    (["--latency", "/nonexistent/latency.json"], "No such file or directory"),
+    (["--latency", "/nonexistent/latency.json"], "'--latency': /nonexistent/latency.json: no such file"),
 ])
 def test_simulate_bad_flags(args, msg, tmp_path):
     out = tmp_path / "r.json"
@@ -54,7 +56,7 @@ def test_simulate_trace_flags(tmp_path):
 
 @pytest.mark.parametrize("cmd", [["trace", "synth", "OUT"], ["bench", "ablation"], ["bench", "routing"]])
 @pytest.mark.parametrize("args, msg", [(["--steps", "0"], "'--steps': must be >= 1, got 0"),
-                                       (["--scale", "-1"], "'--scale': must be a number > 0, got -1.0")])
+                                       (["--scale", "-1"], "'--scale': must be > 0, got -1.0")])
 def test_other_sim_commands(cmd, args, msg, tmp_path):
     cmd = [str(tmp_path / "t.parquet") if c == "OUT" else c for c in cmd]
     code, text = _run([*cmd, "--workload", "tiny", *args])
@@ -71,32 +73,147 @@ def test_ablation_warmup_leaves_a_step():
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
     (["--temperature", "1e-9"], "temperature 1e-09 is below 1e-05"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be an int >= 1, got 0"),
-    (["--steps", "0"], "--steps must be an int >= 1, got 0"),
-    (["--samples", "-2"], "--samples must be an int >= 1, got -2"),
+    (["--max-new-tokens", "0"], "'--max-new-tokens': must be >= 1, got 0"),
+    (["--steps", "0"], "'--steps': must be >= 1, got 0"),
+    (["--samples", "-2"], "'--samples': must be >= 1, got -2"),
 ])
-def test_demo_bad_flags_fail_before_the_model_and_the_folder(args, msg, tmp_path):
+def test_demo_bad_flags_fail_before_the_model_and_the_folder(args, msg, tmp_path, unloadable_model):
     out = tmp_path / "runs"
-    code, text = _run(["demo", "--out", str(out), "--model", str(tmp_path / "no-model-here"), *args])
-    # a bad model path would fail only once it is loaded: that the flag's error comes instead shows the
-    # flags are checked first
+    code, text = _run(["demo", "--out", str(out), "--model", unloadable_model, *args])
+    # the model would fail only once it is loaded: that the flag's error comes instead shows the flags
+    # are checked first
     assert code == 2 and msg in text, text
     assert not out.exists()
 
 
-def test_demo_out_is_a_file(tmp_path):
+def test_demo_out_is_a_file(tmp_path, unloadable_model):
     f = tmp_path / "file"
     f.write_text("x")
-    code, text = _run(["demo", "--out", str(f), "--model", str(tmp_path / "no-model-here")])
-    assert code == 2 and "is a file; it must be a folder" in text
+    code, text = _run(["demo", "--out", str(f), "--model", unloadable_model])
+    assert code == 2 and "is a file; give a folder" in text
 
 
 @pytest.mark.parametrize("args, msg", [(["--max-new-tokens", "0"], "'--max-new-tokens': must be >= 1, got 0"),
                                        (["--temperature", "-1"], "'--temperature': temperature must be a finite"),
                                        (["--routers", ","], "'--routers': no router in ','"),
                                        (["--routers", "nearest"], "unknown router 'nearest'"),
-                                       (["--steps", "1"], "steps >= 2; got 2, 4, 1")])
-def test_bench_ray_bad_flags_before_the_model(args, msg, tmp_path):
+                                       (["--steps", "1"], "'--steps': must be >= 2, got 1")])
+def test_bench_ray_bad_flags_before_the_model(args, msg, unloadable_model):
     pytest.importorskip("ray")
-    code, text = _run(["bench", "ray", "--model", str(tmp_path / "no-model-here"), *args])
+    code, text = _run(["bench", "ray", "--model", unloadable_model, *args])
     assert code == 2 and msg in text, text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every command, every class of bad input (issue 26, "Bad input and faults"): unwritable outputs, models
+# that are not models, threads and sizes out of range, malformed inputs. Each row must end in a usage error
+# naming the option and the value (exit code 2, no traceback) before any work: on the code before
+# dasrl/cli_args.py these raised from deep inside the run (IsADirectoryError after the whole bench,
+# FileNotFoundError from load_model, a SIGSEGV from torch.set_num_threads(100000)) or ran for hours.
+
+@pytest.fixture
+def unloadable_model(tmp_path) -> str:
+    """A folder that looks like a model (config.json naming a model_type, a weights file) but does not
+    load: a command that reports a bad flag with this model did not load it first."""
+    folder = tmp_path / "unloadable-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"not weights")
+    return str(folder)
+
+
+def _places(tmp: Path) -> dict[str, str]:
+    (tmp / "afolder").mkdir()
+    (tmp / "afile").write_text("x")
+    (tmp / "nomodel").mkdir()
+    (tmp / "badcfg").mkdir()
+    (tmp / "badcfg" / "config.json").write_text("{")
+    (tmp / "noweights").mkdir()
+    (tmp / "noweights" / "config.json").write_text('{"model_type": "llama"}')
+    for name, text in (("run-json", "{"), ("run-list", "[1, 2]"),
+                       ("run-keys", '{"format": "dasrl-experiments-collect/3", "config": {}}')):
+        (tmp / name).mkdir()
+        (tmp / name / "collect.json").write_text(text)
+    return {"DIR": str(tmp / "afolder"), "FILE": str(tmp / "afile"), "UNDER_FILE": str(tmp / "afile" / "x.json"),
+            "RO": "/proc/dasrl-test.json", "NOMODEL": str(tmp / "nomodel"), "BADCFG": str(tmp / "badcfg"),
+            "NOWEIGHTS": str(tmp / "noweights"), "MISSING": str(tmp / "missing" / "model"), "TMP": str(tmp)}
+
+
+WRITES = [["simulate", "--workload", "tiny", "--json"], ["bench", "ablation", "--workload", "tiny", "--json"],
+          ["bench", "routing", "--workload", "tiny", "--json"], ["bench", "routing", "--workload", "tiny", "--plot"],
+          ["trace", "synth"], ["bench", "drafter", "--quick", "--json"], ["bench", "engine", "--quick", "--json"],
+          ["bench", "fidelity", "--quick", "--json"], ["calibrate", "--quick", "--out"],
+          ["calibrate", "--quick", "--samples"], ["validate-sim", "{TMP}", "--json"], ["validate-sim", "{TMP}", "--png"],
+          ["bench", "gpu", "--device", "cpu", "--tiny", "--json"], ["bench", "ray", "--json"],
+          ["bench", "vllm", "--json"], ["experiments", "--quick", "--results"]]
+FOLDERS = [["demo", "--out"], ["experiments", "--quick", "--out"]]
+LOADS = [["bench", "engine"], ["bench", "fidelity"], ["calibrate"], ["bench", "ray"], ["demo"], ["experiments"],
+         ["bench", "vllm"]]
+CASES = (
+    [(cmd + ["{DIR}"], "is a folder; give a file name") for cmd in WRITES]
+    + [(cmd + ["{UNDER_FILE}"], "afile is a file, not a folder") for cmd in WRITES]
+    + [(cmd + ["{RO}"], "cannot write in /proc") for cmd in WRITES]
+    + [(cmd + ["{FILE}"], "is a file; give a folder") for cmd in FOLDERS]
+    + [(cmd + ["{UNDER_FILE}"], "afile is a file, not a folder") for cmd in FOLDERS]
+    + [(cmd + ["--model", model], msg) for cmd in LOADS for model, msg in [
+        ("{NOMODEL}", "nomodel' has no config.json"), ("{FILE}", "afile' is a file; give a model folder"),
+        ("{BADCFG}", "config.json is not a readable JSON file"), ("{NOWEIGHTS}", "holds no weights"),
+        ("{MISSING}", "model' does not exist")]]
+    + [(["bench", cmd, "--quick", "--threads", t], msg) for cmd in ("engine", "fidelity")
+       for t, msg in [("0", "'--threads': must be >= 1, got 0"), ("100000", "'--threads': must be <= ")]]
+    + [(["bench", "gpu", "--device", "cpu", "--tiny", "--threads", "-1"], "'--threads': must be >= 0, got -1"),
+       (["bench", "gpu", "--device", "cpu", "--tiny", "--threads", "100000"], "'--threads': must be <= "),
+       (["bench", "engine", "--quick", "--device", "tpu"], "'--device': unknown device 'tpu'"),
+       (["calibrate", "--quick", "--device", "tpu"], "'--device': unknown device 'tpu'"),
+       # absurd sizes
+       (["trace", "synth", "{TMP}/t.parquet", "--scale", "1e9"], "'--scale': must be <= 100.0, got 1000000000.0"),
+       (["simulate", "--workload", "tiny", "--steps", "1000000000"], "'--steps': must be <= 10000, got 1000000000"),
+       (["simulate", "--workload", "paper-math", "--scale", "50", "--steps", "100"],
+        "workload paper-math at --scale 50.0 and 100 steps would hold ~"),
+       (["simulate", "--workload", "tiny", "--window", "1000000000"], "'--window': must be <= 10000"),
+       (["simulate", "--workload", "tiny", "--k", "1000000000"], "'--k': must be <= 1024"),
+       (["simulate", "--workload", "tiny", "--max-batch", "1000000000"], "'--max-batch': must be <= 100000"),
+       (["bench", "routing", "--workload", "tiny", "--workers", "2,100000"],
+        "--workers needs counts from 1 to 4096, got '2,100000'"),
+       (["bench", "ablation", "--workload", "tiny", "--scale", "inf"], "'--scale': must be <= 100.0, got inf"),
+       (["bench", "drafter", "--budget", "1000000000"], "'--budget': must be <= 1024"),
+       (["bench", "engine", "--problems", "1000000000"], "'--problems': must be <= 100000"),
+       (["bench", "fidelity", "--noise-seeds", "1000000000"], "'--noise-seeds': must be <= 1024"),
+       (["bench", "ray", "--workers", "100000"], "'--workers': must be <= 256, got 100000"),
+       (["bench", "vllm", "--samples", "1000000000"], "'--samples': must be <= 100000"),
+       (["demo", "--steps", "1000000000"], "'--steps': must be <= 10000, got 1000000000"),
+       (["demo", "--prompts", "1000000000"], "'--prompts': must be <= 100000"),
+       (["experiments", "--steps", "1000000000"], "'--steps': must be <= 10000, got 1000000000"),
+       # malformed inputs
+       (["simulate", "--workload", "tiny", "--latency", "{DIR}"], "'--latency': {DIR}: is a folder, not a file"),
+       (["validate-sim", "{TMP}/run-json"], "run-json/collect.json: not a readable JSON file"),
+       (["validate-sim", "{TMP}/run-list"], "run-list/collect.json: format 'list'"),
+       (["validate-sim", "{TMP}/run-keys"], "run-keys/collect.json: not what `dasrl experiments` writes (KeyError"),
+       (["validate-sim", "{TMP}/run-json", "--per-forward", "-1"], "'--per-forward': must be >= 0, got -1.0"),
+       (["validate-sim", "{TMP}/run-json", "--latency", "{TMP}/none.json"], "'--latency': {TMP}/none.json: no such file")]
+)
+
+
+@pytest.mark.parametrize("args, msg", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_every_bad_input_is_one_usage_error(args, msg, tmp_path, unloadable_model):
+    places = _places(tmp_path)
+
+    def fill(text: str) -> str:
+        for key, value in places.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+    args = [fill(a) for a in args]
+    if "--model" not in args and any(args[:len(cmd)] == cmd for cmd in LOADS):
+        args += ["--model", unloadable_model]  # a command that reached the model would fail on it instead
+    result = runner.invoke(app, args)
+    text = " ".join(result.output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+    squeeze = str.maketrans("", "", " ")  # rich wraps the message anywhere, even inside a path
+    assert result.exit_code == 2 and fill(msg).translate(squeeze) in text.translate(squeeze), (
+        result.exit_code, text, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["afolder", "afile", "nomodel", "badcfg", "noweights", "run-json", "run-list", "run-keys",
+         "unloadable-model"])  # nothing written
+    assert not list(Path(places["DIR"]).iterdir())  # no probe file left behind

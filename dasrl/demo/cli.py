@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_folder
 from dasrl.demo.run import DemoConfig, run_demo
 
 _D = DemoConfig()
@@ -16,15 +17,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         preset: str = typer.Option(_D.preset, help="Task set and sizes: long-tail | short (the earlier setting)."),
-        steps: int = typer.Option(_D.steps, help="GRPO steps (every prompt comes back each step)."),
-        prompts: Optional[int] = typer.Option(None, help="Distinct problems [default: the preset's]."),
-        samples: Optional[int] = typer.Option(None, help="Samples per problem (GRPO group size) [default: the preset's]."),
-        max_new_tokens: Optional[int] = typer.Option(None, help="Generation limit per sample [default: the preset's]."),
-        model: str = typer.Option(_D.model, help="Model: the embedded default, a local HF folder, or a hub id."),
+        steps: int = typer.Option(_D.steps, help="GRPO steps (every prompt comes back each step).",
+                                  callback=between(1, MAX_STEPS)),
+        prompts: Optional[int] = typer.Option(None, help="Distinct problems [default: the preset's].",
+                                              callback=between(1, MAX_COUNT)),
+        samples: Optional[int] = typer.Option(None, callback=between(1, MAX_COUNT),
+                                              help="Samples per problem (GRPO group size) [default: the preset's]."),
+        max_new_tokens: Optional[int] = typer.Option(None, help="Generation limit per sample [default: the preset's].",
+                                                     callback=between(1, MAX_COUNT)),
+        model: str = typer.Option(_D.model, help="Model: the embedded default, a local HF folder, or a hub id.",
+                                  callback=model_source),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature [default: the preset's]."),
         policy: str = typer.Option(_D.policy, help="Budget policy of the DAS session."),
         seed: int = typer.Option(_D.seed, help="Run seed."),
-        out: str = typer.Option(_D.out, help="Folder for the report (a timestamped subfolder)."),
+        out: str = typer.Option(_D.out, help="Folder for the report (a timestamped subfolder).",
+                                callback=output_folder),
     ) -> None:
         """GRPO on SmolLM2: baseline and DAS rollouts, same seeds, identical outputs, side by side."""
         try:

@@ -14,6 +14,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dasrl.atomic import write_json
+from dasrl.cli_args import between, output_file
+from dasrl.drafter.base import MAX_DRAFT
 from dasrl.drafter import bench as B
 from dasrl.drafter.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter.store import DraftStore, StoreConfig
@@ -97,9 +99,11 @@ def print_table(rows: list[dict], console: Console) -> None:
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("drafter")
     def bench_drafter(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here.",
+                                                callback=output_file),
         quick: bool = typer.Option(False, help="Only the 100k-token corpus (under a minute)."),
-        budget: int = typer.Option(B.DrafterBenchConfig.budget, help="Draft budget per decoding step."),
+        budget: int = typer.Option(B.DrafterBenchConfig.budget, help="Draft budget per decoding step.",
+                                   callback=between(1, MAX_DRAFT)),
         seed: int = typer.Option(0, help="Workload seed."),
     ) -> None:
         """The history drafter vs arctic-inference on an RL-like workload (see docs/benchmarks.md)."""

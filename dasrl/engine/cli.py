@@ -9,6 +9,9 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
+from dasrl.cli_args import MAX_COUNT, between, model_source, output_file, user_errors
+from dasrl.cli_args import device as device_opt, threads as threads_opt
+from dasrl.drafter.base import MAX_DRAFT
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -53,17 +56,23 @@ def goals(rows: list[dict]) -> list[str]:
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("engine")
     def bench_engine(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here.",
+                                                callback=output_file),
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id."),
+        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
                                                "per-forward allowance) | fixed (--budget k)."),
-        budget: Optional[int] = typer.Option(None, help="Draft budget k of the fixed policy."),
-        problems: Optional[int] = typer.Option(None, help="Distinct prompts."),
-        group: Optional[int] = typer.Option(None, help="Rollouts per prompt per epoch."),
-        max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length."),
-        threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available)."),
-        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
+        budget: Optional[int] = typer.Option(None, help="Draft budget k of the fixed policy.",
+                                             callback=between(1, MAX_DRAFT)),
+        problems: Optional[int] = typer.Option(None, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
+        group: Optional[int] = typer.Option(None, help="Rollouts per prompt per epoch.",
+                                            callback=between(1, MAX_COUNT)),
+        max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length.",
+                                                     callback=between(1, MAX_COUNT)),
+        threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available).",
+                                              callback=threads_opt),
+        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available).",
+                                             callback=device_opt),
     ) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
         from dasrl.engine.bench import EngineBenchConfig, run_engine_bench
@@ -80,10 +89,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter(f"--policy must be das or fixed, got {policy!r}")
         cfg = dataclasses.replace(cfg, policy=policy, **overrides)
         console = Console(width=max(Console().width, 140))
-        try:
+        with user_errors("--model"):
             lm, tok = load_model(model, device=device)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="'--device'") from None
         console.print(f"{model}: {cfg.problems} problems x {cfg.group} rollouts, <= {cfg.max_new_tokens} new "
                       f"tokens, T={cfg.temperature}, policy {cfg.policy}, threads {cfg.threads or 'all'}")
         with Progress(TextColumn("{task.description:>20}"), BarColumn(), MofNCompleteColumn(),
@@ -107,11 +114,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @app.command("calibrate")
     def calibrate_cmd(
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id."),
-        out: Path = typer.Option(Path("latency.json"), "--out", help="Where to save the fitted LatencyModel."),
+        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
+        out: Path = typer.Option(Path("latency.json"), "--out", help="Where to save the fitted LatencyModel.",
+                                 callback=output_file),
         quick: bool = typer.Option(False, help="A smaller grid (under a minute)."),
-        samples_json: Optional[Path] = typer.Option(None, "--samples", help="Also save the raw timings."),
-        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
+        samples_json: Optional[Path] = typer.Option(None, "--samples", help="Also save the raw timings.",
+                                                    callback=output_file),
+        device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available).",
+                                             callback=device_opt),
         dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights)."),
     ) -> None:
         """Profile the engine forward over batch x tokens-per-row x context, fit the latency model, save it."""
@@ -125,10 +135,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console = Console()
         if dtype not in ("fp32", "bf16"):
             raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
-        try:
+        with user_errors("--model"):
             lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, device=device)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="'--device'") from None
         engine = SpecEngine(lm, tok)
         n = len(grid.batch_sizes) * len(grid.tokens_per_row) * len(grid.contexts)
         with Progress(console=console, transient=True) as prog:
@@ -158,17 +166,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @bench.command("fidelity")
     def bench_fidelity(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (sampler, variant, T) here."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (sampler, variant, T) here.",
+                                                callback=output_file),
         quick: bool = typer.Option(False, help="6 requests x 32 tokens, batch 1 and 4 (a few minutes)."),
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id."),
+        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
         dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights and logits)."),
-        problems: Optional[int] = typer.Option(None, help="Distinct prompts."),
-        group: Optional[int] = typer.Option(None, help="Requests per prompt."),
-        max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length."),
+        problems: Optional[int] = typer.Option(None, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
+        group: Optional[int] = typer.Option(None, help="Requests per prompt.", callback=between(1, MAX_COUNT)),
+        max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length.",
+                                                     callback=between(1, MAX_COUNT)),
         sampler: Optional[list[str]] = typer.Option(None, help="Only these samplers (repeatable)."),
         temperature: Optional[list[float]] = typer.Option(None, help="Only these temperatures (repeatable)."),
-        threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available)."),
-        noise_seeds: int = typer.Option(16, help="Keys per row in the forward-shape flip measurement (0 = skip)."),
+        threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available).",
+                                              callback=threads_opt),
+        noise_seeds: int = typer.Option(16, help="Keys per row in the forward-shape flip measurement (0 = skip).",
+                                        callback=between(0, 1024)),
         batch_invariant: bool = typer.Option(False, "--batch-invariant",
                                              help="EngineConfig(batch_invariant=True) for every engine variant."),
     ) -> None:
@@ -195,7 +207,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         console = Console(width=max(Console().width, 150))
-        lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+        with user_errors("--model"):
+            lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
         console.print(f"{model} ({dtype}): {cfg.requests} requests, <= {cfg.max_new_tokens} new tokens, "
                       f"T={list(cfg.temperatures)}, top_p={cfg.top_p}, samplers {list(cfg.samplers)}, "
                       f"drafters {list(cfg.drafters)} (budget {cfg.budget}), batches {list(cfg.batch_sizes)}"

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, input_file, model_source, output_file, output_folder
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from dasrl.experiments.registry import EXPERIMENTS
@@ -23,19 +24,23 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                f"{', '.join(EXPERIMENTS)}."),
         quick: bool = typer.Option(False, help="Small sizes: the whole set in a few minutes (a smoke test)."),
         out: Path = typer.Option(Path("runs/experiments"), "--out", help="Folder for figures, numbers and the "
-                                                                         "cached collection run."),
-        results: Optional[Path] = typer.Option(Path("docs/results.md"), "--results",
+                                                                         "cached collection run.",
+                                 callback=output_folder),
+        results: Optional[Path] = typer.Option(Path("docs/results.md"), "--results", callback=output_file,
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
-        model: str = typer.Option("smollm2-135m", help="Model of the real rollouts."),
+        model: str = typer.Option("smollm2-135m", help="Model of the real rollouts.", callback=model_source),
         preset: Optional[str] = typer.Option(None, help="Collection run: task set, long-tail (default) | short."),
-        steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3)."),
-        prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3)."),
-        samples: Optional[int] = typer.Option(None, help="Collection run: samples per problem (default 6; quick 3)."),
+        steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
+                                            callback=between(1, MAX_STEPS)),
+        prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3).",
+                                              callback=between(1, MAX_COUNT)),
+        samples: Optional[int] = typer.Option(None, help="Collection run: samples per problem (default 6; quick 3).",
+                                              callback=between(1, MAX_COUNT)),
         max_new_tokens: Optional[int] = typer.Option(None, help="Collection run: tokens per sample (default 512; "
-                                                                "quick 48)."),
+                                                                "quick 48).", callback=between(1, MAX_COUNT)),
         variant_every: Optional[int] = typer.Option(None, help="Collection run: engine variants every N steps "
-                                                               "(default 8; quick 3)."),
+                                                               "(default 8; quick 3).", callback=between(1, MAX_STEPS)),
     ) -> None:
         """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
         the simulator where a figure needs paper scale."""
@@ -91,17 +96,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         run: Path = typer.Argument(..., help="A collection run folder (collect-<key>), or the --out folder of "
                                              "`dasrl experiments` holding one."),
         latency: Optional[Path] = typer.Option(None, help="Latency model JSON from `dasrl calibrate` on this "
-                                                          "machine (default: the CPU default of DESIGN.md)."),
+                                                          "machine (default: the CPU default of DESIGN.md).",
+                                               callback=input_file),
         fit_overhead: bool = typer.Option(True, "--fit-overhead/--no-overhead",
                                           help="Add the step overhead beside the forwards, fitted on the run's "
                                                "other rollouts (the predicted one left out); --no-overhead: "
                                                "forwards only. "
                                                "Any --per-* value given replaces the fit."),
-        per_forward: float = typer.Option(0.0, help=_help("per_forward")),
-        per_row_forward: float = typer.Option(0.0, help=_help("per_row_forward")),
-        per_draft_token: float = typer.Option(0.0, help=_help("per_draft_token")),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write rows and summary here."),
-        png: Optional[Path] = typer.Option(None, help="Write the predicted-vs-measured scatter here."),
+        per_forward: float = typer.Option(0.0, help=_help("per_forward"), callback=between(0, 60)),
+        per_row_forward: float = typer.Option(0.0, help=_help("per_row_forward"), callback=between(0, 60)),
+        per_draft_token: float = typer.Option(0.0, help=_help("per_draft_token"), callback=between(0, 60)),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write rows and summary here.",
+                                                callback=output_file),
+        png: Optional[Path] = typer.Option(None, help="Write the predicted-vs-measured scatter here.",
+                                           callback=output_file),
     ) -> None:
         """The simulator's predicted rollout time against the engine's measured one, per step and variant, on
         a recorded run (docs/simulator.md, "Validation")."""
@@ -114,9 +122,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             folder = find_collection(run)
             lat = LatencyModel.load(latency) if latency is not None else CPU_LATENCY
             overhead = StepOverhead(per_forward, per_row_forward, per_draft_token)
-            for name in ("per_forward", "per_row_forward", "per_draft_token"):
-                if getattr(overhead, name) < 0:
-                    raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(overhead, name)}")
             explicit = overhead != StepOverhead()
             with console.status("replaying") as status:
                 rows = validate(folder, latency=lat, overhead=overhead if explicit or not fit_overhead else None,

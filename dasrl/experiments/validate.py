@@ -135,13 +135,32 @@ def _simulator(variant: Variant | None, seed: int) -> Simulator:
     return Simulator(drafter=drafter, policy=policy, label=variant.name)
 
 
+def _read_collect(meta: Path) -> dict:
+    """collect.json with every field replay() and validate() read checked, so that a damaged or foreign file
+    is one error naming it rather than a KeyError deep in the replay."""
+    try:
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+        raise ValueError(f"{meta}: not a readable JSON file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{meta}: format {got!r}, this dasrl reads {FORMAT!r} (rerun the collection)")
+    try:
+        int(doc["config"]["seed"]), int(doc["config"]["max_new_tokens"])
+        for rec in doc["steps"]:
+            int(rec["step"])
+            for m in (rec["baseline"], *rec["variants"].values()):
+                [float(m[k]) for k in ("forwards", "row_forwards", "drafted", "accepted", "rollout_s")]
+                [[int(x) for x in shape] for shape in m["shapes"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{meta}: not what `dasrl experiments` writes ({type(e).__name__}: {e})") from None
+    return doc
+
+
 def replay(folder: Path, *, progress: Callable[[str], None] | None = None) -> tuple[dict, dict]:
     """(collect.json, {(variant, step): StepStats}) — every variant replayed over the trace up to its last
     variant step; the baseline on every step."""
-    meta = folder / "collect.json"
-    doc = json.loads(meta.read_text())
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"{meta}: format {doc.get('format')!r}, this dasrl reads {FORMAT!r} (rerun the collection)")
+    doc = _read_collect(folder / "collect.json")
     cfg = doc["config"]
     steps = dict(read_trace(folder / "trace").by_step())
     recorded = {s["step"]: s for s in doc["steps"]}

@@ -13,6 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dasrl.atomic import write_json
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file, user_errors
 
 console = Console()
 
@@ -36,15 +37,19 @@ def _chat(tok, text: str) -> list[int]:
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("ray")
-    def bench_ray(workers: int = typer.Option(2, help="Ray rollout actors (one CPU each)."),
-                  samples: int = typer.Option(4, help="Samples per problem (GRPO group size)."),
-                  steps: int = typer.Option(3, help="Steps per router; the first only fills the length history."),
-                  max_new_tokens: int = typer.Option(128, help="Generation limit per sample."),
+    def bench_ray(workers: int = typer.Option(2, help="Ray rollout actors (one CPU each).", callback=between(1, 256)),
+                  samples: int = typer.Option(4, help="Samples per problem (GRPO group size).",
+                                              callback=between(1, MAX_COUNT)),
+                  steps: int = typer.Option(3, help="Steps per router; the first only fills the length history.",
+                                            callback=between(2, MAX_STEPS)),
+                  max_new_tokens: int = typer.Option(128, help="Generation limit per sample.",
+                                                     callback=between(1, MAX_COUNT)),
                   temperature: float = typer.Option(0.6, help="Sampling temperature."),
                   routers: str = typer.Option("length,round_robin,random", help="Routers to compare."),
                   speculate: bool = typer.Option(True, help="DAS speculation on each worker."),
-                  model: str = typer.Option("smollm2-135m", help="Model every worker loads."),
-                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON.")) -> None:
+                  model: str = typer.Option("smollm2-135m", help="Model every worker loads.", callback=model_source),
+                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON.",
+                                                          callback=output_file)) -> None:
         """Real Ray actors on localhost: the same long-tail steps (same seeds, shuffled problem order per
         step, as an RL data loader does) under each router; step makespan after the first step."""
         try:
@@ -63,15 +68,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 raise typer.BadParameter(f"unknown router {n!r}; valid routers: {', '.join(ROUTERS)}")
         if not names:
             raise typer.BadParameter(f"no router in {routers!r}", param_hint="'--routers'")
-        if workers < 1 or samples < 1 or steps < 2:
-            raise typer.BadParameter(f"need workers >= 1, samples >= 1, steps >= 2; got {workers}, {samples}, {steps}")
-        if max_new_tokens < 1:
-            raise typer.BadParameter(f"must be >= 1, got {max_new_tokens}", param_hint="'--max-new-tokens'")
         try:
             SamplingParams(temperature=temperature, top_p=0.95)  # checked before the model loads
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--temperature'") from None
-        _, tok = load_model(model)
+        with user_errors("--model"):
+            _, tok = load_model(model)
         problems = [_chat(tok, text) for text, _ in PROMPTS]
         rng = np.random.default_rng(0)
         orders = [rng.permutation(len(problems)).tolist() for _ in range(steps)]

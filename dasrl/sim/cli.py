@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -10,10 +9,12 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
+from dasrl.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, between, input_file, output_file
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dasrl.drafter.base import MAX_DRAFT
 from dasrl.drafter.store import StoreConfig
 from dasrl.policy.budget import POLICIES
 from dasrl.policy.latency import LatencyModel
@@ -29,19 +30,13 @@ def _write_json(path: Path, obj: object) -> None:
     write_json(path, obj)
 
 
-def _bounds(*, scale: float | None = None, steps: int | None = None, warmup: int | None = None,
-            **at_least: tuple[int | None, int]) -> None:
-    """Refuse a bad number before any work: one usage error (rc 2) naming the flag and the value.
-    `at_least` maps a flag name to (value, minimum)."""
-    if scale is not None and not (math.isfinite(scale) and scale > 0):
-        raise typer.BadParameter(f"must be a number > 0, got {scale}", param_hint="'--scale'")
-    if steps is not None and steps < 1:  # 0 is refused, not read as "the default"
-        raise typer.BadParameter(f"must be >= 1, got {steps}", param_hint="'--steps'")
-    if warmup is not None and warmup < 0:
-        raise typer.BadParameter(f"must be >= 0, got {warmup}", param_hint="'--warmup'")
-    for name, (value, low) in at_least.items():
-        if value is not None and value < low:
-            raise typer.BadParameter(f"must be >= {low}, got {value}", param_hint=f"'--{name.replace('_', '-')}'")
+# Options every simulator command shares, checked as typer parses them (dasrl.cli_args).
+SCALE = dict(callback=between(0, MAX_SCALE, above=True), help="Scale the workload's lengths.")
+STEPS = dict(callback=between(1, MAX_STEPS), help="Override the number of steps.")
+WARMUP = dict(callback=between(0, MAX_STEPS))
+JSON = dict(callback=output_file, help="Write results as JSON.")
+MAX_TOKENS = 100_000_000
+"""Tokens a generated workload may hold (about 8 bytes each in memory; long-tail holds ~1.2M)."""
 
 
 def _workload(workload: Optional[str]):
@@ -73,6 +68,10 @@ def _load_responses(trace: Optional[Path], workload: Optional[str], scale: float
         cfg = w.config.scaled(scale) if scale != 1.0 else w.config
         if steps is not None:
             cfg = replace(cfg, steps=steps)
+        size = cfg.problems * cfg.samples * cfg.steps * (cfg.prompt_len + cfg.median_len)
+        if size > MAX_TOKENS:
+            raise typer.BadParameter(f"workload {workload} at --scale {scale} and {cfg.steps} steps would hold "
+                                     f"~{size:.2g} tokens, more than {MAX_TOKENS:.0e}: lower --scale or --steps")
         n, source, lat = cfg.steps, f"workload {workload} (scale {scale})", w.latency
     if warmup >= n:
         raise typer.BadParameter(f"{warmup} leaves none of the {n} steps of {source} to measure "
@@ -134,22 +133,24 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         workload: Optional[str] = typer.Option(None, help=f"Synthetic workload: {', '.join(WORKLOADS)}."),
         drafter: str = typer.Option("das", help=f"Drafter: {', '.join(DRAFTERS)}."),
         policy: str = typer.Option("das", help=f"Budget policy: {', '.join(POLICIES)}."),
-        k: int = typer.Option(4, help="Cap of the fixed policy."),
-        latency: Optional[Path] = typer.Option(None, help="LatencyModel JSON (dasrl calibrate); default: the "
-                                                          "workload's assumption, else SimConfig's."),
+        k: int = typer.Option(4, help="Cap of the fixed policy.", callback=between(0, MAX_DRAFT)),
+        latency: Optional[Path] = typer.Option(None, callback=input_file,
+                                               help="LatencyModel JSON (dasrl calibrate); default: the "
+                                                    "workload's assumption, else SimConfig's."),
         batch_mode: str = typer.Option("static", help=f"{' | '.join(BATCH_MODES)}: static waves or refill freed rows."),
-        max_batch: int = typer.Option(0, help="Rows per forward at most (0 = the whole step)."),
-        window: int = typer.Option(16, help="History window (steps) of the windowed drafters."),
-        warmup: int = typer.Option(0, help="Leading steps replayed but left out of the totals."),
-        scale: float = typer.Option(1.0, help="Scale a workload's lengths (quick what-ifs)."),
-        steps: Optional[int] = typer.Option(None, help="Override a workload's number of steps."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON."),
+        max_batch: int = typer.Option(0, help="Rows per forward at most (0 = the whole step).",
+                                      callback=between(0, MAX_COUNT)),
+        window: int = typer.Option(16, help="History window (steps) of the windowed drafters.",
+                                   callback=between(1, MAX_STEPS)),
+        warmup: int = typer.Option(0, help="Leading steps replayed but left out of the totals.", **WARMUP),
+        scale: float = typer.Option(1.0, **SCALE),
+        steps: Optional[int] = typer.Option(None, **STEPS),
+        json_out: Optional[Path] = typer.Option(None, "--json", **JSON),
     ) -> None:
         """Replay a trace (or a synthetic workload) with a drafter and policy, against no speculation and
         the oracle drafter under the same policy."""
         _check(drafter, DRAFTERS, "drafter")
         _check(policy, POLICIES, "policy")
-        _bounds(scale=scale, steps=steps, warmup=warmup, k=(k, 0), window=(window, 1), max_batch=(max_batch, 0))
         w = _workload(workload)
         try:  # every setting checked before the trace is read or the workload generated
             lat = LatencyModel.load(latency) if latency else (w.latency if w else SimConfig().latency)
@@ -189,12 +190,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(t)
 
     @trace_app.command("synth")
-    def synth_cmd(out: Path = typer.Argument(..., help="Parquet file to write."),
+    def synth_cmd(out: Path = typer.Argument(..., help="Parquet file to write.", callback=output_file),
                   workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
-                  scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
-                  steps: Optional[int] = typer.Option(None, help="Override the number of steps.")) -> None:
+                  scale: float = typer.Option(1.0, **SCALE),
+                  steps: Optional[int] = typer.Option(None, **STEPS)) -> None:
         """Write a synthetic workload as a trace."""
-        _bounds(scale=scale, steps=steps)
         responses, _, source = _load_responses(None, workload, scale, steps)
         write_trace(out, responses, vocab_size=get_workload(workload).config.vocab)
         console.print(f"wrote {out}: {len(responses)} responses from {source}")
@@ -202,14 +202,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("ablation")
     def ablation_cmd(workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
                      drafter: str = typer.Option("das", help=f"Drafter: {', '.join(DRAFTERS)}."),
-                     scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
-                     steps: Optional[int] = typer.Option(None, help="Override the number of steps."),
-                     warmup: int = typer.Option(1, help="Leading steps that only fill the history."),
-                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON.")) -> None:
+                     scale: float = typer.Option(1.0, **SCALE),
+                     steps: Optional[int] = typer.Option(None, **STEPS),
+                     warmup: int = typer.Option(1, help="Leading steps that only fill the history.", **WARMUP),
+                     json_out: Optional[Path] = typer.Option(None, "--json", **JSON)) -> None:
         """Figure 12 of the paper: unbounded drafting vs the distribution-aware policy (and the closed-form
         optimum, fixed and no speculation) on a long-tail workload."""
         _check(drafter, DRAFTERS, "drafter")
-        _bounds(scale=scale, steps=steps, warmup=warmup)
         responses, lat, source = _load_responses(None, workload, scale, steps, warmup)
         cfg = SimConfig(latency=lat, warmup=warmup)
         runs = {"unbounded": (drafter, "unbounded"), "das": (drafter, "das"), "optimal": (drafter, "optimal"),
@@ -230,14 +229,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                     workers: str = typer.Option("2,4,8,16", help="Worker counts to try, comma-separated."),
                     drafter: str = typer.Option("das", help=f"Drafter on each worker: {', '.join(DRAFTERS)}."),
                     policy: str = typer.Option("das", help=f"Budget policy on each worker: {', '.join(POLICIES)}."),
-                    scale: float = typer.Option(1.0, help="Scale the workload's lengths."),
-                    steps: Optional[int] = typer.Option(None, help="Override the number of steps."),
-                    warmup: int = typer.Option(1, help="Leading steps that only fill the length history."),
+                    scale: float = typer.Option(1.0, **SCALE),
+                    steps: Optional[int] = typer.Option(None, **STEPS),
+                    warmup: int = typer.Option(1, help="Leading steps that only fill the length history.", **WARMUP),
                     seed: int = typer.Option(0, help="Seed of the random router."),
                     latency: str = typer.Option("workload", help="Forward cost: workload (its assumption) | cpu "
                                                                  "(this project's CPU engine) | a latency JSON."),
-                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON."),
-                    plot: Optional[Path] = typer.Option(None, help="Write a PNG of makespan vs workers.")) -> None:
+                    json_out: Optional[Path] = typer.Option(None, "--json", **JSON),
+                    plot: Optional[Path] = typer.Option(None, help="Write a PNG of makespan vs workers.",
+                                                        callback=output_file)) -> None:
         """Many rollout workers: length-aware routing (LPT on the predicted makespan) vs round-robin vs
         random, each problem's samples kept on one worker, simulated step makespan."""
         from dasrl.rollout.routing import ROUTERS
@@ -249,9 +249,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             counts = [int(x) for x in workers.split(",") if x.strip()]
         except ValueError:
             raise typer.BadParameter(f"--workers must be comma-separated integers, got {workers!r}") from None
-        if not counts or min(counts) < 1:
-            raise typer.BadParameter(f"--workers needs counts >= 1, got {workers!r}")
-        _bounds(scale=scale, steps=steps, warmup=warmup)
+        if not counts or min(counts) < 1 or max(counts) > MAX_WORKERS:
+            raise typer.BadParameter(f"--workers needs counts from 1 to {MAX_WORKERS}, got {workers!r}")
         try:
             lat = {"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
         except (ValueError, OSError) as e:

@@ -294,14 +294,18 @@ def run(cfg: GPUCheckConfig, json_path: Path | None, log: Callable[[str], None] 
 def register(app, bench) -> None:
     import typer
 
+    from dasrl.cli_args import between, max_threads, output_file
+
     @bench.command("gpu")
     def gpu_cmd(
         device: str = typer.Option("cuda", help="cpu | cuda | cuda:N."),
         tiny: bool = typer.Option(False, help="Tiny shapes (the CPU test of this path)."),
-        threads: int = typer.Option(0, help="torch threads (0 = the cores available)."),
+        threads: int = typer.Option(0, help="torch threads (0 = the cores available).",
+                                    callback=between(0, max_threads())),
         parts: str = typer.Option("ladder,calibrate,whatif", help="Comma-separated parts to run."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results here (default: "
-                                                                     "$OUT/gpu-check.json when $OUT is set)."),
+        json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
+                                                help="Write the results here (default: $OUT/gpu-check.json when "
+                                                     "$OUT is set)."),
     ) -> None:
         """The engine on a device with random weights: exactness ladder, calibration of the Qwen2.5-1.5B/7B
         shapes (bf16), the paper-math what-if with the measured latency (scripts/gpu-check.sh)."""

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file
 
 def _require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
@@ -19,18 +20,22 @@ def _require_vllm() -> None:
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("vllm")
     def bench_vllm(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, uptime and rows as JSON here."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, uptime and rows as JSON here.",
+                                                callback=output_file),
         methods: str = typer.Option("none,ngram,suffix,das",
                                     help="Comma-separated: none, ngram, suffix, das, das-static, das-fixed."),
-        model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder."),
+        model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder.",
+                                  callback=model_source),
         tasks: str = typer.Option("long-tail", help="Task set: long-tail (dasrl.tasks, rewarded) | questions."),
-        prompts: int = typer.Option(6, help="Distinct prompts."),
-        samples: int = typer.Option(4, help="Samples per prompt per step."),
-        steps: int = typer.Option(3, help="RL steps (the same prompts re-sampled each step)."),
-        max_tokens: int = typer.Option(96, help="Cap on each sample's length."),
+        prompts: int = typer.Option(6, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
+        samples: int = typer.Option(4, help="Samples per prompt per step.", callback=between(1, MAX_COUNT)),
+        steps: int = typer.Option(3, help="RL steps (the same prompts re-sampled each step).",
+                                  callback=between(1, MAX_STEPS)),
+        max_tokens: int = typer.Option(96, help="Cap on each sample's length.", callback=between(1, MAX_COUNT)),
         temperatures: str = typer.Option("0", help="Comma-separated temperatures (0 = greedy: outputs must match "
                                                     "no speculation)."),
-        repeats: int = typer.Option(1, help="Cold-started runs per (method, temperature), methods interleaved."),
+        repeats: int = typer.Option(1, help="Cold-started runs per (method, temperature), methods interleaved.",
+                                    callback=between(1, 100)),
         kv_blocks: int = typer.Option(0, help="vLLM num_gpu_blocks_override (0 = from --kv-space-gib)."),
         seeded: bool = typer.Option(False, "--seeded/--no-seeded",
                                     help="Per-request SamplingParams(seed=...). Off by default: seeded requests "

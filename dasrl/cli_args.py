@@ -1,0 +1,158 @@
+"""Checks on `dasrl` options that run while typer parses them, before a command does any work: no model
+loaded, no workload generated, nothing written. Each is a typer callback raising typer.BadParameter, which
+typer reports as one usage error naming the option and the value, exit code 2, no traceback.
+
+    steps: int = typer.Option(3, callback=between(1, MAX_STEPS))
+    json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file)
+    model: str = typer.Option("smollm2-135m", callback=model_source)
+
+`user_errors` is the one place where an error found only once the work has started (a model folder whose
+weights do not load) becomes the same usage error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Callable, Iterator
+
+import typer
+
+# Upper bounds: far above any run this project makes, far below what would exhaust memory or time.
+MAX_STEPS = 10_000
+"""RL steps of a run, a simulation or a workload."""
+MAX_SCALE = 100.0
+"""Scale of a synthetic workload's lengths (1 = as defined; 100 turns paper-math's 16K limit into 1.6M)."""
+MAX_COUNT = 100_000
+"""Prompts, samples, requests, tokens per sample and draft budgets."""
+MAX_WORKERS = 4096
+"""Rollout workers (simulated); Ray actors are bounded by the machine's CPUs instead."""
+
+
+def between(low: float, high: float | None = None, *, above: bool = False) -> Callable:
+    """A callback refusing a number below `low` (or equal to it, if `above`), above `high` (None: no upper
+    bound), and NaN."""
+    def check(value):
+        if value is None:
+            return value
+        if isinstance(value, float) and math.isnan(value):
+            raise typer.BadParameter(f"must be a number, got {value}")
+        if value < low or (above and value == low):
+            raise typer.BadParameter(f"must be {'>' if above else '>='} {low}, got {value}")
+        if high is not None and value > high:
+            raise typer.BadParameter(f"must be <= {high}, got {value}")
+        return value
+    return check
+
+
+def max_threads() -> int:
+    """torch threads beyond the cores this process may run on only slow a run down."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads(value: int | None) -> int | None:
+    """--threads: 1 .. the cores available (None: the default)."""
+    return between(1, max_threads())(value)
+
+
+def _writable(folder: Path, value: object) -> None:
+    """Create and delete a file in `folder`: the only test that holds for root and read-only filesystems
+    alike (os.access says yes to root everywhere)."""
+    probe = folder / f".dasrl-probe-{secrets.token_hex(4)}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise typer.BadParameter(f"{value}: cannot write in {folder} ({e.strerror})") from None
+
+
+def _nearest_folder(path: Path, value: object) -> Path:
+    """The nearest existing ancestor of `path`, which must be a folder (missing ones are made on write)."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise typer.BadParameter(f"{value}: {parent} is a file, not a folder")
+    return parent
+
+
+def output_file(value: Path | None) -> Path | None:
+    """A file a command writes (atomically, making missing folders): not a folder, under a writable one."""
+    if value is None:
+        return value
+    path = Path(value)
+    if path.is_dir():
+        raise typer.BadParameter(f"{value} is a folder; give a file name")
+    _writable(_nearest_folder(path, value), value)
+    return value
+
+
+def output_folder(value: Path | str | None) -> Path | str | None:
+    """A folder a command writes into (made if missing): not a file, and writable."""
+    if value is None:
+        return value
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{value} is a file; give a folder")
+    _writable(path if path.is_dir() else _nearest_folder(path, value), value)
+    return value
+
+
+def input_file(value: Path | None) -> Path | None:
+    """A file a command reads (a latency model, ...): it must exist and be a regular file."""
+    if value is not None and not Path(value).is_file():
+        raise typer.BadParameter(f"{value}: " + ("is a folder, not a file" if Path(value).is_dir() else
+                                                  "no such file"))
+    return value
+
+
+def model_source(value: str) -> str:
+    """--model: an embedded model name, a folder with a config.json and weights, or a hub id (org/name)."""
+    from dasrl.models import EMBEDDED, _resolve
+
+    if value in EMBEDDED:
+        return value  # resolving would convert it now (seconds); it is always loadable
+    if Path(value).is_file():
+        raise typer.BadParameter(f"{value!r} is a file; give a model folder, a hub id or one of {sorted(EMBEDDED)}")
+    try:
+        source, _ = _resolve(value)
+    except FileNotFoundError as e:
+        raise typer.BadParameter(f"{e}; give a model folder, a hub id or one of {sorted(EMBEDDED)}") from None
+    folder = Path(source)
+    if not folder.is_dir():
+        return value  # a hub id: only loading it can tell
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(f"{folder / 'config.json'} is not a readable JSON file ({e})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise typer.BadParameter(f"{folder / 'config.json'} names no model_type: not a Hugging Face model config")
+    if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin")):
+        raise typer.BadParameter(f"model folder {value!r} holds no weights (*.safetensors or *.bin)")
+    return value
+
+
+def device(value: str | None) -> str | None:
+    """--device: cpu, cuda or cuda:N, and present on this machine."""
+    from dasrl.models import resolve_device
+
+    if value is not None:
+        try:
+            resolve_device(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
+@contextlib.contextmanager
+def user_errors(option: str) -> Iterator[None]:
+    """Report a ValueError/OSError raised by the work on `option`'s value (a model that does not load, a
+    malformed input file) as a usage error on that option."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        raise typer.BadParameter(str(e), param_hint=f"'{option}'") from None

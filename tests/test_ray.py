@@ -132,6 +132,52 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     dist.shutdown()
 
 
+@pytest.mark.slow
+def test_a_failed_load_or_set_weights_changes_no_worker(cluster, smollm, chat_prompts, tmp_path):
+    """A save whose worker-1 part is damaged: load() raises naming worker 1, and worker 0 keeps its state
+    (it used to load its own part first). Weights whose keys or shapes are not the model's are refused
+    before any worker changes (they used to be accepted with strict=False, and the workers kept their old
+    weights); the model's own keys go through and reach every worker."""
+    import torch
+
+    from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
+
+    model, _ = smollm
+    dist = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=2, router="round_robin"))
+    prompts = [chat_prompts[0], chat_prompts[2]] * 2
+    sp = SamplingParams(temperature=0.0)
+
+    def step():
+        dist.generate(prompts, sampling=sp, max_new_tokens=8)
+        dist.end_step()
+
+    def worker_stats():
+        return [ray.get(dist.workers[w].stats.remote()) for w in (0, 1)]
+
+    step()
+    dist.save(tmp_path / "a")
+    step()
+    before = worker_stats()
+    assert [b["steps"] for b in before] == [2, 2]  # both workers hold state a load of "a" would change
+    (tmp_path / "a" / "worker-1" / "session.json").write_text('{"format": "dasrl-session/1", "step": -1}')
+    with pytest.raises(ValueError, match=r"not loaded: worker 1: ValueError: .*field 'step' must be an int >= 0"):
+        dist.load(tmp_path / "a")
+    assert worker_stats() == before and dist.step == 2
+
+    sd = model.state_dict()
+    renamed = {("not.a.weight" if k == "model.norm.weight" else k): v for k, v in sd.items()}
+    with pytest.raises(ValueError, match=r"missing 1: model.norm.weight; unexpected 1: not.a.weight\)"):
+        dist.set_weights(renamed)
+    with pytest.raises(ValueError, match=r"mis-shaped 1: model.norm.weight \(3,\) \(model: \(576,\)\)"):
+        dist.set_weights({**sd, "model.norm.weight": torch.ones(3)})
+    got = dist.generate(prompts, sampling=sp, max_new_tokens=8)
+    assert any(set(r.completion_ids) != {0} for r in got)  # still the loaded model
+    dist.set_weights({**sd, "model.norm.weight": torch.zeros_like(sd["model.norm.weight"])})
+    got = dist.generate(prompts, sampling=sp, max_new_tokens=8)
+    assert all(set(r.completion_ids) == {0} for r in got)  # zero hidden states: every logit 0, argmax 0
+    dist.shutdown()
+
+
 def test_init_local_refuses_an_address():
     with pytest.raises(ValueError, match="address='auto' is not allowed"):
         init_local(address="auto")

@@ -135,8 +135,8 @@ class RolloutWorker:
         from dasrl.models import load_model
         from dasrl.rollout.session import RolloutSession
 
-        m, tok = load_model(model, dtype=getattr(torch, dtype))
-        self.session = RolloutSession(m, tok, config)
+        m, self.tokenizer = load_model(model, dtype=getattr(torch, dtype))
+        self.session = RolloutSession(m, self.tokenizer, config)
 
     def generate(self, prompts, *, problem_ids, seeds, sampling, max_new_tokens, stop_token_ids):
         rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, sampling=sampling,
@@ -147,13 +147,25 @@ class RolloutWorker:
         self.session.end_step()
 
     def set_weights(self, state_dict) -> None:
-        self.session.engine.model.load_state_dict(state_dict, strict=False)
+        # strict: a missing or unknown key raises (the driver checks keys and shapes first, since torch
+        # copies the matching tensors before it raises)
+        self.session.engine.model.load_state_dict(state_dict, strict=True)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.session.engine.model.state_dict().items()}
 
     def stats(self) -> dict:
         return self.session.stats()
 
     def save(self, folder: str) -> None:
         self.session.save(folder)
+
+    def check_load(self, folder: str) -> None:
+        """Raise what load(folder) would, changing nothing: the save is loaded into a throwaway session on
+        this worker's model."""
+        from dasrl.rollout.session import RolloutSession
+
+        RolloutSession(self.session.engine.model, self.tokenizer, self.session.config).load(folder)
 
     def load(self, folder: str) -> None:
         self.session.load(folder)
@@ -180,6 +192,28 @@ class DistributedStep:
     drafted: int = 0
 
 
+def _gather(ray, refs: dict[int, object], what: str) -> None:
+    """Wait for every worker's call; a ValueError naming each worker that raised and why."""
+    errors = []
+    for w, ref in refs.items():
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            errors.append(f"worker {w}: {type(e.cause).__name__}: {e.cause}")
+    if errors:
+        raise ValueError(f"{what}: " + "; ".join(errors))
+
+
+def _check_weights(weights: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    missing, unexpected = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
+    wrong = [f"{k} {tuple(weights[k].shape)} (model: {shapes[k]})" for k in sorted(weights.keys() & shapes.keys())
+             if tuple(weights[k].shape) != shapes[k]]
+    if missing or unexpected or wrong:
+        parts = [f"{name} {len(keys)}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", wrong)) if keys]
+        raise ValueError("set_weights: the state dict does not match the model (" + "; ".join(parts) + ")")
+
+
 class DistributedRolloutSession:
     """RolloutSession's interface (generate / end_step / stats / save / load) over Ray actors."""
 
@@ -196,6 +230,7 @@ class DistributedRolloutSession:
         self.workers: dict[int, object] = {}
         self._dead: set[int] = set()
         self._weights = None
+        self._shapes: dict[str, tuple[int, ...]] | None = None  # the model's parameter shapes, asked once
         for w in range(config.workers):
             self.workers[w] = self._spawn()
         ray.get([a.pid.remote() for a in self.workers.values()])  # fail here, not mid-step, if they can't start
@@ -285,9 +320,15 @@ class DistributedRolloutSession:
         return results  # type: ignore[return-value]
 
     def set_weights(self, state_dict) -> None:
-        """Load new policy weights into every worker (also kept for replacement workers)."""
+        """Load new policy weights into every worker (also kept for replacement workers). The keys and
+        shapes must be the model's own (ValueError naming the missing, unexpected and mis-shaped ones,
+        raised before any worker changes)."""
         ray = _ray()
-        self._weights = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        weights = {k: v.detach().cpu() for k, v in state_dict.items()}
+        if self._shapes is None:
+            self._shapes = ray.get(self.workers[self.live_workers[0]].weight_shapes.remote())
+        _check_weights(weights, self._shapes)
+        self._weights = ray.put(weights)
         ray.get([self.workers[w].set_weights.remote(self._weights) for w in self.live_workers])
 
     def end_step(self) -> None:
@@ -349,14 +390,11 @@ class DistributedRolloutSession:
                 router.load_state_dict(state["routing"])
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{src}: field 'routing': {type(e).__name__}: {e}") from None
-        # each worker's load is all or nothing; a worker that fails leaves those before it loaded
-        for w in self.live_workers:
-            where = folder / f"worker-{w}"
-            if where.is_dir():
-                try:
-                    ray.get(self.workers[w].load.remote(str(where)))
-                except ray.exceptions.RayTaskError as e:
-                    raise ValueError(f"worker {w} could not load {where}: {e.cause if hasattr(e, 'cause') else e}") from None
+        parts = {w: str(folder / f"worker-{w}") for w in self.live_workers if (folder / f"worker-{w}").is_dir()}
+        # All or nothing across workers: every part is first loaded into a throwaway session on its worker;
+        # only when all of them load does any worker switch (each worker's own load is all or nothing).
+        _gather(ray, {w: self.workers[w].check_load.remote(p) for w, p in parts.items()}, f"{folder}: not loaded")
+        _gather(ray, {w: self.workers[w].load.remote(p) for w, p in parts.items()}, f"{folder}: loaded in part")
         self.step, self.router = step, router
 
     def shutdown(self) -> None:

@@ -188,14 +188,14 @@ class SpecEngine:
                  policy: BudgetPolicy | None = None, max_new_tokens: int = 256,
                  stop_token_ids: Sequence[int] | None = None, stop_strings: Sequence[str] = (),
                  ignore_eos: bool = False, req_ids: Sequence[Hashable] | None = None,
-                 problem_ids: Sequence[Hashable] | None = None,
+                 stop_lines: Sequence[str] = (), problem_ids: Sequence[Hashable] | None = None,
                  on_step: Callable[[StepInfo], None] | None = None) -> list[Completion]:
         """Generate a completion per prompt. All input is validated before any work starts."""
         stops = set(stop_token_ids or ()) | (set() if ignore_eos else set(self.eos_ids))
         job = validate_job(prompts=prompts, seeds=seeds, sampling=sampling, max_new_tokens=max_new_tokens,
                            stop_ids=stops, stop_strings=stop_strings, req_ids=req_ids,
                            problem_ids=problem_ids, vocab_size=self.vocab_size,
-                           max_context=self.max_context, tokenizer=self.tokenizer)
+                           max_context=self.max_context, tokenizer=self.tokenizer, stop_lines=stop_lines)
         policy = policy if policy is not None else NoSpeculation()
         self.last_run = stats = RunStats()
         rows = [Row.new(job, i) for i in range(len(job.prompts))]

@@ -8,6 +8,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.engine.sampling import SamplingParams
+from dasrl.engine.stops import LineStop
 from dasrl.policy.base import RequestState
 
 
@@ -46,6 +47,8 @@ class Job:
     stop_strings: tuple[str, ...]
     max_context: int
     tokenizer: object = None
+    stop_lines: LineStop | None = None
+    """Phrases whose line, once closed by a newline, ends a request (stops.py)."""
 
 
 def _int_list(values: Sequence, what: str) -> list[int]:
@@ -60,7 +63,7 @@ def _int_list(values: Sequence, what: str) -> list[int]:
 def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None, sampling: SamplingParams,
                  max_new_tokens: int, stop_ids: set[int], stop_strings: Sequence[str],
                  req_ids: Sequence[Hashable] | None, problem_ids: Sequence[Hashable | None] | None,
-                 vocab_size: int, max_context: int, tokenizer) -> Job:
+                 vocab_size: int, max_context: int, tokenizer, stop_lines: Sequence[str] = ()) -> Job:
     """Every check before any work: a clear error naming the bad value."""
     if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists")
@@ -118,7 +121,8 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
         raise ValueError(f"got {len(pids)} problem ids for {n} prompts")
     return Job(prompts=clean, seeds=seed_list, req_ids=ids_list, problem_ids=pids, sampling=sampling,
                max_new_tokens=int(max_new_tokens), stop_ids=frozenset(int(t) for t in stop_ids),
-               stop_strings=strings, max_context=max_context, tokenizer=tokenizer)
+               stop_strings=strings, max_context=max_context, tokenizer=tokenizer,
+               stop_lines=LineStop(stop_lines, tokenizer) if stop_lines else None)
 
 
 @dataclass(eq=False)
@@ -153,7 +157,8 @@ class Row:
             self.out.append(int(tok))
             self.logprobs.append(float(lp))
             kept += 1
-            if tok in job.stop_ids or (job.stop_strings and self._hit_stop_string(job)):
+            if (tok in job.stop_ids or (job.stop_strings and self._hit_stop_string(job))
+                    or (job.stop_lines is not None and job.stop_lines.hit(self.out))):
                 self.finish = "stop"
             elif len(self.out) >= job.max_new_tokens:
                 self.finish = "length"

@@ -239,3 +239,78 @@ def test_bad_ids_and_budgets():
     with pytest.raises(ValueError, match="weight"):
         ix.add(3, [1], weight=0.0)
     ix.check_integrity()
+
+
+# ---------------------------------------------------------------------- bounded work (issue 26)
+def test_bounds_are_shared_with_the_core():
+    from dasrl import _core
+    from dasrl.drafter import base, reference
+    assert (_core.MAX_OCCURRENCES, _core.MAX_DRAFT, _core.ORDER) == (
+        reference.MAX_OCCURRENCES, base.MAX_DRAFT, reference.ORDER)
+
+
+def test_matches_consider_the_newest_occurrences_only_even_after_compaction(monkeypatch):
+    """A binary alphabet and a long loop of one token give every 4-gram thousands of occurrences. Tokens
+    are appended to several live sequences interleaved, and removals compact the index (which must keep
+    the chains in indexing order). The native index drafts exactly what the reference drafts with its
+    candidates bounded to the MAX_OCCURRENCES newest, and for some contexts not what an unbounded
+    reference drafts: the bound is real, and the same in both."""
+    from dasrl.drafter import reference
+    rng = np.random.default_rng(26)
+    native, ref = SuffixIndex(), ReferenceIndex()
+    for sid in range(300):
+        seq = rng.integers(0, 2, rng.integers(1, 12)).tolist()
+        native.add(sid, seq, float(rng.choice([1.0, 0.5, 0.25])))
+        ref.add(sid, seq, native.weight(sid))
+    for _ in range(300):  # interleaved growth of a few sequences, one of them looping on token 1
+        sid = int(rng.integers(0, 4))
+        piece = [1] * 40 if sid == 0 else rng.integers(0, 2, rng.integers(1, 30)).tolist()
+        native.append(sid, piece)
+        ref.append(sid, piece)
+    for sid in range(10, 300):  # slots > 2 x live + 64 after ~150 of these: the index compacts
+        native.remove(sid)
+        ref.remove(sid)
+    native.check_integrity()
+    assert native.num_tokens > 4 * reference.MAX_OCCURRENCES
+    contexts = [[1] * 70, [0, 1] * 35, [1, 1, 0, 1] * 10] + [rng.integers(0, 2, 70).tolist() for _ in range(8)]
+    differs = 0
+    for ctx in contexts:
+        for params in (DraftParams(max_match=64), DraftParams(max_match=7, branching=3), DraftParams(max_match=3)):
+            assert_same(native, ref, ctx, 20, params)
+            with monkeypatch.context() as m:
+                m.setattr(reference, "MAX_OCCURRENCES", 10**9)
+                unbounded = ref.propose(ctx, 20, params)
+            got = native.propose(ctx, 20, params)
+            differs += (got.match_len, got.tokens.tolist()) != (unbounded.match_len, unbounded.tokens)
+    assert differs > 0
+
+
+def test_a_looping_request_walks_a_bounded_number_of_occurrences():
+    """200k tokens of one token in the request's own live sequence: the draft is the one the bounded
+    reference gives, i.e. from the MAX_OCCURRENCES newest occurrences (the 200k-long walk is gone)."""
+    from dasrl.drafter import reference
+    native, ref = SuffixIndex(), ReferenceIndex()
+    loop = [7] * 200_000
+    native.add(0, [3, 4, 5, 7, 7, 7, 7, 8] * 3)
+    ref.add(0, [3, 4, 5, 7, 7, 7, 7, 8] * 3)
+    native.add(1, [1, 2] + loop)
+    ref.add(1, [1, 2] + loop)
+    m, occ = ref.match([1, 2] + loop, 64)
+    assert m == 64 and len(occ) == reference.MAX_OCCURRENCES - 1  # the newest one has no continuation
+    assert_same(native, ref, [1, 2] + loop, 16, DraftParams())
+    assert native.propose([7] * 70, 16, DraftParams()).tokens.tolist() == [7] * 16
+
+
+def test_drafts_stop_at_max_draft_whatever_the_budget():
+    from dasrl.drafter.base import MAX_DRAFT
+    native, ref = SuffixIndex(), ReferenceIndex()
+    seq = list(range(3 * MAX_DRAFT))
+    native.add(0, seq)
+    ref.add(0, seq)
+    for budget in (MAX_DRAFT - 1, MAX_DRAFT, 2 * MAX_DRAFT, 2**31 - 1):
+        d = native.propose([0], budget)
+        assert len(d) == min(budget, MAX_DRAFT) == len(ref.propose([0], budget).tokens)
+        cursor = native.cursor()
+        cursor.extend([0])
+        assert len(propose_flat([cursor], np.array([budget], np.int64))) == 1
+        assert len(propose_flat([cursor], np.array([budget], np.int64)).tokens) == min(budget, MAX_DRAFT)

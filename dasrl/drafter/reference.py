@@ -2,15 +2,19 @@
 
 Semantics (the native index in src/core must agree draft for draft):
 
-* match: m is the largest L <= max_match such that context[-L:] occurs in some indexed sequence at an
-  occurrence that is followed by at least one more token; the occurrences are all such places.
+* match: the candidates are the MAX_OCCURRENCES newest positions (in the order tokens were indexed, add
+  and append alike) that end with the context's last ORDER tokens, when max_match and the context are
+  that long; m is the largest L <= max_match such that context[-L:] ends a candidate that is followed by
+  at least one more token, and the occurrences are all such candidates. If there is none, the same with
+  the newest positions that end with the context's last token, and L < ORDER. (Without the bound this
+  is the longest match over the whole index; the bound keeps a looping request's proposals cheap.)
 * draft: best-first expansion. A node's children are the distinct tokens that follow its occurrences,
   each weighted by the sum of the weights of the sequences it comes from, ranked by (weight desc,
   token asc); the top `branching` become candidates whose path probability is the parent's times
   w / W (W = the weight of all continued occurrences). The candidate with the highest path probability
   (ties: the one pushed first) becomes the next node, until `budget` nodes are taken or no candidate
-  with probability >= min_prob is left. With branching = 1 this is a chain of the most frequent
-  continuation.
+  with probability >= min_prob is left, or MAX_DRAFT nodes whatever the budget. With branching = 1
+  this is a chain of the most frequent continuation.
 """
 
 from __future__ import annotations
@@ -18,7 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dasrl.drafter.base import DraftParams
+from dasrl.drafter.base import MAX_DRAFT, DraftParams
+
+ORDER = 4
+"""Length of the context tail that picks a match's candidates (the native index's 4-gram chains)."""
+MAX_OCCURRENCES = 1024
+"""Candidates of a match, newest first (the native index's kMaxOccurrences)."""
 
 
 @dataclass
@@ -33,37 +42,60 @@ class ReferenceDraft:
 class ReferenceIndex:
     seqs: dict[int, list[int]] = field(default_factory=dict)
     weights: dict[int, float] = field(default_factory=dict)
+    stamps: dict[int, list[int]] = field(default_factory=dict)
+    """When each position was indexed (a counter over every add and append): newest = largest."""
+    clock: int = 0
 
     def add(self, seq_id: int, tokens: Sequence[int], weight: float = 1.0) -> None:
         assert seq_id not in self.seqs
-        self.seqs[seq_id] = list(tokens)
+        self.seqs[seq_id], self.stamps[seq_id] = [], []
         self.weights[seq_id] = weight
+        self.append(seq_id, tokens)
 
     def append(self, seq_id: int, tokens: Sequence[int]) -> None:
         self.seqs[seq_id].extend(tokens)
+        self.stamps[seq_id].extend(range(self.clock, self.clock + len(tokens)))
+        self.clock += len(tokens)
 
     def remove(self, seq_id: int) -> None:
         del self.seqs[seq_id]
         del self.weights[seq_id]
+        del self.stamps[seq_id]
 
     def scale_weights(self, factor: float) -> None:
         for k in self.weights:
             self.weights[k] *= factor
 
     def match(self, context: Sequence[int], max_match: int) -> tuple[int, list[tuple[int, int]]]:
-        """(m, occurrences as (seq_id, index of the last matched token))."""
+        """(m, occurrences as (seq_id, index of the last matched token), newest first)."""
         ctx = list(context)
-        for L in range(min(max_match, len(ctx)), 0, -1):
-            pattern = ctx[-L:]
-            occ = [
-                (sid, end)
-                for sid, seq in self.seqs.items()
-                for end in range(L - 1, len(seq) - 1)  # end + 1 < len(seq): a continuation exists
-                if seq[end - L + 1 : end + 1] == pattern
-            ]
-            if occ:
-                return L, occ
+        cap = min(max_match, len(ctx))
+        for g, lim in ((ORDER, cap), (1, min(cap, ORDER - 1))):
+            if lim < g:
+                continue
+            m, occ = 0, []
+            for sid, end in self._candidates(ctx[-g:]):
+                seq = self.seqs[sid]
+                if end + 1 >= len(seq):  # no continuation
+                    continue
+                L = g
+                while L < min(lim, end + 1) and seq[end - L] == ctx[-1 - L]:
+                    L += 1
+                if L > m:
+                    m, occ = L, []
+                if L == m:
+                    occ.append((sid, end))
+            if m:
+                return m, occ
         return 0, []
+
+    def _candidates(self, tail: list[int]) -> list[tuple[int, int]]:
+        """The MAX_OCCURRENCES newest positions (seq_id, end) whose tokens end with `tail`."""
+        g = len(tail)
+        found = [(self.stamps[sid][end], sid, end) for sid, seq in self.seqs.items()
+                 for end in range(g - 1, len(seq)) if seq[end - g + 1:end + 1] == tail]
+        found.sort(reverse=True)
+        return [(sid, end) for _, sid, end in found[:MAX_OCCURRENCES]]
 
     def _children(self, occ: list[tuple[int, int]]) -> tuple[list[tuple[int, float]], float]:
         weight_of: dict[int, float] = {}
@@ -78,6 +110,7 @@ class ReferenceIndex:
     def propose(self, context: Sequence[int], budget: int, params: DraftParams = DraftParams()) -> ReferenceDraft:
         m, occ = self.match(context, params.max_match)
         out = ReferenceDraft([], [], [], m)
+        budget = min(budget, MAX_DRAFT)
         if budget <= 0 or not occ:
             return out
         frontier: list[tuple[float, int, int, int, list[tuple[int, int]]]] = []  # prob, order, parent, tok, occ

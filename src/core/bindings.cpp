@@ -72,6 +72,8 @@ static nb::tuple batch_tuple(DraftOut&& d) {
 NB_MODULE(_core, m) {
   m.doc() = "dasrl native core: the suffix index behind the history drafter";
   m.attr("ORDER") = kOrder;
+  m.attr("MAX_OCCURRENCES") = kMaxOccurrences;
+  m.attr("MAX_DRAFT") = kMaxDraft;
 
   nb::class_<SuffixIndex>(m, "SuffixIndex")
       .def(nb::init<>())
@@ -108,7 +110,8 @@ NB_MODULE(_core, m) {
               nb::gil_scoped_release release;
               std::shared_lock lock(s.mutex);
               Scratch scratch;
-              s.draft(s.match(c, ctx.shape(0), max_match), budget, DraftParams{max_match, min_prob, branching}, out, scratch);
+              s.draft(s.match(c, ctx.shape(0), max_match), std::clamp(budget, 0, kMaxDraft),
+                      DraftParams{max_match, min_prob, branching}, out, scratch);
             }
             int64_t mlen = out.match_len[0];
             return nb::make_tuple(to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),

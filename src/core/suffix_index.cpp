@@ -163,19 +163,45 @@ void SuffixIndex::maybe_compact() {
   }
 }
 
+// Drops the dead sequences and relinks every chain without their positions, keeping the chain order
+// (newest first by indexing time): re-threading slot by slot would reorder the chains, and the order
+// decides which kMaxOccurrences positions a match considers.
 void SuffixIndex::compact() {
+  std::vector<uint32_t> new_slot(slots_.size(), UINT32_MAX);
+  uint32_t n = 0;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot].alive) new_slot[slot] = n++;
+  auto relink = [&](HeadTable& table, bool order1) {
+    HeadTable fresh;
+    table.for_each([&](uint64_t key, Ref head) {
+      Ref first = kNil;
+      Ref* link = &first;  // the prev ref of the last live position kept (read before it is rewritten)
+      for (Ref r = head; r != kNil;) {
+        Sequence& s = slots_[r >> 32];
+        uint32_t off = uint32_t(r);
+        Ref& prev = order1 ? s.prev1[off] : s.prevk[off];
+        Ref next = prev;
+        if (s.alive) {
+          *link = make_ref(new_slot[r >> 32], off);
+          link = &prev;
+        }
+        r = next;
+      }
+      *link = kNil;
+      if (first != kNil) fresh.exchange(key, first);
+    });
+    table = std::move(fresh);
+  };
+  relink(heads1_, true);
+  relink(headsk_, false);
   std::vector<Sequence> old = std::move(slots_);
   slots_.clear();
   slot_of_.clear();
-  heads1_.clear();
-  headsk_.clear();
   for (auto& s : old) {
     if (!s.alive) continue;
     slot_of_[s.id] = uint32_t(slots_.size());
     slots_.push_back(std::move(s));
   }
-  for (uint32_t slot = 0; slot < slots_.size(); ++slot)
-    for (uint32_t off = 0; off < slots_[slot].tokens.size(); ++off) thread_position(slot, off);
   dead_tokens_ = 0;
 }
 
@@ -200,12 +226,14 @@ size_t SuffixIndex::bytes_used() const {
   return b;
 }
 
-// Common suffix of ctx[0..n) and the tokens ending at off, at most cap long; occurrences shorter than
-// best.len (or than the chain's order) cannot join the best, so those tokens are tested in one memcmp.
+// Common suffix of ctx[0..n) and the tokens ending at off, at most cap long, for the kMaxOccurrences
+// newest live positions of the chain; occurrences shorter than best.len (or than the chain's order)
+// cannot join the best, so those tokens are tested in one memcmp.
 void SuffixIndex::scan_chain(Ref r, bool order1, const Token* ctx, size_t n, int cap, Match& best) const {
-  while (r != kNil) {
+  for (int walked = 0; r != kNil && walked < kMaxOccurrences;) {
     const Sequence& s = slots_[r >> 32];
     uint32_t off = uint32_t(r);
+    walked += s.alive;
     int lim = int(std::min<int64_t>(cap, int64_t(off) + 1));
     int need = std::max(best.len, order1 ? 1 : kOrder);
     if (s.alive && off + 1 < s.tokens.size() && lim >= need &&
@@ -402,7 +430,7 @@ void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, dou
   for (size_t i = 0; i < n; ++i) {
     const Cursor& c = *cursors[i];
     DraftParams p{c.max_match(), min_prob, std::max(branching, 1)};
-    int budget = int(std::clamp<int64_t>(budgets[i], 0, INT32_MAX));
+    int budget = int(std::clamp<int64_t>(budgets[i], 0, kMaxDraft));
     std::shared_lock lock(c.index()->mutex);
     c.propose(budget, p, out, s);
   }

@@ -2,14 +2,19 @@
 //
 // Structure (see docs/drafter.md): every sequence keeps its tokens; every position is threaded on two
 // occurrence chains, one per key order: the token itself (order 1) and the 4-gram ending there
-// (order 4). A chain is a singly linked list (newest first) through per-position `prev` refs; chain
-// heads live in open-addressing hash tables. Appends are O(1) per token and never touch other
-// sequences, so live sequences can grow interleaved. Removal marks a sequence dead; dead positions are
-// skipped and the chains are rebuilt once dead tokens outnumber live ones (amortised O(1) per token).
+// (order 4). A chain is a singly linked list (newest first: the order positions were indexed in) through
+// per-position `prev` refs; chain heads live in open-addressing hash tables. Appends are O(1) per token
+// and never touch other sequences, so live sequences can grow interleaved. Removal marks a sequence
+// dead; dead positions are skipped and the chains are relinked without them, in the same order, once
+// dead tokens outnumber live ones (amortised O(1) per token).
 //
 // Semantics (the pure-Python reference in dasrl/drafter/reference.py is the oracle):
-//  * match: m = the largest L <= max_match such that ctx[-L:] occurs in a live sequence at an
-//    occurrence that has a next token; occ = all such occurrences (by their last position).
+//  * match: the candidates are the kMaxOccurrences newest live positions (in the order tokens were
+//    indexed) that end with ctx's last kOrder tokens (when max_match and ctx allow kOrder); m = the
+//    largest L <= max_match such that ctx[-L:] ends a candidate that has a next token; occ = all such
+//    candidates. If none has, the same with the newest positions holding ctx's last token and L < kOrder.
+//    Bounding the candidates bounds a proposal's work: a looping request (one token repeated a million
+//    times) would otherwise make every proposal walk and extend a million occurrences.
 //  * draft: best-first expansion from occ. A node's children are the distinct next tokens over its
 //    occurrences that have a next token, weighted by their sequences' weights, ranked by (weight desc,
 //    token asc) -- one ranking function, children(), serves chains and trees; the top `branching`
@@ -34,6 +39,8 @@ using Token = int32_t;
 using Ref = uint64_t;  // (slot << 32) | offset
 constexpr Ref kNil = ~Ref(0);
 constexpr int kOrder = 4;
+constexpr int kMaxOccurrences = 1024;  // candidates of a match, newest first (see the semantics above)
+constexpr int kMaxDraft = 1024;        // nodes of one draft, whatever the budget (dasrl.drafter.base.MAX_DRAFT)
 
 // Open-addressing hash map uint64 key -> Ref (chain head). No erase: chains are rebuilt instead.
 class HeadTable {

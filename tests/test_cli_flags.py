@@ -1,6 +1,5 @@
-"""Every bad flag of `dasrl simulate`, `dasrl trace synth`, `dasrl bench ablation|routing` and `dasrl demo`:
-a usage error naming the flag and the value, exit code 2, before any work (no workload generated, no
-model loaded, no run folder made)."""
+"""Bad flags and bad paths of every `dasrl` command: a usage error naming the flag and the value, exit code 2,
+no traceback, before any work (no workload generated, no model loaded, no file or run folder written)."""
 
 from __future__ import annotations
 
@@ -143,7 +142,8 @@ WRITES = [["simulate", "--workload", "tiny", "--json"], ["bench", "ablation", "-
           ["bench", "routing", "--workload", "tiny", "--json"], ["bench", "routing", "--workload", "tiny", "--plot"],
           ["trace", "synth"], ["bench", "drafter", "--quick", "--json"], ["bench", "engine", "--quick", "--json"],
           ["bench", "fidelity", "--quick", "--json"], ["calibrate", "--quick", "--out"],
-          ["calibrate", "--quick", "--samples"], ["validate-sim", "{TMP}", "--json"], ["validate-sim", "{TMP}", "--png"],
+          ["calibrate", "--quick", "--samples"], ["validate-sim", "{TMP}", "--json"],
+          ["validate-sim", "{TMP}", "--png"],
           ["bench", "gpu", "--device", "cpu", "--tiny", "--json"], ["bench", "ray", "--json"],
           ["bench", "vllm", "--json"], ["experiments", "--quick", "--results"]]
 FOLDERS = [["demo", "--out"], ["experiments", "--quick", "--out"]]
@@ -190,7 +190,8 @@ CASES = (
        (["validate-sim", "{TMP}/run-list"], "run-list/collect.json: format 'list'"),
        (["validate-sim", "{TMP}/run-keys"], "run-keys/collect.json: not what `dasrl experiments` writes (KeyError"),
        (["validate-sim", "{TMP}/run-json", "--per-forward", "-1"], "'--per-forward': must be >= 0, got -1.0"),
-       (["validate-sim", "{TMP}/run-json", "--latency", "{TMP}/none.json"], "'--latency': {TMP}/none.json: no such file")]
+       (["validate-sim", "{TMP}/run-json", "--latency", "{TMP}/none.json"],
+        "'--latency': {TMP}/none.json: no such file")]
 )
 
 

@@ -63,8 +63,9 @@ def test_one_rl_step_per_generate_call(runs):
     stats = runs["das"]["dasrl_stats"]
     n = 3 * 2
     assert stats["started"] == 2 * n  # every request of both steps, each once
-    assert stats["steps"] == 1 and stats["finished"] == n  # step 1's rollouts joined the window
-    assert stats["live"] == n and stats["shards"] == 3  # one shard per distinct prompt
+    assert stats["steps"] == 1 and stats["finished"] >= n  # step 1's rollouts joined the window before step 2
+    # step 2's requests finish as they leave the batch; the last ones' departure is seen by no later call
+    assert stats["finished"] + stats["live"] == 2 * n and stats["shards"] == 3  # one shard per distinct prompt
     assert stats["accepted"] == sum(s["accepted"] for s in runs["das"]["steps"])  # agrees with vLLM's count
 
 
@@ -116,7 +117,7 @@ def test_preempted_requests_keep_their_history(tmp_path):
     stats, n = das["dasrl_stats"], 3 * 2
     assert stats["paused"] > 0
     assert stats["started"] == 2 * n and stats["restarted"] == 0
-    assert stats["steps"] == 1 and stats["finished"] == n
+    assert stats["steps"] == 1 and stats["finished"] >= n and stats["finished"] + stats["live"] == 2 * n
 
 
 OVERLAP = r'''

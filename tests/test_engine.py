@@ -113,6 +113,9 @@ class TreeOracle:
     def finish(self, req_id):
         del self.pos[req_id]
 
+    def abort(self, req_id):
+        del self.pos[req_id]
+
     def end_step(self):
         pass
 

@@ -79,6 +79,11 @@ class ArcticDrafter:
         self._cache.stop_request(req_id)
         del self._ctx[req_id]
 
+    def abort(self, req_id: Hashable) -> None:
+        self.finish(req_id)
+        if req_id in self._cache.cached_requests:  # its partial response leaves the global tree too
+            self._cache.evict_cached_response(req_id)
+
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         rid = ("history", self._hist)
         self._hist += 1

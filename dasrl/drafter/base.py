@@ -10,6 +10,7 @@ Lifecycle of a request, as the engine drives it::
     drafts = drafter.propose(req_ids, budgets)        # once per step, for the whole batch
     drafter.observe(req_id, emitted_tokens)           # after verification: the tokens now in the output
     drafter.finish(req_id)                            # the request left the batch (its rollout is done)
+    drafter.abort(req_id)                             # or: its generation failed (nothing is learnt from it)
     drafter.end_step()                                # the RL step is over: fold rollouts, roll window
 """
 
@@ -200,6 +201,9 @@ class Drafter(Protocol):
 
     def finish(self, req_id: Hashable) -> None:
         """The request is complete; its rollout may feed the history."""
+
+    def abort(self, req_id: Hashable) -> None:
+        """The request's generation failed: forget it; nothing of its partial output is indexed."""
 
     def end_step(self) -> None:
         """The RL step is over."""

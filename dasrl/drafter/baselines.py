@@ -59,6 +59,9 @@ class NGramDrafter:
         self._context(req_id)
         del self._ctx[req_id]
 
+    def abort(self, req_id: Hashable) -> None:
+        self.finish(req_id)  # nothing is learnt from a finished request either
+
     def end_step(self) -> None:
         pass
 
@@ -96,6 +99,9 @@ class OracleDrafter:
     def finish(self, req_id: Hashable) -> None:
         self._at(req_id)
         del self._pos[req_id]
+
+    def abort(self, req_id: Hashable) -> None:
+        self.finish(req_id)  # nothing is learnt from a finished request either
 
     def end_step(self) -> None:
         pass

@@ -195,9 +195,7 @@ class CountingDrafter:
         self._tail.pop(req_id, None)
 
     def abort(self, req_id: Hashable) -> None:
-        abort = getattr(self.inner, "abort", None)
-        if abort is not None:
-            abort(req_id)
+        self.inner.abort(req_id)
         self._tail.pop(req_id, None)
 
     def end_step(self) -> None:

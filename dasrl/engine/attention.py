@@ -1,10 +1,15 @@
-"""Grouped-query SDPA without repeating K/V, registered with transformers for the engine's forwards.
+"""The engine's attention, registered with transformers for its forwards: packed rows (packing.py), each
+over its own cache, as grouped-query SDPA without repeating K/V.
 
 transformers' stock SDPA attention repeats K/V for grouped-query heads whenever a custom 4D mask is
 given with more than one query token per row, a slow path on CPU. Here the query heads of each K/V
 group are folded into the query-length axis instead: q [B, H, q, D] -> [B, Hkv, G*q, D], the mask is
 tiled G times along its query axis, and one SDPA call attends over the un-repeated K/V. The result is
 the same attention, computed without materialising [B, H, S, D] keys and values.
+
+It computes nothing else: a forward without the packed layout, or a layer asking for something it does
+not implement (a sliding window, a softcap), raises. SpecEngine's construction probe turns that into an
+error naming the model type.
 """
 
 from __future__ import annotations
@@ -22,27 +27,6 @@ row) instead of copying their K/V: 1-5% faster per forward at 2-4 drafting rows,
 
 ATTN_NAME = "dasrl_gqa"
 """Name the attention function is registered under in transformers' AttentionInterface."""
-
-
-def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs) -> tuple[torch.Tensor, None]:
-    """The attention_interface signature of transformers: returns ([B, q, H, D], None)."""
-    batch, heads, q_len, dim = query.shape  # query: [B, H, q, D]
-    kv_heads = key.shape[1]  # key, value: [B, Hkv, S, D]
-    groups = heads // kv_heads
-    q = query.reshape(batch, kv_heads, groups * q_len, dim)  # [B, Hkv, G*q, D]
-    mask = attention_mask
-    if mask is None and q_len > 1:  # causal, bottom-right aligned (the queries are the last q of S keys)
-        s = key.shape[2]
-        mask = (torch.arange(s, device=query.device)[None, :]
-                <= torch.arange(s - q_len, s, device=query.device)[:, None])[None, None]  # [1, 1, q, S]
-    if mask is not None and groups > 1:
-        mask = mask.repeat(1, 1, groups, 1)  # [B, 1, G*q, S]
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0,
-                                         scale=scaling)  # [B, Hkv, G*q, D]
-    out = out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous()  # [B, q, H, D]
-    return out, None
 
 
 def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -129,14 +113,33 @@ def _more_invariant(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
             out[idx] = oi.reshape(n, heads, dim)
 
 
+_CARRIED = frozenset({"dasrl_packed", "position_ids", "use_cache", "output_attentions"})
+"""Keyword arguments a decoder layer passes on to attention that do not change what attention computes
+(transformers 5.x Llama / Qwen2 / Mistral layers pass the first three). Any other one with a value (a
+sliding window, a softcap, attention sinks, ...) would be ignored here, so it is refused instead."""
+
+
+class PackedLayoutMissing(RuntimeError):
+    """The engine's attention ran without the packed layout: a layer did not forward `dasrl_packed`."""
+
+
 def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs) -> tuple[torch.Tensor, None]:
-    """The engine's attention: packed when the forward carries a layout (`dasrl_packed=`), else GQA SDPA."""
+    """The engine's attention: every forward is packed (`dasrl_packed=` a packing.PackedLayout). There is
+    no fallback: without the layout the cache holds every row's slots and no mask says which a query may
+    see, so any attention computed here would be wrong -- and equally wrong in plain and speculative runs,
+    which no equality test would notice."""
     layout = kwargs.get("dasrl_packed")
-    if layout is not None:
-        return packed_attention(query, key, value, layout, scaling), None
-    return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if layout is None:
+        raise PackedLayoutMissing(
+            f"{type(module).__name__} reached the engine's attention without the packed layout: a layer of "
+            f"this model does not pass its keyword arguments (dasrl_packed=) through to attention")
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _CARRIED)
+    if unknown:
+        raise NotImplementedError(f"{type(module).__name__} asks attention for {unknown}, which the engine's "
+                                  f"packed attention does not implement")
+    return packed_attention(query, key, value, layout, scaling), None
 
 
 def register() -> str:

@@ -1,9 +1,9 @@
 """A KV cache in which every row of the batch has its own length.
 
 Each layer holds preallocated keys and values [rows, kv_heads, capacity, head_dim]. Before a forward the
-engine says where each input token goes (`prepare(slots, view_len)`: slot of token j of row b); the
-layer's `update()` scatters the new K/V there and hands attention the first `view_len` slots of the live
-rows, while the engine's 4D mask says which slots each query may see. Row lengths are committed only
+engine says where each packed input token goes (`prepare_packed(rows, slots, view_len)`); the layer's
+`update()` scatters the new K/V there and hands attention the whole cache, of which the packed layout
+(packing.py) says which slots each query may see. Row lengths are committed only
 after verification (`lengths[b]` = tokens of row b whose K/V are valid), so rejected draft tokens are
 simply overwritten by the next write: no holes, and a failed step leaves every row as it was.
 
@@ -37,13 +37,10 @@ class RowLayer(CacheLayerMixin):
         pass  # preallocated
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        rows, slots, view = self.owner.write_rows, self.owner.write_slots, self.owner.view_len  # [B, q] each
-        live = rows.shape[0]
-        self.keys[rows, :, slots] = key_states.transpose(1, 2)  # [B, q, Hkv, D] into [B, Hkv, S, D]
+        rows, slots = self.owner.write_rows, self.owner.write_slots  # [1, N] each
+        self.keys[rows, :, slots] = key_states.transpose(1, 2)  # [1, N, Hkv, D] into [rows, Hkv, S, D]
         self.values[rows, :, slots] = value_states.transpose(1, 2)
-        if self.owner.packed:  # packed attention slices each row's own slots itself
-            return self.keys, self.values  # [rows, Hkv, capacity, D]
-        return self.keys[:live, :, :view], self.values[:live, :, :view]  # [B, Hkv, view, D]
+        return self.keys, self.values  # [rows, Hkv, capacity, D]: packed attention slices each row's slots
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.view_len, 0
@@ -68,11 +65,9 @@ class RowCache(Cache):
         """[rows] committed tokens per row (valid K/V in slots [0, length))."""
         self.live = rows
         """Live rows: always the prefix [0, live)."""
-        self.write_rows = torch.zeros(0, 1, dtype=torch.long)  # [B, q]
-        self.write_slots = torch.zeros(0, 1, dtype=torch.long)  # [B, q]
+        self.write_rows = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
+        self.write_slots = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
         self.view_len = 0
-        self.packed = False
-        """Whether the next forward is packed ([1, N] tokens of many rows; see engine/packing.py)."""
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, *, rows: int, capacity: int) -> "RowCache":
@@ -103,17 +98,6 @@ class RowCache(Cache):
                 new[:, :, : old.shape[2]] = old
                 setattr(layer, name, new)
 
-    def prepare(self, slots: torch.Tensor, view_len: int) -> None:
-        """Slots [live, q] where the next forward writes each input token; attention sees [0, view_len)."""
-        live, q = slots.shape
-        if live != self.live:
-            raise ValueError(f"slots for {live} rows but {self.live} rows are live")
-        self.ensure_capacity(max(view_len, int(slots.max()) + 1))
-        self.write_rows = torch.arange(live, device=self.device).unsqueeze(1).expand(live, q)  # [B, q]
-        self.write_slots = slots.to(self.device)
-        self.view_len = view_len
-        self.packed = False
-
     def prepare_packed(self, rows: torch.Tensor, slots: torch.Tensor, view_len: int) -> None:
         """The next forward is packed: token n goes to row rows[n], slot slots[n] ([N] each)."""
         if rows.numel() and int(rows.max()) >= self.live:  # host tensors: no device sync
@@ -121,7 +105,6 @@ class RowCache(Cache):
         self.ensure_capacity(max(view_len, int(slots.max()) + 1))
         self.write_rows, self.write_slots = rows[None].to(self.device), slots[None].to(self.device)  # [1, N]
         self.view_len = view_len
-        self.packed = True
 
     def move_slots(self, row: int, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy K/V of `row` from slots src to slots dst (a tree's accepted path made contiguous)."""

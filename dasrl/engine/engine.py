@@ -31,7 +31,7 @@ from typing import Callable, Hashable, Iterator, Sequence
 import numpy as np
 import torch
 
-from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
+from dasrl.drafter.base import Draft, DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.coupling import couple
@@ -71,14 +71,26 @@ class EngineConfig:
     attention shapes from the row alone (docs/sampling.md "Batch invariance"); overrides row_padding."""
 
     def __post_init__(self) -> None:
-        if self.max_context is not None and self.max_context < 2:
-            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.couple_nodes < 1:
-            raise ValueError(f"couple_nodes must be >= 1, got {self.couple_nodes}")
+        _check_int("max_context", self.max_context, 2, optional=True)
+        _check_int("num_threads", self.num_threads, 1, optional=True)
+        _check_int("initial_capacity", self.initial_capacity, 0)
+        _check_int("couple_nodes", self.couple_nodes, 1)
         if self.attention not in ("gqa", "model"):
-            raise ValueError(f"attention must be 'gqa' or 'model', got {self.attention!r}")
+            raise ValueError(f"EngineConfig: attention must be 'gqa' or 'model', got {self.attention!r}")
+        if not isinstance(self.row_padding, RowPadding):
+            raise TypeError(f"EngineConfig: row_padding must be a RowPadding, got {self.row_padding!r}")
+        for name in ("couple", "batch_invariant"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"EngineConfig: {name} must be a bool, got {getattr(self, name)!r}")
+
+
+def _check_int(name: str, value: object, low: int, *, optional: bool = False) -> None:
+    """An EngineConfig field that must be an int >= low (None allowed when optional)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"EngineConfig: {name} must be an int >= {low}{' or None' if optional else ''}, "
+                         f"got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,29 @@ class RunStats:
         self.wall_s = info.elapsed_s
 
 
+class UnsupportedModel(ValueError):
+    """The engine cannot run this model exactly (SpecEngine refuses it at construction)."""
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the engine's packed attention cannot compute what this model's own attention does (None: no
+    reason known; the construction probe still checks the logits). Read from the transformers 5.x config."""
+    if not getattr(model, "_supports_attention_backend", False):
+        return ("its attention is not declared to take transformers' attention interface with every keyword "
+                "argument passed through (_supports_attention_backend)")
+    cfg = model.config.get_text_config()
+    window = getattr(cfg, "sliding_window", None)
+    if window:  # Mistral, Qwen2 with use_sliding_window, Gemma 2/3, ...
+        return f"sliding-window attention (sliding_window={window})"
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if chunk:  # Llama 4
+        return f"chunked attention (attention_chunk_size={chunk})"
+    kinds = sorted(set(getattr(cfg, "layer_types", None) or ()) - {"full_attention"})
+    if kinds:
+        return f"layers of type {kinds} (the engine implements full causal attention only)"
+    return None
+
+
 class EngineStepError(RuntimeError):
     """A step failed; `partial` holds every request as it stood before that step."""
 
@@ -168,10 +203,17 @@ class SpecEngine:
             raise ValueError(f"EngineConfig(max_context={config.max_context}) exceeds the model's "
                              f"max_position_embeddings={model_max}: positions past it were never trained")
         self.max_context = int(config.max_context or model_max)
-        self.attn_name = register() if config.attention == "gqa" else model.config._attn_implementation
         if config.batch_invariant and config.attention != "gqa":
             raise ValueError("EngineConfig(batch_invariant=True) needs attention='gqa' (the engine's packed "
                              f"attention), got attention={config.attention!r}")
+        if config.attention != "gqa":
+            raise ValueError(f"EngineConfig(attention={config.attention!r}): every engine forward is packed, which "
+                             f"only the engine's attention ('gqa') computes")
+        self.model_type = str(getattr(model.config, "model_type", type(model).__name__))
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
+        self.attn_name = register()
         self.row_padding = INVARIANT_PADDING if config.batch_invariant else config.row_padding
         """Row padding of the linear layers in every forward."""
         self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
@@ -181,6 +223,44 @@ class SpecEngine:
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (
             () if eos is None else (int(eos),))
         self.last_run = RunStats()
+        self._probe()
+
+    def _probe(self) -> None:
+        """Check that the model's decoder takes the packed path: a packed prefill of two rows of different
+        lengths, then a step with a 2-token draft in one row, must give the logits of the model's own
+        forward (its attention as loaded, no cache) at every position. A layer that drops `dasrl_packed`,
+        an attention outside transformers' interface, or anything else the engine would silently get wrong
+        fails here, once, with the model type named -- not as outputs equally wrong in every run."""
+        v = self.vocab_size
+        prompts = [[(7 * i + 3) % v for i in range(5)], [(11 * i + 5) % v for i in range(3)]]
+        pending, draft = [13 % v, 17 % v], [19 % v, 23 % v]
+        seqs = [prompts[0] + [pending[0]] + draft, prompts[1] + [pending[1]]]
+        try:
+            with self.forward_context():
+                cache = RowCache.for_model(self.model, rows=2, capacity=8)  # small: the step grows it
+                pre = pack_prompts(prompts, bucket=self.attention_bucket)
+                first = self._forward(cache, pre)  # [8, V]: every prompt token
+                cache.lengths[:2] = [5, 3]
+                drafts = DraftBatch.from_drafts([Draft.chain(draft), Draft.empty()])
+                step = pack_drafts(pending=np.array(pending, np.int64), lengths=cache.lengths[:2].copy(),
+                                   drafts=drafts, bucket=self.attention_bucket)
+                second = self._forward(cache, step)  # [4, V]
+            with torch.inference_mode():
+                device = self.lm_head.weight.device
+                ref = [self.model(input_ids=torch.tensor([s], device=device)).logits[0].float() for s in seqs]
+        except Exception as e:
+            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: its packed "
+                                   f"forward fails ({type(e).__name__}: {e})") from e
+        ours = [torch.cat([first[:5], second[:3]]).float(), torch.cat([first[5:], second[3:]]).float()]
+        tol = 1e-4 if self.lm_head.weight.dtype == torch.float32 else 3e-2  # relative to the largest logit
+        for b, (got, want) in enumerate(zip(ours, ref)):
+            err = float((got - want).abs().max())
+            if not err <= tol * max(1.0, float(want.abs().max())):
+                raise UnsupportedModel(
+                    f"SpecEngine does not support model type {self.model_type!r}: its packed forward's logits "
+                    f"differ from the model's own forward by up to {err:.3g} (row {b} of the construction probe); "
+                    f"a layer may not pass dasrl_packed= through to attention, or attend in a way the engine "
+                    f"does not implement")
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None,
@@ -222,13 +302,26 @@ class SpecEngine:
                         break
                     step += 1
                     info = self._step(job, cache, live, done, drafter, policy, step, t_start)
-        except Exception as exc:
-            if drafter is not None:
-                for r in started:
-                    if r not in done:
-                        drafter.finish(r.req_id)
+        except BaseException as exc:  # KeyboardInterrupt too: no request may stay live in the drafter
+            self._abort(rows, started, done, drafter, policy)
+            if not isinstance(exc, Exception):
+                raise
             raise EngineStepError(step, [r.completion() for r in rows], exc) from exc
         return [r.completion() for r in rows]
+
+    @staticmethod
+    def _abort(rows: list[Row], started: list[Row], done: list[Row], drafter: Drafter | None,
+               policy: BudgetPolicy) -> None:
+        """A failed generate: the unfinished requests are forgotten, not learnt from (their outputs are
+        partial). Finished ones were complete rollouts and stay."""
+        finished = set(map(id, done))
+        if drafter is not None:
+            for r in started:
+                if id(r) not in finished:
+                    drafter.abort(r.req_id)
+        for r in rows:
+            if id(r) not in finished:
+                policy.abort(r.state)
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
@@ -380,14 +473,12 @@ class SpecEngine:
         """Finished rows leave the batch (swap-remove keeps live rows a prefix of the cache); the drafter
         and the policy are told."""
         finished = [b for b, r in enumerate(live) if r.finish is not None]
-        tell_policy = getattr(policy, "finish", None)
         for b in reversed(finished):
             row = live[b]
             if drafter is not None:
                 drafter.finish(row.req_id)
-            if tell_policy is not None:
-                tell_policy(row.state)
-            done.append(row)
+            done.append(row)  # from here on an error aborts it no more: its rollout is complete
+            policy.finish(row.state)
             cache.remove_row(b)
             last = live.pop()
             if b < len(live):

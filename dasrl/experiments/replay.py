@@ -50,6 +50,9 @@ class TimedDrafter:
     def finish(self, req_id: Hashable) -> None:
         self.inner.finish(req_id)
 
+    def abort(self, req_id: Hashable) -> None:
+        self.inner.abort(req_id)
+
     def end_step(self) -> None:
         self.inner.end_step()
         self.per_step.append({"propose_s": self.propose_s, "calls": self.calls, "rows": self.rows})
@@ -78,6 +81,9 @@ class StaticDrafter:
 
     def finish(self, req_id: Hashable) -> None:
         self.store.finish(req_id)
+
+    def abort(self, req_id: Hashable) -> None:
+        self.store.abort(req_id)
 
     def end_step(self) -> None:
         if self.learned < self.learn_steps:

@@ -39,6 +39,7 @@ import numpy as np
 
 from dasrl.drafter.base import Draft
 from dasrl.policy.base import BudgetPolicy, RequestState
+from dasrl.policy.length import LengthConfig
 from dasrl.policy.latency import LatencyModel
 
 
@@ -92,18 +93,22 @@ class ForwardAllowance:
     `max_tokens` per forward."""
 
     def __init__(self, inner: BudgetPolicy, max_tokens: int, *, latency: LatencyModel | None = None,
-                 prior_p: float = 0.6, prior_tokens: float = 8.0) -> None:
+                 prior_p: float = 0.6, prior_tokens: float = 8.0,
+                 max_problems: int = LengthConfig.max_problems) -> None:
         if max_tokens < 0:
             raise ValueError(f"draft allowance must be >= 0, got {max_tokens}")
         if not 0.0 < prior_p < 1.0 or prior_tokens < 0:
             raise ValueError(f"need 0 < prior_p < 1 and prior_tokens >= 0, got {prior_p}, {prior_tokens}")
+        if max_problems < 1:
+            raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
-        self.prior_p, self.prior_tokens = prior_p, prior_tokens
+        self.prior_p, self.prior_tokens, self.max_problems = prior_p, prior_tokens, max_problems
         self.spent: Counter = Counter()
         """Drafted tokens per length class since the last take_spent()."""
         self._seen: dict[Hashable, tuple[int, int, str]] = {}  # req -> (drafted, accepted, last class)
         self._row: dict[Hashable, tuple[int, int]] = {}  # req -> (accepted, rejections)
-        self._problem: dict[Hashable, tuple[int, int]] = {}  # problem -> (accepted, rejections), all steps
+        self._problem: dict[Hashable, tuple[int, int]] = {}  # problem -> (accepted, rejections), all steps;
+        # in order of last update, at most max_problems (the first is forgotten)
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
@@ -163,8 +168,10 @@ class ForwardAllowance:
             rejected = int(a < d)  # a chain is accepted up to its first rejection
             ra, rr = self._row.get(s.req_id, (0, 0))
             self._row[s.req_id] = (ra + a, rr + rejected)
-            pa, pr = self._problem.get(s.problem_id, (0, 0))
+            pa, pr = self._problem.pop(s.problem_id, (0, 0))
             self._problem[s.problem_id] = (pa + a, pr + rejected)
+            if len(self._problem) > self.max_problems:
+                del self._problem[next(iter(self._problem))]
         self._seen[s.req_id] = (s.drafted, s.accepted, cls)
 
     def finish(self, state: RequestState) -> None:
@@ -172,9 +179,13 @@ class ForwardAllowance:
         self._account(state)
         self._seen.pop(state.req_id, None)
         self._row.pop(state.req_id, None)
-        fin = getattr(self.inner, "finish", None)
-        if fin is not None:
-            fin(state)
+        self.inner.finish(state)
+
+    def abort(self, state: RequestState) -> None:
+        """The request's generation failed: forget it (its partial drafts count nowhere)."""
+        self._seen.pop(state.req_id, None)
+        self._row.pop(state.req_id, None)
+        self.inner.abort(state)
 
     def take_spent(self) -> dict[str, int]:
         """Drafted tokens per length class since the last call (and reset)."""
@@ -184,9 +195,7 @@ class ForwardAllowance:
     def end_step(self) -> None:
         self._seen.clear()
         self._row.clear()
-        end = getattr(self.inner, "end_step", None)
-        if end is not None:
-            end()
+        self.inner.end_step()
 
     @property
     def trims(self) -> bool:

@@ -2,6 +2,8 @@
 
 The engine asks the policy once per step for the draft cap of every live request, proposes drafts
 capped by it, and then lets the policy trim the drafts (a confidence policy cuts low-probability tails).
+A request that completes is passed to `finish` (a policy may learn from it); one whose generation failed
+to `abort` (forgotten: its output is partial). `end_step` ends the RL step.
 """
 
 from __future__ import annotations
@@ -41,15 +43,33 @@ class BudgetPolicy(Protocol):
     def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
         """Cut proposed drafts further (identity for most policies)."""
 
+    def finish(self, state: RequestState) -> None:
+        """The request completed (its final state)."""
+
+    def abort(self, state: RequestState) -> None:
+        """The request's generation failed: forget it without learning from it."""
+
+    def end_step(self) -> None:
+        """The RL step is over."""
+
 
 class PolicyBase:
-    """Default trim: keep drafts as proposed."""
+    """Defaults: keep drafts as proposed; nothing learnt from finished requests, nothing kept per request."""
 
     trims = False
     """Whether trim() may change drafts (the engine skips it when False)."""
 
     def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
         return drafts
+
+    def finish(self, state: RequestState) -> None:
+        pass
+
+    def abort(self, state: RequestState) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
 
 
 class NoSpeculation(PolicyBase):

@@ -20,7 +20,6 @@ the sign of the difference (jumps where a request drops out included).
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -126,10 +125,14 @@ class AcceptancePrior:
     """Weight of the prior, in pseudo-observations of one finished request."""
     history: int = 64
     """Most recent finished requests kept per problem."""
+    max_problems: int = 65536
+    """Problems whose observations are kept: the most recently recorded (LengthConfig.max_problems)."""
 
     def __post_init__(self) -> None:
-        if not (self.k >= 1 and 0 < self.alpha <= self.k and self.strength >= 0 and self.history >= 1):
-            raise ValueError(f"need k >= 1, 0 < alpha <= k, strength >= 0, history >= 1; got {self}")
+        if not (self.k >= 1 and 0 < self.alpha <= self.k and self.strength >= 0 and self.history >= 1
+                and self.max_problems >= 1):
+            raise ValueError(f"need k >= 1, 0 < alpha <= k, strength >= 0, history >= 1, max_problems >= 1; "
+                             f"got {self}")
 
 
 _LOGK = np.linspace(0.0, math.log(20.0), 48)
@@ -142,7 +145,7 @@ class AcceptanceStats:
 
     def __init__(self, prior: AcceptancePrior = AcceptancePrior()) -> None:
         self.prior = prior
-        self._obs: dict[Hashable, deque[tuple[float, float]]] = {}
+        self._obs: dict[Hashable, list[tuple[float, float]]] = {}  # in order of last record (lists: see length.py)
         self._est: dict[Hashable, tuple[float, float]] = {}
 
     def record(self, problem_id: Hashable, *, length: int, drafted: int, accepted: int) -> None:
@@ -150,9 +153,15 @@ class AcceptanceStats:
             return  # nothing learnt about drafting
         if accepted < 0 or accepted > drafted:
             raise ValueError(f"accepted={accepted} must be in [0, drafted={drafted}] (problem {problem_id!r})")
-        self._obs.setdefault(problem_id, deque(maxlen=self.prior.history)).append(
-            (drafted / length, min(accepted / length, 1.0)))
+        obs = self._obs.pop(problem_id, None) or []
+        obs.append((drafted / length, min(accepted / length, 1.0)))
+        del obs[:-self.prior.history]
+        self._obs[problem_id] = obs  # now the most recent
         self._est.pop(problem_id, None)
+        while len(self._obs) > self.prior.max_problems:
+            oldest = next(iter(self._obs))
+            del self._obs[oldest]
+            self._est.pop(oldest, None)
 
     def estimate(self, problem_id: Hashable) -> tuple[float, float]:
         """(k, alpha) of the problem; the prior for a problem never seen."""
@@ -181,10 +190,10 @@ class AcceptanceStats:
         for i, entry in enumerate(state.get("problems", [])):
             try:
                 pid, pts = entry
-                obs[pid] = deque([(float(x), float(y)) for x, y in pts], maxlen=self.prior.history)
+                obs[pid] = [(float(x), float(y)) for x, y in pts][-self.prior.history:]
             except (TypeError, ValueError):
                 raise ValueError(f"acceptance state: problems[{i}] must be [problem_id, [[x, y], ...]]") from None
-        self._obs, self._est = obs, {}
+        self._obs, self._est = dict(list(obs.items())[-self.prior.max_problems:]), {}
 
 
 # ---------------------------------------------------------------------------- policies
@@ -222,6 +231,10 @@ class HistoryPolicy(PolicyBase):
         self.lengths.record(state.problem_id, state.generated)
         self.acceptance.record(state.problem_id, length=state.generated, drafted=state.drafted,
                                accepted=state.accepted)
+
+    def abort(self, state: RequestState) -> None:
+        """Forget a request whose generation failed: nothing learnt, and its id may run again this step."""
+        self._live.pop(state.req_id, None)
 
     def end_step(self) -> None:
         for s in list(self._live.values()):

@@ -12,7 +12,6 @@ are fractions of the length limit.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -33,6 +32,9 @@ class LengthConfig:
     """Pooled-length quantile at or above which a length is long."""
     prior_weight: float = 1.0
     """Pseudo-counts of the pooled distribution mixed into each problem's counts."""
+    max_problems: int = 65536
+    """Problems whose history is kept: the most recently recorded (the state, and a save, stay bounded
+    however many distinct problems a run sees; 65,536 covers every problem of the usual RL prompt sets)."""
     min_pooled: int = 8
     """Pooled lengths needed before the quantile thresholds replace the fallback fractions."""
     fallback_short: float = 0.25
@@ -43,6 +45,8 @@ class LengthConfig:
     def __post_init__(self) -> None:
         if self.history < 1:
             raise ValueError(f"history must be >= 1, got {self.history}")
+        if isinstance(self.max_problems, bool) or not isinstance(self.max_problems, int) or self.max_problems < 1:
+            raise ValueError(f"max_problems must be an int >= 1, got {self.max_problems!r}")
         if not 0.0 < self.q_short < self.q_long < 1.0:
             raise ValueError(f"need 0 < q_short < q_long < 1, got q_short={self.q_short}, q_long={self.q_long}")
         if self.prior_weight < 0:
@@ -52,65 +56,133 @@ class LengthConfig:
                              f"{self.fallback_long}")
 
 
-@dataclass(frozen=True)
 class _Table:
-    """Sorted lengths; suffix class counts and suffix sums for O(log n) conditioning on L >= l."""
+    """One problem's lengths, sorted, with suffix sums: counts and means of L >= l in O(log n)."""
 
-    sorted: np.ndarray
-    counts_from: np.ndarray
-    """[n+1, 3]: class counts of sorted[i:]."""
-    sums_from: np.ndarray
-    """[n+1]: sum of sorted[i:]."""
+    def __init__(self, lengths) -> None:
+        self.sorted = np.sort(np.asarray(lengths, np.int64))
+        self.sums_from = np.concatenate([np.cumsum(self.sorted[::-1])[::-1], [0]])  # [n+1] sum of sorted[i:]
+        self.n = int(self.sorted.size)
 
-    @property
-    def n(self) -> int:
-        return int(self.sorted.size)
+    def count_from(self, at_least: int) -> int:
+        return self.n - int(np.searchsorted(self.sorted, at_least, "left"))
 
-    @staticmethod
-    def build(lengths: np.ndarray, classify) -> "_Table":
-        s = np.sort(lengths)
-        onehot = np.zeros((s.size + 1, 3))
-        if s.size:
-            onehot[np.arange(s.size), classify(s)] = 1.0
-        counts = np.cumsum(onehot[::-1], axis=0)[::-1]
-        sums = np.concatenate([np.cumsum(s[::-1])[::-1], [0]]).astype(np.float64)
-        return _Table(s, counts, sums)
+    def sum_from(self, at_least: int) -> int:
+        return int(self.sums_from[int(np.searchsorted(self.sorted, at_least, "left"))])
 
-    def counts(self, at_least: int) -> np.ndarray:
-        return self.counts_from[int(np.searchsorted(self.sorted, at_least, "left"))]
 
-    def mean_at_least(self, at_least: int) -> float | None:
-        i = int(np.searchsorted(self.sorted, at_least, "left"))
-        return None if i == self.n else float(self.sums_from[i] / (self.n - i))
+class _Pooled:
+    """Every kept length, as two Fenwick trees over the length value (counts and sums): counts, sums and
+    order statistics in O(log of the longest length), whatever the number of problems (recomputing the
+    pooled table from every problem on each record cost 344 ms per budgets() call at 100k problems)."""
+
+    def __init__(self) -> None:
+        self.size, self.n = 1, 0
+        self.hist = [0]  # count of each value
+        self.cnt, self.tot = [0, 0], [0, 0]  # Fenwick trees, 1-based
+
+    def add(self, value: int, k: int = 1) -> None:
+        if value >= self.size:
+            self._grow(value)
+        self.hist[value] += k
+        self.n += k
+        i = value + 1
+        while i <= self.size:
+            self.cnt[i] += k
+            self.tot[i] += k * value
+            i += i & -i
+
+    def _grow(self, value: int) -> None:
+        size = 1 << max(int(value).bit_length(), 10)
+        self.hist += [0] * (size - self.size)
+        self.size, self.cnt, self.tot = size, [0] * (size + 1), [0] * (size + 1)
+        for v, c in enumerate(self.hist):  # linear Fenwick build
+            self.cnt[v + 1] += c
+            self.tot[v + 1] += c * v
+            j = (v + 1) + ((v + 1) & -(v + 1))
+            if j <= size:
+                self.cnt[j] += self.cnt[v + 1]
+                self.tot[j] += self.tot[v + 1]
+
+    def _below(self, x: int) -> tuple[int, int]:
+        """(count, sum) of the values < x."""
+        i, c, t = min(max(int(x), 0), self.size), 0, 0
+        while i > 0:
+            c += self.cnt[i]
+            t += self.tot[i]
+            i -= i & -i
+        return c, t
+
+    def count_from(self, at_least: int) -> int:
+        return self.n - self._below(at_least)[0]
+
+    def sum_from(self, at_least: int) -> int:
+        return self._below(1 << 62)[1] - self._below(at_least)[1]
+
+    def kth(self, k: int) -> int:
+        """The k-th smallest value (0-based)."""
+        pos, step = 0, self.size
+        while step:
+            if pos + step <= self.size and self.cnt[pos + step] <= k:
+                pos += step
+                k -= self.cnt[pos]
+            step >>= 1
+        return pos
+
+    def quantile(self, q: float) -> float:
+        """np.quantile(values, q) (its default 'linear' method, the same arithmetic)."""
+        pos = (self.n - 1) * q
+        i = int(np.floor(pos))
+        a, b, t = self.kth(i), self.kth(min(i + 1, self.n - 1)), pos - i
+        return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
 
 
 class LengthClassifier:
-    """Records response lengths per problem and classifies requests (see the module docstring)."""
+    """Records response lengths per problem and classifies requests (see the module docstring). Keeps the
+    `config.max_problems` problems recorded most recently (their lengths leave the pooled history too)."""
 
     def __init__(self, config: LengthConfig = LengthConfig(), *, max_len: int = 16384) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.config = config
         self.max_len = int(max_len)
-        self._lengths: dict[Hashable, deque[int]] = {}
-        self._version, self._built = 0, -1
+        self._lengths: dict[Hashable, list[int]] = {}  # in order of last record: the first is evicted
+        # (lists, not deques: a deque costs a 0.5 KB block however short, and most problems have few lengths)
+        self._pooled = _Pooled()
         self._tables: dict[Hashable, _Table] = {}
-        self._pooled_table: _Table | None = None
         self._thr: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- history
     def set_max_len(self, max_len: int) -> None:
         if int(max_len) != self.max_len:
             self.max_len = int(max_len)
-            self._version += 1
+            self._thr = None
 
     def record(self, problem_id: Hashable, length: int) -> None:
         """A response of this problem finished with `length` output tokens."""
         length = int(length)
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length} for problem {problem_id!r}")
-        self._lengths.setdefault(problem_id, deque(maxlen=self.config.history)).append(length)
-        self._version += 1
+        d = self._lengths.pop(problem_id, None) or []
+        d.append(length)
+        self._pooled.add(length)
+        if len(d) > self.config.history:
+            self._pooled.add(d.pop(0), -1)  # pushed out of the problem's history
+        self._lengths[problem_id] = d  # now the most recent
+        self._tables.pop(problem_id, None)
+        self._thr = None
+        while len(self._lengths) > self.config.max_problems:
+            self._forget(next(iter(self._lengths)))
+
+    def _forget(self, problem_id: Hashable) -> None:
+        for x in self._lengths.pop(problem_id):
+            self._pooled.add(x, -1)
+        self._tables.pop(problem_id, None)
+
+    @property
+    def num_problems(self) -> int:
+        """Problems with a length history (at most config.max_problems)."""
+        return len(self._lengths)
 
     def lengths(self, problem_id: Hashable) -> np.ndarray:
         return np.asarray(self._lengths.get(problem_id, ()), dtype=np.int64)
@@ -120,20 +192,13 @@ class LengthClassifier:
             return np.zeros(0, np.int64)
         return np.concatenate([np.asarray(d, np.int64) for d in self._lengths.values()])
 
-    def _fresh(self) -> None:
-        if self._built != self._version:
-            self._tables, self._thr, self._built = {}, None, self._version
-            self._pooled_table = None
-
     def thresholds(self) -> tuple[int, int]:
         """(short_below, long_from): a length l is short if l < short_below, long if l >= long_from."""
-        self._fresh()
         if self._thr is None:
-            pooled = self.pooled()
             c = self.config
-            if len(pooled) >= c.min_pooled:
-                lo = int(np.ceil(np.quantile(pooled, c.q_short)))
-                hi = int(np.ceil(np.quantile(pooled, c.q_long)))
+            if self._pooled.n >= c.min_pooled:
+                lo = int(np.ceil(self._pooled.quantile(c.q_short)))
+                hi = int(np.ceil(self._pooled.quantile(c.q_long)))
             else:
                 lo, hi = int(c.fallback_short * self.max_len), int(c.fallback_long * self.max_len)
             lo = max(lo, 1)
@@ -145,28 +210,34 @@ class LengthClassifier:
         idx = np.where(np.asarray(length) < lo, 0, np.where(np.asarray(length) >= hi, 2, 1))
         return CLASSES[int(idx)] if idx.ndim == 0 else idx
 
-    def _table(self, problem_id: Hashable | None) -> _Table:
-        """Sorted lengths with suffix class counts and sums (problem None = pooled), rebuilt lazily."""
-        self._fresh()
+    def _table(self, problem_id: Hashable | None) -> _Table | _Pooled:
+        """The problem's lengths (None: the pooled ones), as counts and sums of L >= l."""
         if problem_id is None:
-            if self._pooled_table is None:
-                self._pooled_table = _Table.build(self.pooled(), self.class_of_length)
-            return self._pooled_table
-        if problem_id not in self._tables:
-            self._tables[problem_id] = _Table.build(self.lengths(problem_id), self.class_of_length)
-        return self._tables[problem_id]
+            return self._pooled
+        t = self._tables.get(problem_id)
+        if t is None:
+            if len(self._tables) >= 4096:  # a cache of cheap tables (<= history lengths each): keep it small
+                self._tables.clear()
+            t = self._tables[problem_id] = _Table(self._lengths.get(problem_id, ()))
+        return t
+
+    def _counts(self, table: _Table | _Pooled, at_least: int) -> np.ndarray:
+        """[short, medium, long] counts of the lengths >= at_least."""
+        lo, hi = self.thresholds()
+        ge, ge_lo, ge_hi = (table.count_from(max(at_least, x)) for x in (at_least, lo, hi))
+        return np.array([ge - ge_lo, ge_lo - ge_hi, ge_hi], np.float64)
 
     # --------------------------------------------------------------- classify
     def probabilities(self, problem_id: Hashable, generated: int = 0) -> np.ndarray:
         """P(class | L >= generated, problem) as [short, medium, long]."""
-        own = self._table(problem_id).counts(generated)
-        pooled = self._table(None).counts(generated)
+        own = self._counts(self._table(problem_id), generated)
+        pooled = self._counts(self._pooled, generated)
         n_pooled = pooled.sum()
         total = own + (self.config.prior_weight * pooled / n_pooled if n_pooled else 0.0)
         if total.sum() == 0:
             _, hi = self.thresholds()
             # Past everything seen: long. No history at all: medium until the fallback long threshold.
-            cls = 2 if generated >= hi or self._table(None).n else 1
+            cls = 2 if generated >= hi or self._pooled.n else 1
             out = np.zeros(3)
             out[cls] = 1.0
             return out
@@ -183,10 +254,10 @@ class LengthClassifier:
     def expected_length(self, problem_id: Hashable, generated: int = 0) -> float:
         """E[L | L >= generated] from the problem's history (pooled if it has none that long), capped at
         max_len; with no history at all, the midpoint between generated and max_len."""
-        for t in (self._table(problem_id), self._table(None)):
-            m = t.mean_at_least(generated)
-            if m is not None:
-                return float(min(m, self.max_len))
+        for t in (self._table(problem_id), self._pooled):
+            n = t.count_from(generated)
+            if n:
+                return float(min(t.sum_from(generated) / n, self.max_len))
         return float(generated + self.max_len) / 2.0
 
     # ------------------------------------------------------------------ state
@@ -198,7 +269,7 @@ class LengthClassifier:
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or "problems" not in state:
             raise ValueError("length state: expected a dict with a 'problems' list")
-        lengths: dict[Hashable, deque[int]] = {}
+        lengths: dict[Hashable, list[int]] = {}
         for i, entry in enumerate(state["problems"]):
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], list)):
                 raise ValueError(f"length state: problems[{i}] must be [problem_id, [lengths...]], got {entry!r}")
@@ -206,7 +277,10 @@ class LengthClassifier:
             if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in ls):
                 raise ValueError(f"length state: problems[{i}] (problem {pid!r}) has a length that is not an "
                                  f"int >= 0")
-            lengths[pid] = deque(ls, maxlen=self.config.history)
+            lengths[pid] = ls[len(ls) - self.config.history:] if len(ls) > self.config.history else list(ls)
         self.max_len = int(state.get("max_len", self.max_len))
-        self._lengths = lengths
-        self._version += 1
+        keep = list(lengths.items())[-self.config.max_problems:]  # the most recent (a save's order is theirs)
+        self._lengths, self._pooled, self._tables, self._thr = dict(keep), _Pooled(), {}, None
+        for _, d in keep:
+            for x in d:
+                self._pooled.add(x)

@@ -1,0 +1,194 @@
+"""Issue 26: the engine refuses what it would get wrong, and a failed generate leaves nothing behind.
+
+- construction probe: the packed forward's logits must be the model's own (a layer that drops
+  `dasrl_packed`, or attention without the causal mask, is refused naming the model type);
+- sliding-window models are refused; attention raises instead of falling back;
+- any error in generate (KeyboardInterrupt included) aborts the live requests in the drafter and the
+  policy: a retry succeeds and equals a clean run, and nothing partial is indexed or learnt;
+- EngineConfig refuses bad values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
+
+import dasrl.engine.attention as attention  # noqa: E402
+from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
+from dasrl.engine.engine import EngineConfig, EngineStepError, SpecEngine, UnsupportedModel  # noqa: E402
+from dasrl.engine.sampling import SamplingParams  # noqa: E402
+from dasrl.policy.allowance import ForwardAllowance  # noqa: E402
+from dasrl.policy.budget import DASPolicy  # noqa: E402
+
+SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+
+
+def build(config_cls, model_cls, seed=0, **kw):
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**SIZES, **kw)).eval()
+
+
+# ----------------------------------------------------------------------------- which models run
+
+
+def test_llama_and_qwen2_pass_the_probe_and_decode_as_the_model_does():
+    for model in (build(LlamaConfig, LlamaForCausalLM), build(Qwen2Config, Qwen2ForCausalLM)):
+        engine = SpecEngine(model)
+        prompt = [5, 9, 14, 3, 77]
+        out = engine.generate([prompt], sampling=SamplingParams(temperature=0.0), max_new_tokens=8, ignore_eos=True)
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        assert out[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: build(Qwen2Config, Qwen2ForCausalLM, use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    lambda: build(MistralConfig, MistralForCausalLM, sliding_window=32),
+], ids=["qwen2-sliding", "mistral"])
+def test_sliding_window_models_are_refused_naming_the_model_type(make):
+    model = make()
+    with pytest.raises(UnsupportedModel, match=rf"model type '{model.config.model_type}'.*sliding_window="):
+        SpecEngine(model)
+
+
+class DropsPackedLayout(LlamaDecoderLayer):
+    """A decoder layer that does not pass the engine's keyword argument on (as a custom layer might)."""
+
+    def forward(self, *args, **kwargs):
+        kwargs.pop("dasrl_packed", None)
+        return super().forward(*args, **kwargs)
+
+
+def test_probe_refuses_a_layer_that_drops_the_packed_layout():
+    model = build(LlamaConfig, LlamaForCausalLM)
+    old = model.model.layers[1]
+    layer = DropsPackedLayout(model.config, 1)
+    layer.load_state_dict(old.state_dict())
+    model.model.layers[1] = layer.eval()
+    with pytest.raises(UnsupportedModel, match=r"model type 'llama'.*without the packed layout"):
+        SpecEngine(model)
+
+
+def test_probe_refuses_attention_that_ignores_the_causal_mask(monkeypatch):
+    """The failure the issue feared: attention over every new token with no causal mask among them. Plain and
+    speculative outputs would be equally wrong; the probe compares with the model's own forward instead."""
+    real = attention.packed_attention
+
+    def unmasked(query, key, value, layout, scaling):
+        return real(query, key, value, dataclasses.replace(layout, more_mask=torch.ones_like(layout.more_mask)),
+                    scaling)
+
+    model = build(LlamaConfig, LlamaForCausalLM)
+    SpecEngine(model)  # the real attention passes
+    monkeypatch.setattr(attention, "packed_attention", unmasked)
+    with pytest.raises(UnsupportedModel, match=r"model type 'llama'.*logits differ"):
+        SpecEngine(model)
+
+
+def test_attention_raises_instead_of_falling_back():
+    q, kv = torch.zeros(1, 4, 3, 16), torch.zeros(2, 2, 8, 16)
+    module = torch.nn.Identity()
+    with pytest.raises(attention.PackedLayoutMissing, match="without the packed layout"):
+        attention.engine_attention(module, q, kv, kv, None, scaling=0.25)
+    with pytest.raises(NotImplementedError, match=r"\['softcap'\]"):
+        attention.engine_attention(module, q, kv, kv, None, scaling=0.25, dasrl_packed=object(), softcap=30.0)
+
+
+def test_the_models_own_attention_is_refused():
+    with pytest.raises(ValueError, match="attention='model'"):
+        SpecEngine(build(LlamaConfig, LlamaForCausalLM), config=EngineConfig(attention="model"))
+
+
+# ---------------------------------------------------------------------------- failed generates
+
+
+class Interrupting:
+    """Fault injection: a DraftStore whose propose raises `error` on its `at`-th call (once)."""
+
+    def __init__(self, store: DraftStore, at: int, error: BaseException) -> None:
+        self.store, self.at, self.error, self.calls = store, at, error, 0
+
+    def start(self, req_id, problem_id, prompt_ids):
+        self.store.start(req_id, problem_id, prompt_ids)
+
+    def propose(self, req_ids, budgets):
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.error
+        return self.store.propose(req_ids, budgets)
+
+    def observe(self, req_id, tokens):
+        self.store.observe(req_id, tokens)
+
+    def finish(self, req_id):
+        self.store.finish(req_id)
+
+    def abort(self, req_id):
+        self.store.abort(req_id)
+
+    def end_step(self):
+        self.store.end_step()
+
+
+PROMPTS = [[3, 5, 7, 11], [2, 4, 6, 8, 10, 12], [1, 1, 2, 3, 5]]
+
+
+def run(engine, drafter, policy):
+    return engine.generate(PROMPTS, seeds=[10, 11, 12], sampling=SamplingParams(temperature=1.0), drafter=drafter,
+                           policy=policy, max_new_tokens=12, ignore_eos=True, req_ids=[(0, i) for i in range(3)],
+                           problem_ids=["a", "b", "c"])
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), ValueError("injected")], ids=["KeyboardInterrupt", "error"])
+def test_a_failed_generate_aborts_its_requests_and_a_retry_equals_a_clean_run(error):
+    engine = SpecEngine(build(LlamaConfig, LlamaForCausalLM))
+    clean_store, clean_policy = DraftStore(StoreConfig()), ForwardAllowance(DASPolicy(), 64)
+    clean = run(engine, clean_store, clean_policy)
+    assert all(c.finish_reason == "length" for c in clean)
+
+    store, policy = DraftStore(StoreConfig()), ForwardAllowance(DASPolicy(), 64)
+    faulty = Interrupting(store, at=3, error=error)
+    with pytest.raises(type(error) if isinstance(error, KeyboardInterrupt) else EngineStepError):
+        run(engine, faulty, policy)
+    policy.end_step()  # a policy that still tracked the partial rows would learn their lengths here
+    assert policy.lengths.num_problems == 0
+    store.end_step()  # nothing partial was indexed: an aborted request leaves no rollout behind
+    assert store.num_tokens == 0
+
+    retry = run(engine, faulty, policy)  # "request (0, 0) already started" before the fix
+    assert [c.token_ids for c in retry] == [c.token_ids for c in clean]
+    assert [c.logprobs for c in retry] == [c.logprobs for c in clean]
+    for s in (store, clean_store):
+        s.end_step()
+    assert store.num_tokens == clean_store.num_tokens
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(initial_capacity=-100), "initial_capacity"),
+    (dict(initial_capacity=1.5), "initial_capacity"),
+    (dict(initial_capacity="64"), "initial_capacity"),
+    (dict(max_context=1), "max_context"),
+    (dict(num_threads=0), "num_threads"),
+    (dict(num_threads=True), "num_threads"),
+    (dict(couple_nodes=0), "couple_nodes"),
+    (dict(attention="flash"), "attention"),
+    (dict(couple="yes"), "couple"),
+    (dict(batch_invariant=1), "batch_invariant"),
+    (dict(row_padding=16), "row_padding"),
+])
+def test_engine_config_refuses_bad_values_naming_them(kw, field):
+    with pytest.raises((ValueError, TypeError), match=rf"{field}.*{kw[field]!r}".replace("(", r"\(")):
+        EngineConfig(**kw)
+    assert EngineConfig(initial_capacity=0).initial_capacity == 0  # the cache grows as needed

@@ -16,7 +16,7 @@ _D = DemoConfig()
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        preset: str = typer.Option(_D.preset, help="Task set and sizes: long-tail | short (the earlier setting)."),
+        preset: str = typer.Option(_D.preset, help="math (CHAMP, T=1) | enumerations (toy long tail) | short."),
         steps: int = typer.Option(_D.steps, help="GRPO steps (every prompt comes back each step).",
                                   callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Distinct problems [default: the preset's].",
@@ -29,6 +29,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   callback=model_source),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature [default: the preset's]."),
         policy: str = typer.Option(_D.policy, help="Budget policy of the DAS session."),
+        counting: bool = typer.Option(_D.counting, help="Counting drafts (numbered patterns) in the DAS session."),
         seed: int = typer.Option(_D.seed, help="Run seed."),
         out: str = typer.Option(_D.out, help="Folder for the report (a timestamped subfolder).",
                                 callback=output_folder),
@@ -37,7 +38,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         try:
             cfg = DemoConfig.for_preset(preset, steps=steps, prompts=prompts, samples=samples,
                                         max_new_tokens=max_new_tokens, model=model, temperature=temperature,
-                                        policy=policy, seed=seed, out=out)
+                                        policy=policy, counting=counting, seed=seed, out=out)
             cfg.validate()  # no model loaded, no run folder made, for a bad flag
             if Path(out).exists() and not Path(out).is_dir():
                 raise ValueError(f"--out {out!r} is a file; it must be a folder (or not exist yet)")

@@ -100,12 +100,31 @@ class GRPOTrainer:
         self.model.eval()
         return total
 
-    def _micro_batch(self, idx: list[int], prompts, completions, adv, n_tokens: int) -> float:
-        """Forward and backward of the sequences `idx`; returns their share of the loss."""
-        # The last completion token predicts nothing: each row is prompt + completion[:-1], right-padded.
+    @torch.no_grad()
+    def logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> np.ndarray:
+        """log p(token) of every completion token under the current weights (no temperature), end to end."""
+        live = [i for i in range(len(prompts)) if len(completions[i])]
+        lengths = [len(prompts[i]) + len(completions[i]) - 1 for i in live]
+        out: dict[int, np.ndarray] = {}
+        head = self.model.get_output_embeddings()
+        for group in micro_batches(lengths, self.config.micro_batch, self.config.micro_tokens):
+            idx = [live[g] for g in group]
+            ids, rows, cols, targets = self._inputs(idx, prompts, completions)
+            sel = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[rows, cols]
+            lp = torch.cat([torch.log_softmax(head(sel[s:s + self.config.head_chunk]).float(), -1)
+                            .gather(-1, targets[s:s + self.config.head_chunk, None]).squeeze(-1)
+                            for s in range(0, len(sel), self.config.head_chunk)]).numpy()
+            ends = np.cumsum([len(completions[i]) for i in idx])
+            out.update(zip(idx, np.split(lp, ends[:-1])))
+        return np.concatenate([out[i] for i in live]) if live else np.zeros(0, np.float32)
+
+    def _inputs(self, idx: list[int], prompts, completions):
+        """The sequences `idx` as one right-padded batch [b, L] (prompt + completion[:-1]: the last
+        completion token predicts nothing), and the (row, column) of each position that predicts a
+        completion token, with that token."""
         width = max(len(prompts[i]) + len(completions[i]) - 1 for i in idx)
         ids = torch.zeros(len(idx), width, dtype=torch.long)  # [b, L]
-        rows, cols, targets, weights = [], [], [], []
+        rows, cols, targets = [], [], []
         for j, i in enumerate(idx):
             p, c = len(prompts[i]), len(completions[i])
             if p < 1:
@@ -116,11 +135,16 @@ class GRPOTrainer:
             rows.append(torch.full((c,), j, dtype=torch.long))
             cols.append(torch.arange(p - 1, p - 1 + c))
             targets.append(target)
-            weights.append(torch.full((c,), -float(adv[i]) / n_tokens, dtype=torch.float64))
+        return ids, torch.cat(rows), torch.cat(cols), torch.cat(targets)
+
+    def _micro_batch(self, idx: list[int], prompts, completions, adv, n_tokens: int) -> float:
+        """Forward and backward of the sequences `idx`; returns their share of the loss."""
+        ids, rows, cols, target = self._inputs(idx, prompts, completions)
+        weight = torch.cat([torch.full((len(completions[i]),), -float(adv[i]) / n_tokens, dtype=torch.float64)
+                            for i in idx])
         # No attention mask: padding is on the right and attention is causal, so no real position sees it.
         hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state  # [b, L, H]
-        sel = hidden[torch.cat(rows), torch.cat(cols)]  # [n, H]: the positions that predict completion tokens
-        target, weight = torch.cat(targets), torch.cat(weights)
+        sel = hidden[rows, cols]  # [n, H]: the positions that predict completion tokens
         grad, loss = self._head_grad(sel.detach(), target, weight)
         sel.backward(grad)
         return loss

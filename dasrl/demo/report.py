@@ -23,15 +23,38 @@ def _save(fig, path: Path) -> None:
     tmp.replace(path)
 
 
-def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSession) -> None:
+GPU_PROFILE = "qwen2.5-7b-h100"
+"""The shipped GPU latency profile (dasrl/sim/profiles.py) the report prices the same rollouts on."""
+
+
+def gpu_prediction(steps: list[tuple[int, list]], das: RolloutSession, tokenizer) -> dict:
+    """Predicted seconds per step of these rollouts on GPU_PROFILE, plain and DAS: `dasrl whatif`'s replay
+    (the simulator, each forward priced by the profile) with the DAS session's drafter and its policy under
+    that profile's latency (the allowance, hence the drafting, depends on the hardware)."""
+    from dasrl.policy.base import NoSpeculation
+    from dasrl.sim.profiles import derive
+    from dasrl.sim.whatif import WhatifConfig, replay, session_policy
+
+    prof = derive(*GPU_PROFILE.rsplit("-", 1))
+    wcfg = WhatifConfig(store=das.config.store)
+    method = "das" if das.config.counting else "das-suffix"  # the session's drafter, counting or not
+    plain = replay(steps, method="none", policy=NoSpeculation(), cfg=wcfg, tokenizer=tokenizer, label="none")
+    spec = replay(steps, method=method, policy=session_policy(prof.latency), cfg=wcfg, tokenizer=tokenizer,
+                  label=method)
+    return {"profile": prof.name, "status": prof.status, "baseline_s": plain.price(prof), "das_s": spec.price(prof)}
+
+
+def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSession, gpu: dict | None) -> None:
     later = [r for r in rows if r.step > 0]
-    summary = {"config": asdict(cfg), "steps": [asdict(r) for r in rows], "identical_every_step": all(r.identical for r in rows),
+    summary = {"config": asdict(cfg), "steps": [asdict(r) for r in rows],
+               "identical_every_step": all(r.identical for r in rows),
                "baseline_s": sum(r.baseline_s for r in rows), "das_s": sum(r.das_s for r in rows),
                "speedup_from_second_visit": (sum(r.baseline_s for r in later) / sum(r.das_s for r in later))
                if later else None, "das_stats": das.stats(), "baseline_stats": base.stats(),
                "preset": cfg.preset,
                "at_limit_fraction": float(np.mean([r.at_limit_fraction for r in rows])) if rows else None,
-               "tail_share": float(np.mean([r.tail_share for r in rows])) if rows else None}
+               "tail_share": float(np.mean([r.tail_share for r in rows])) if rows else None,
+               "gpu_prediction": gpu}
     write_json(out / "summary.json", summary)
     if not rows:
         (out / "report.md").write_text("# dasrl demo\n\nNo step finished.\n")
@@ -70,12 +93,20 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
              f"GRPO (dasrl's minimal loop) on `{cfg.model}`: {cfg.prompts} prompts x {cfg.samples} samples, "
              f"{len(rows)} steps, <= {cfg.max_new_tokens} new tokens, T={cfg.temperature}, top-p={cfg.top_p}. "
              "Baseline and DAS roll out the same prompts from the same weights with the same seeds.", "",
-             "| step | baseline s | DAS s | speedup | tokens/forward | reward (baseline) | reward (DAS) | identical |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.step} | {r.baseline_s:.1f} | {r.das_s:.1f} | {r.speedup:.2f}x | "
-                     f"{r.tokens_per_row_forward:.2f} | {r.mean_reward_baseline:.3f} | {r.mean_reward_das:.3f} | "
-                     f"{'yes' if r.identical else 'NO'} |")
+             f"GPU columns: the same rollouts priced on `{GPU_PROFILE}` (an assumed latency profile, "
+             "dasrl/sim/profiles.py), predicted by replaying these rollouts (`dasrl whatif`): what the same "
+             "tokens would cost a 7B model's forwards on that card.", "",
+             "| step | baseline s | DAS s | speedup | GPU baseline s | GPU DAS s | tokens/forward | at limit | "
+             "reward (baseline) | reward (DAS) | KL to initial | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        g = f"{gpu['baseline_s'][i]:.2f} | {gpu['das_s'][i]:.2f}" if gpu else "n/a | n/a"
+        lines.append(f"| {r.step} | {r.baseline_s:.1f} | {r.das_s:.1f} | {r.speedup:.2f}x | {g} | "
+                     f"{r.tokens_per_row_forward:.2f} | {r.at_limit_fraction:.0%} | {r.mean_reward_baseline:.3f} | "
+                     f"{r.mean_reward_das:.3f} | {r.kl_to_initial:.4f} | {'yes' if r.identical else 'NO'} |")
+    lines += ["", f"Samples at the length limit: {summary['at_limit_fraction']:.0%} (baseline rollouts, all steps). "
+              "KL to initial: KL(initial policy || policy after the step's update) per token, on step 0's first "
+              "two samples of each problem."]
     if summary["speedup_from_second_visit"]:
         lines += ["", f"From the second visit of each prompt on: {summary['speedup_from_second_visit']:.2f}x "
                       "(baseline seconds / DAS seconds)."]

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl.tasks import PRESETS, Task, chat_ids, make_tasks, preset, reward
+from dasrl.tasks import PRESETS, Task, chat_ids, preset, reward
 from dasrl.engine.sampling import SamplingParams
 from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig
 from dasrl.rollout.trace import Response, TraceWriter
@@ -28,22 +28,24 @@ from dasrl.rollout.trace import Response, TraceWriter
 class DemoConfig:
     """What `dasrl demo` runs."""
 
-    preset: str = "long-tail"
-    """Task set and sizes: long-tail (mixed short and enumerating problems, 512 tokens) | short (the earlier setting)."""
+    preset: str = "math"
+    """Task set and sizes: math (CHAMP statements, T = 1) | enumerations (a toy long tail) | short (arithmetic)."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 4
     """GRPO steps (every prompt comes back each step)."""
-    prompts: int = PRESETS["long-tail"].prompts
+    prompts: int = PRESETS["math"].prompts
     """Distinct problems."""
-    samples: int = PRESETS["long-tail"].samples
+    samples: int = PRESETS["math"].samples
     """Samples per problem (GRPO group size)."""
-    max_new_tokens: int = PRESETS["long-tail"].max_new_tokens
+    max_new_tokens: int = PRESETS["math"].max_new_tokens
     """Generation limit per sample."""
-    temperature: float = PRESETS["long-tail"].temperature
+    temperature: float = PRESETS["math"].temperature
     """Sampling temperature."""
-    top_p: float = 0.95
+    top_p: float = PRESETS["math"].top_p
     """Nucleus sampling mass."""
+    counting: bool = False
+    """Counting drafts in the DAS session (drafter/counting.py: numbered patterns; for enumerations)."""
     policy: str = "das"
     """Budget policy of the DAS session."""
     seed: int = 0
@@ -58,7 +60,7 @@ class DemoConfig:
         """The preset's sizes, then every override that is not None."""
         p = preset(name)
         base = DemoConfig(preset=p.name, prompts=p.prompts, samples=p.samples, max_new_tokens=p.max_new_tokens,
-                          temperature=p.temperature)
+                          temperature=p.temperature, top_p=p.top_p)
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def validate(self) -> None:
@@ -99,6 +101,24 @@ class StepRow:
     max_tokens: int = 0
     drafted_by_class: dict = field(default_factory=dict)
     """DAS drafted tokens per length class (where the allowance went)."""
+    kl_to_initial: float = 0.0
+    """KL(initial policy || policy after this step's update) per token, estimated on step 0's first two
+    samples of each problem: how far GRPO has moved the policy."""
+
+
+class KLProbe:
+    """Step 0's first two samples of each problem, with their log-probabilities under the initial weights;
+    kl() estimates KL(initial || now) per token on them (one forward over a few sequences)."""
+
+    def __init__(self, trainer: GRPOTrainer, prompts, outs: Sequence[Rollout], samples: int) -> None:
+        keep = [i for i in range(len(outs)) if i % samples < 2]
+        self.trainer = trainer
+        self.prompts, self.completions = [prompts[i] for i in keep], [outs[i].completion_ids for i in keep]
+        self.initial = trainer.logprobs(self.prompts, self.completions)
+
+    def kl(self) -> float:
+        now = self.trainer.logprobs(self.prompts, self.completions)
+        return float(np.mean(self.initial - now)) if len(now) else 0.0
 
 
 def tail_share(curve: Sequence[tuple[float, int]], rows: int, *, live_fraction: float = 0.25) -> float:
@@ -114,13 +134,13 @@ def tail_share(curve: Sequence[tuple[float, int]], rows: int, *, live_fraction: 
 
 def step_batch(tokenizer, tasks: Sequence[Task], samples: int) -> tuple[list[list[int]], list[int], list[int]]:
     """One RL step's batch: (prompt ids, answers, problem ids), each task repeated `samples` times."""
-    prompts = [chat_ids(tokenizer, t.question) for t in tasks for _ in range(samples)]
+    prompts = [chat_ids(tokenizer, t.question, t.system) for t in tasks for _ in range(samples)]
     answers = [t.answer for t in tasks for _ in range(samples)]
     pids = [i for i in range(len(tasks)) for _ in range(samples)]
     return prompts, answers, pids
 
 
-def score(tokenizer, outs: Sequence[Rollout], answers: Sequence[int], *, step: int) -> list[float]:
+def score(tokenizer, outs: Sequence[Rollout], answers: Sequence, *, step: int) -> list[float]:
     """The reward of each rollout; a reward function that raises is reported with the sample it broke on."""
     rs = []
     for o, ans in zip(outs, answers):
@@ -149,7 +169,7 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
 
     console = console or Console()
     cfg.validate()
-    tasks = make_tasks(cfg.prompts, seed=cfg.seed, families=preset(cfg.preset).families)
+    tasks = preset(cfg.preset).tasks(cfg.prompts, seed=cfg.seed)
     with console.status(f"loading {cfg.model}"):
         model, tok = load_model(cfg.model, dtype=torch.float32)
     torch.manual_seed(cfg.seed)
@@ -157,34 +177,41 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=False)
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
     base = RolloutSession(model, tok, SessionConfig(speculate=False, seed=cfg.seed))
-    das = RolloutSession(model, tok, SessionConfig(speculate=True, policy=cfg.policy, seed=cfg.seed))
+    das = RolloutSession(model, tok, SessionConfig(speculate=True, policy=cfg.policy, seed=cfg.seed,
+                                                   counting=cfg.counting))
     trainer = GRPOTrainer(model, cfg.grpo)
     prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
     trace = TraceWriter(out / "trace")
     rows: list[StepRow] = []
+    kl: list[KLProbe] = []  # made at step 0
+    responses: list[tuple[int, list[Response]]] = []  # the DAS rollouts of each step, for the GPU prediction
     console.print(f"GRPO demo ({cfg.preset}): {cfg.prompts} prompts x {cfg.samples} samples, {cfg.steps} steps, "
                   f"<= {cfg.max_new_tokens} new tokens, T={cfg.temperature}; report in {out}")
     try:
         for step in range(cfg.steps):
             rows.append(_one_step(step, cfg=cfg, base=base, das=das, trainer=trainer, prompts=prompts,
                                   answers=answers, pids=pids, tok=tok, sampling=sampling, trace=trace,
-                                  console=console))
+                                  console=console, kl=kl, responses=responses))
             r = rows[-1]
             console.print(f"step {step}: baseline {r.baseline_s:.1f}s  DAS {r.das_s:.1f}s  speedup "
                           f"{r.speedup:.2f}x  tokens/forward {r.tokens_per_row_forward:.2f}  reward "
-                          f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  identical={r.identical}")
+                          f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  KL {r.kl_to_initial:.4f}  "
+                          f"at limit {r.at_limit_fraction:.0%}  identical={r.identical}")
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: keeping the {len(rows)} finished steps")
-    from dasrl.demo.report import write_report
+    from dasrl.demo.report import gpu_prediction, write_report
 
-    write_report(out, cfg=cfg, rows=rows, base=base, das=das)
+    with console.status("pricing the rollouts on a GPU profile"):
+        gpu = gpu_prediction(responses[:len(rows)], das, tok) if rows else None
+    write_report(out, cfg=cfg, rows=rows, base=base, das=das, gpu=gpu)
     _final_table(rows, console)
     console.print(f"report: {out / 'report.md'}")
     return out
 
 
 def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutSession, trainer: GRPOTrainer,
-              prompts, answers, pids, tok, sampling, trace: TraceWriter, console: Console) -> StepRow:
+              prompts, answers, pids, tok, sampling, trace: TraceWriter, console: Console,
+              kl: list[KLProbe], responses: list) -> StepRow:
     results = {}
     order = [("baseline", base), ("DAS", das)] if step % 2 == 0 else [("DAS", das), ("baseline", base)]
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[live]} live rows"),
@@ -197,15 +224,20 @@ def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutS
 
             t0 = time.perf_counter()
             results[name] = (sess.generate(prompts, problem_ids=pids, sampling=sampling,
-                                           max_new_tokens=cfg.max_new_tokens, on_step=tick),
+                                           max_new_tokens=cfg.max_new_tokens, on_step=tick,
+                                           stop_lines=preset(cfg.preset).stop_lines),
                              time.perf_counter() - t0)
     (b_out, b_s), (d_out, d_s) = results["baseline"], results["DAS"]
     identical = all(x.completion_ids == y.completion_ids for x, y in zip(b_out, d_out))
     rewards = {name: score(tok, outs, answers, step=step) for name, outs in (("baseline", b_out), ("DAS", d_out))}
     t0 = time.perf_counter()
+    if not kl:
+        kl.append(KLProbe(trainer, prompts, d_out, cfg.samples))
     loss = trainer.step(prompts, [o.completion_ids for o in d_out], advantages(rewards["DAS"], pids))
-    train_s = time.perf_counter() - t0
-    trace.write_step(trace_rows(step, d_out, rewards["DAS"]))
+    moved = kl[0].kl()
+    train_s = time.perf_counter() - t0  # the KL probe's forwards included
+    responses.append((step, trace_rows(step, d_out, rewards["DAS"])))
+    trace.write_step(responses[-1][1])
     base.end_step()
     das.end_step()
     h = das.history[-1]
@@ -213,7 +245,7 @@ def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutS
     extra = dict(at_limit_fraction=float(np.mean([o.finish_reason == "length" for o in b_out])),
                  tail_share=tail_share(base.history[-1].batch_curve, len(prompts)),
                  median_tokens=float(np.median(lengths)), max_tokens=int(lengths.max()),
-                 drafted_by_class=dict(h.drafted_by_class))
+                 drafted_by_class=dict(h.drafted_by_class), kl_to_initial=moved)
     return StepRow(**extra, step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
                    baseline_forwards=base.history[-1].forwards, tokens_per_row_forward=h.tokens_per_row_forward,
                    drafted=h.drafted, accepted=h.accepted, mean_reward_baseline=float(np.mean(rewards["baseline"])),

@@ -1,12 +1,12 @@
 """`dasrl bench engine` and `dasrl calibrate`: the measurements behind docs/benchmarks.md "## Engine".
 
-Engine bench: a workload with history. The long-tail task set (dasrl/tasks.py: short arithmetic next to
-enumerating problems, the limit far above the median) is rolled out for two "epochs" (G samples each,
-T = 0.6, top-p 0.95, other seeds per epoch); history drafters index epoch 1 and epoch 2 is measured, side
-by side in one run: no speculation, n-gram, global suffix (DraftStore mode global; arctic-inference too
-when installed), DAS's suffix index alone (DraftStore problem+request, `das-suffix`), DAS as a session
-drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows epoch 2's
-outputs: the limit), and HF `model.generate` on the same batch as the external baseline. Every drafter
+Engine bench: a workload with history. A task preset (dasrl/tasks.py; `math` by default: CHAMP statements
+at T = 1, top-p 1, stopped after the answer line; `enumerations`: the toy long tail at T = 0.6) is rolled
+out for two "epochs" (G samples each, other seeds per epoch); history drafters index epoch 1 and epoch 2
+is measured, side by side in one run: no speculation, n-gram, global suffix (DraftStore mode global;
+arctic-inference too when installed), DAS's suffix index alone (DraftStore problem+request, `das-suffix`),
+DAS as a session drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows
+epoch 2's outputs: the limit), and HF `model.generate` on the same batch as the external baseline. Every drafter
 runs under the same policy (DAS's length classes learnt from epoch 1, within the per-forward allowance),
 so the drafter is the only difference. Every speculative row must reproduce the no-speculation outputs
 token for token (`exact`).
@@ -33,10 +33,10 @@ from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.base import FixedBudget
 from dasrl.policy.budget import DASPolicy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
-from dasrl.tasks import chat_ids, make_tasks, preset
+from dasrl.tasks import PRESETS, chat_ids, preset
 
 
-# General chat prompts (the fidelity bench's requests); the engine bench runs the long-tail task set.
+# General chat prompts (the fidelity bench's requests); the engine bench runs a task preset.
 PROBLEMS = [
     "What is 17 + 25? Explain step by step.",
     "A farmer has 12 cows and buys 7 more. How many cows does he have?",
@@ -77,8 +77,10 @@ def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
 class EngineBenchConfig:
     """Size of the engine benchmark workload."""
 
+    preset: str = "math"
+    """Task preset (dasrl/tasks.py) the problems, stop lines and default sampling come from."""
     problems: int = 8
-    """Distinct prompts (problems), drawn from the long-tail task set."""
+    """Distinct prompts (problems), the preset's first."""
     group: int = 4
     """Rollouts per problem per epoch (GRPO group size): batch = problems x group."""
     max_new_tokens: int = 512
@@ -87,9 +89,9 @@ class EngineBenchConfig:
     """Policy of every speculative row: das (length classes from epoch 1, allowance) | fixed (budget k)."""
     budget: int = 6
     """Draft budget k of the fixed policy."""
-    temperature: float = 0.6
+    temperature: float = PRESETS["math"].temperature
     """Sampling temperature of both epochs."""
-    top_p: float = 0.95
+    top_p: float = PRESETS["math"].top_p
     """Nucleus sampling mass."""
     threads: int | None = None
     """torch threads for every row (HF generate included); None = the cores this process may use."""
@@ -124,8 +126,9 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
                      progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """Rows of the side-by-side run. progress(name, total_tokens) returns an on_step callback."""
     engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
-    tasks = make_tasks(cfg.problems, seed=cfg.seed, families=preset("long-tail").families)
-    base = [chat_ids(tokenizer, t.question) for t in tasks]
+    task_set = preset(cfg.preset)
+    tasks = task_set.tasks(cfg.problems, seed=cfg.seed)
+    base = [chat_ids(tokenizer, t.question, t.system) for t in tasks]
     prompts = [p for p in base for _ in range(cfg.group)]
     problem_ids = [i for i in range(cfg.problems) for _ in range(cfg.group)]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
@@ -134,7 +137,8 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
 
     def gen(name, seeds, drafter=None, policy=None):
         return engine.generate(prompts, seeds=seeds, sampling=sampling, drafter=drafter, policy=policy,
-                               max_new_tokens=cfg.max_new_tokens, problem_ids=problem_ids, on_step=cb(name, total))
+                               max_new_tokens=cfg.max_new_tokens, problem_ids=problem_ids, on_step=cb(name, total),
+                               stop_lines=task_set.stop_lines)
 
     epoch1 = gen("epoch 1 (history)", seeds=[1000 + i for i in range(len(prompts))])
     seeds2 = [2000 + i for i in range(len(prompts))]
@@ -184,7 +188,8 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
 
 
 def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBenchConfig, eos_ids) -> dict:
-    """HF model.generate on the same batch (left padding, same temperature and top-p)."""
+    """HF model.generate on the same batch (left padding, same temperature and top-p; no stop lines: it
+    samples other tokens anyway, a reference for the engine's speed, not its outputs)."""
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, L]

@@ -60,6 +60,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                 callback=output_file),
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
         model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
+        preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short."),
+        temperature: Optional[float] = typer.Option(None, help="Sampling temperature [default: the preset's]."),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
                                                "per-forward allowance) | fixed (--budget k)."),
         budget: Optional[int] = typer.Option(None, help="Draft budget k of the fixed policy.",
@@ -87,7 +89,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
         if policy not in ("das", "fixed"):
             raise typer.BadParameter(f"--policy must be das or fixed, got {policy!r}")
-        cfg = dataclasses.replace(cfg, policy=policy, **overrides)
+        from dasrl.tasks import preset as task_preset
+
+        try:
+            p = task_preset(preset)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--preset") from None
+        cfg = dataclasses.replace(cfg, policy=policy, preset=p.name, top_p=p.top_p,
+                                  temperature=p.temperature if temperature is None else temperature, **overrides)
         console = Console(width=max(Console().width, 140))
         with user_errors("--model"):
             lm, tok = load_model(model, device=device)

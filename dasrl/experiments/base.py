@@ -176,4 +176,5 @@ def _collection_note(ctx: Context) -> str | None:
         return None
     c = col.config
     return (f"GRPO collection run: {c.steps} steps x {c.prompts} prompts x {c.samples} samples, <= {c.max_new_tokens} "
-            f"tokens, T={c.temperature}, engine variants on steps {c.variant_steps} ({col.wall_s / 60:.1f} min)")
+            f"tokens, T={c.sampling().temperature}, engine variants on steps {c.variant_steps} "
+            f"({col.wall_s / 60:.1f} min)")

@@ -30,7 +30,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = typer.Option("smollm2-135m", help="Model of the real rollouts.", callback=model_source),
-        preset: Optional[str] = typer.Option(None, help="Collection run: task set, long-tail (default) | short."),
+        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short."),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
                                             callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3).",
@@ -59,11 +59,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             if v < 1:
                 raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
         if preset is not None:
-            from dasrl.tasks import PRESETS
+            from dasrl.tasks import preset as task_preset
 
-            if preset not in PRESETS:
-                raise typer.BadParameter(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}", param_hint="--preset")
-            collect += (("preset", preset),)
+            try:
+                p = task_preset(preset)
+            except ValueError as e:
+                raise typer.BadParameter(str(e), param_hint="--preset") from None
+            collect += (("preset", p.name),)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect), console)

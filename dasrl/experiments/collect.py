@@ -21,7 +21,7 @@ from typing import Callable
 from dasrl.atomic import write_json
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl.demo.run import score, step_batch, trace_rows
-from dasrl.tasks import make_tasks, preset
+from dasrl.tasks import preset
 from dasrl.drafter.base import DraftParams, Drafter
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import StoreConfig
@@ -43,8 +43,8 @@ NO_ALLOWANCE = 1 << 20
 class CollectConfig:
     """The GRPO run the experiments share."""
 
-    preset: str = "long-tail"
-    """Task set (dasrl/tasks.py): long-tail (mixed short and enumerating problems) | short."""
+    preset: str = "math"
+    """Task set (dasrl/tasks.py): math (CHAMP statements) | enumerations (a toy long tail) | short."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 24
@@ -54,11 +54,11 @@ class CollectConfig:
     samples: int = 6
     """Samples per problem (GRPO group size)."""
     max_new_tokens: int = 512
-    """Generation limit per sample (far above the median on the long-tail set)."""
-    temperature: float = 0.6
-    """Sampling temperature."""
-    top_p: float = 0.95
-    """Nucleus sampling mass."""
+    """Generation limit per sample."""
+    temperature: float | None = None
+    """Sampling temperature; None = the preset's."""
+    top_p: float | None = None
+    """Nucleus sampling mass; None = the preset's."""
     seed: int = 0
     """Run seed (tasks, sample seeds)."""
     variant_every: int = 8
@@ -76,6 +76,11 @@ class CollectConfig:
     @staticmethod
     def quick(model: str = "smollm2-135m") -> "CollectConfig":
         return CollectConfig(model=model, steps=3, prompts=3, samples=3, max_new_tokens=48, variant_every=3)
+
+    def sampling(self) -> SamplingParams:
+        p = preset(self.preset)
+        return SamplingParams(temperature=p.temperature if self.temperature is None else self.temperature,
+                              top_p=p.top_p if self.top_p is None else self.top_p)
 
     @property
     def variant_steps(self) -> list[int]:
@@ -207,9 +212,9 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
     model, tok = ctx.model()
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
-    tasks = make_tasks(cfg.prompts, seed=cfg.seed, families=preset(cfg.preset).families)
+    tasks = preset(cfg.preset).tasks(cfg.prompts, seed=cfg.seed)
     prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
-    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
+    sampling = cfg.sampling()
     base = RolloutSession(model, tok, SessionConfig(speculate=False, seed=cfg.seed))
     sessions = {v.name: v.session(model, tok, cfg.seed) for v in VARIANTS}
     trainer = GRPOTrainer(model, cfg.grpo)
@@ -231,7 +236,8 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                     times.append(info.forward_s)
 
                 out = sess.generate(prompts, problem_ids=pids, seeds=seeds, sampling=sampling,
-                                    max_new_tokens=cfg.max_new_tokens, on_step=tick)
+                                    max_new_tokens=cfg.max_new_tokens, on_step=tick,
+                                    stop_lines=preset(cfg.preset).stop_lines)
                 advance(len(prompts) - seen[0])
                 return out, summary_dict(sess.history[-1], shapes, sess.engine.last_run, times)
 

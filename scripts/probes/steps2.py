@@ -6,12 +6,12 @@ from dasrl.engine.sampling import SamplingParams
 from dasrl.engine.bench import das_policy
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.drafter.baselines import OracleDrafter
-from dasrl.tasks import chat_ids, make_tasks, preset
+from dasrl.tasks import chat_ids, preset
 P, G, M = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]); T = float(sys.argv[4]); th = int(sys.argv[5])
 which = sys.argv[6].split(',')
 model, tok = load_model("smollm2-135m")
 eng = SpecEngine(model, tok, EngineConfig(num_threads=th))
-tasks = make_tasks(P, seed=0, families=preset("long-tail").families)
+tasks = preset("enumerations").tasks(P, seed=0)
 prompts = [chat_ids(tok, t.question) for t in tasks for _ in range(G)]
 pids = [i for i in range(P) for _ in range(G)]
 sp = SamplingParams(temperature=T, top_p=0.95)

@@ -35,9 +35,9 @@ class VLLMBenchConfig:
     """Embedded model name or a local HF folder."""
     methods: tuple[str, ...] = ("none", "ngram", "suffix", "das")
     """Methods, run in this order: none | ngram | suffix | das | das-static | das-fixed."""
-    tasks: str = "long-tail"
-    """long-tail: dasrl.tasks' long-tail preset (number and list problems, rewarded); questions: 12 open
-    questions (no reward)."""
+    tasks: str = "enumerations"
+    """enumerations: dasrl.tasks' toy long-tail preset (number and list problems, rewarded; `long-tail`, its
+    old name, still works); questions: 12 open questions (no reward)."""
     prompts: int = 6
     """Distinct prompts."""
     samples: int = 4

@@ -43,7 +43,7 @@ QUESTIONS = [
 ]
 
 
-TASK_SETS = ("long-tail", "questions")
+TASK_SETS = ("enumerations", "long-tail", "questions")  # long-tail: the old name of enumerations
 
 
 def bench_questions(n: int) -> list[str]:
@@ -91,10 +91,10 @@ def workload(tok, cfg: dict) -> tuple[list[list[int]], list]:
     if cfg.get("tasks", "questions") == "questions":
         qs = bench_questions(cfg["prompts"])
         return chat_prompts(tok, qs), [None] * len(qs)
-    from dasrl.tasks import chat_ids, make_tasks, preset
+    from dasrl.tasks import chat_ids, preset
 
-    tasks = make_tasks(cfg["prompts"], seed=cfg["seed"], families=preset(cfg["tasks"]).families)
-    return [[int(x) for x in chat_ids(tok, t.question)] for t in tasks], [t.answer for t in tasks]
+    tasks = preset(cfg["tasks"]).tasks(cfg["prompts"], seed=cfg["seed"])
+    return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks]
 
 
 class BenchWorkerExtension(DASWorkerExtension):

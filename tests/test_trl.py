@@ -42,3 +42,48 @@ def test_grpo_trainer_das_equals_plain(tmp_path, smollm):
     plain = _run(tmp_path, smollm, speculate=False)
     das = _run(tmp_path, smollm, speculate=True)
     assert len(plain) == 8 and das == plain
+
+
+def test_logprobs_are_what_trl_compares(tmp_path, smollm):
+    """The rollout's logprobs are the sampling distribution's at the trainer's temperature (vLLM's
+    processed_logprobs), i.e. TRL's own log_softmax(logits / T) of the weights that generated them; a
+    sampling setting the engine does not apply is refused."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import copy
+
+    import torch
+
+    from dasrl.integrations.trl import dasrl_rollout
+
+    model, tok = smollm
+    before = copy.deepcopy(model)
+    got: dict = {}
+    rollout = dasrl_rollout(speculate=False)
+
+    def capture(prompts, trainer):
+        got.update(rollout(prompts, trainer))
+        return got
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    ds = datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": "Name a fruit."}]]})
+
+    def args(name, **kw):
+        return trl.GRPOConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=2, num_generations=2,
+                              max_completion_length=10, max_steps=1, bf16=False, gradient_checkpointing=False,
+                              use_cpu=True, report_to="none", seed=0, save_strategy="no", temperature=0.7, **kw)
+
+    def reward(completion_ids, **kw):
+        return [float(len(c)) for c in completion_ids]
+
+    trl.GRPOTrainer(model=copy.deepcopy(model), processing_class=tok, reward_funcs=[reward], args=args("a"),
+                    train_dataset=ds, rollout_func=capture).train()
+    assert len(got["logprobs"]) == 2
+    for p, c, lp in zip(got["prompt_ids"], got["completion_ids"], got["logprobs"]):
+        with torch.no_grad():
+            logits = before(torch.tensor([p + c])).logits[0, len(p) - 1: -1].double() / 0.7
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(lp, dtype=torch.float64), want, atol=1e-3), (lp, want.tolist())
+    with pytest.raises(ValueError, match="min_p"):
+        trl.GRPOTrainer(model=copy.deepcopy(model), processing_class=tok, reward_funcs=[reward],
+                        args=args("b", min_p=0.1), train_dataset=ds, rollout_func=dasrl_rollout()).train()

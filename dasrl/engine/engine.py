@@ -31,11 +31,12 @@ from typing import Callable, Hashable, Iterator, Sequence
 import numpy as np
 import torch
 
-from dasrl.drafter.base import Draft, DraftBatch, Drafter, observe_batch, problem_key
+from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.coupling import couple
 from dasrl.engine.gemm import INVARIANT_PADDING, RowPadding, padded_linears
+from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
 from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
@@ -151,29 +152,6 @@ class RunStats:
         self.wall_s = info.elapsed_s
 
 
-class UnsupportedModel(ValueError):
-    """The engine cannot run this model exactly (SpecEngine refuses it at construction)."""
-
-
-def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """Why the engine's packed attention cannot compute what this model's own attention does (None: no
-    reason known; the construction probe still checks the logits). Read from the transformers 5.x config."""
-    if not getattr(model, "_supports_attention_backend", False):
-        return ("its attention is not declared to take transformers' attention interface with every keyword "
-                "argument passed through (_supports_attention_backend)")
-    cfg = model.config.get_text_config()
-    window = getattr(cfg, "sliding_window", None)
-    if window:  # Mistral, Qwen2 with use_sliding_window, Gemma 2/3, ...
-        return f"sliding-window attention (sliding_window={window})"
-    chunk = getattr(cfg, "attention_chunk_size", None)
-    if chunk:  # Llama 4
-        return f"chunked attention (attention_chunk_size={chunk})"
-    kinds = sorted(set(getattr(cfg, "layer_types", None) or ()) - {"full_attention"})
-    if kinds:
-        return f"layers of type {kinds} (the engine implements full causal attention only)"
-    return None
-
-
 class EngineStepError(RuntimeError):
     """A step failed; `partial` holds every request as it stood before that step."""
 
@@ -223,44 +201,7 @@ class SpecEngine:
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (
             () if eos is None else (int(eos),))
         self.last_run = RunStats()
-        self._probe()
-
-    def _probe(self) -> None:
-        """Check that the model's decoder takes the packed path: a packed prefill of two rows of different
-        lengths, then a step with a 2-token draft in one row, must give the logits of the model's own
-        forward (its attention as loaded, no cache) at every position. A layer that drops `dasrl_packed`,
-        an attention outside transformers' interface, or anything else the engine would silently get wrong
-        fails here, once, with the model type named -- not as outputs equally wrong in every run."""
-        v = self.vocab_size
-        prompts = [[(7 * i + 3) % v for i in range(5)], [(11 * i + 5) % v for i in range(3)]]
-        pending, draft = [13 % v, 17 % v], [19 % v, 23 % v]
-        seqs = [prompts[0] + [pending[0]] + draft, prompts[1] + [pending[1]]]
-        try:
-            with self.forward_context():
-                cache = RowCache.for_model(self.model, rows=2, capacity=8)  # small: the step grows it
-                pre = pack_prompts(prompts, bucket=self.attention_bucket)
-                first = self._forward(cache, pre)  # [8, V]: every prompt token
-                cache.lengths[:2] = [5, 3]
-                drafts = DraftBatch.from_drafts([Draft.chain(draft), Draft.empty()])
-                step = pack_drafts(pending=np.array(pending, np.int64), lengths=cache.lengths[:2].copy(),
-                                   drafts=drafts, bucket=self.attention_bucket)
-                second = self._forward(cache, step)  # [4, V]
-            with torch.inference_mode():
-                device = self.lm_head.weight.device
-                ref = [self.model(input_ids=torch.tensor([s], device=device)).logits[0].float() for s in seqs]
-        except Exception as e:
-            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: its packed "
-                                   f"forward fails ({type(e).__name__}: {e})") from e
-        ours = [torch.cat([first[:5], second[:3]]).float(), torch.cat([first[5:], second[3:]]).float()]
-        tol = 1e-4 if self.lm_head.weight.dtype == torch.float32 else 3e-2  # relative to the largest logit
-        for b, (got, want) in enumerate(zip(ours, ref)):
-            err = float((got - want).abs().max())
-            if not err <= tol * max(1.0, float(want.abs().max())):
-                raise UnsupportedModel(
-                    f"SpecEngine does not support model type {self.model_type!r}: its packed forward's logits "
-                    f"differ from the model's own forward by up to {err:.3g} (row {b} of the construction probe); "
-                    f"a layer may not pass dasrl_packed= through to attention, or attend in a way the engine "
-                    f"does not implement")
+        check_packed_forward(self)
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None,

@@ -196,7 +196,7 @@ class LengthClassifier:
         """(short_below, long_from): a length l is short if l < short_below, long if l >= long_from."""
         if self._thr is None:
             c = self.config
-            if self._pooled.n >= c.min_pooled:
+            if self._pooled.n >= max(c.min_pooled, 1):
                 lo = int(np.ceil(self._pooled.quantile(c.q_short)))
                 hi = int(np.ceil(self._pooled.quantile(c.q_long)))
             else:

@@ -32,8 +32,9 @@ import numpy as np
 SYSTEM = "You are a helpful assistant. Solve the problem step by step, then give the final answer as a number."
 MATH_INSTRUCTION = 'Solve it briefly, then write the final answer on its own line as "The answer is X."'
 """Follows the statement in the user turn; the system turn is the model's own default. Measured on
-SmolLM2-135M at T = 1 (8 CHAMP statements x 4 samples): 22% of samples at 256 tokens, median 99 tokens,
-where a custom system prompt asking for step-by-step work and the same final line left 62% at 512."""
+SmolLM2-135M at T = 1, top-p 1 (8 short CHAMP statements x 4 samples, 512 tokens): 19% of samples at the
+limit, median 99 tokens; a custom system prompt asking for step-by-step work and the same final line
+left 62% at the limit. The model rarely writes the final line either way (1 and 3 of 32)."""
 ANSWER_PHRASE = "The answer is"
 """The fixed final-answer form; the math preset stops a sample at the end of the line that holds it."""
 FORMAT_CREDIT = 0.1

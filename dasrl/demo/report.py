@@ -103,7 +103,7 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
         g = f"{gpu['baseline_s'][i]:.2f} | {gpu['das_s'][i]:.2f}" if gpu else "n/a | n/a"
         lines.append(f"| {r.step} | {r.baseline_s:.1f} | {r.das_s:.1f} | {r.speedup:.2f}x | {g} | "
                      f"{r.tokens_per_row_forward:.2f} | {r.at_limit_fraction:.0%} | {r.mean_reward_baseline:.3f} | "
-                     f"{r.mean_reward_das:.3f} | {r.kl_to_initial:.4f} | {'yes' if r.identical else 'NO'} |")
+                     f"{r.mean_reward_das:.3f} | {r.kl_to_initial:.2g} | {'yes' if r.identical else 'NO'} |")
     lines += ["", f"Samples at the length limit: {summary['at_limit_fraction']:.0%} (baseline rollouts, all steps). "
               "KL to initial: KL(initial policy || policy after the step's update) per token, on step 0's first "
               "two samples of each problem."]

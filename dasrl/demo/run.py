@@ -195,7 +195,7 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
             r = rows[-1]
             console.print(f"step {step}: baseline {r.baseline_s:.1f}s  DAS {r.das_s:.1f}s  speedup "
                           f"{r.speedup:.2f}x  tokens/forward {r.tokens_per_row_forward:.2f}  reward "
-                          f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  KL {r.kl_to_initial:.4f}  "
+                          f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  KL {r.kl_to_initial:.2g}  "
                           f"at limit {r.at_limit_fraction:.0%}  identical={r.identical}")
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: keeping the {len(rows)} finished steps")

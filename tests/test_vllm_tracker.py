@@ -686,17 +686,18 @@ def test_overlapping_steps_roll_the_window_at_the_callers_signal():
         live[rid] = object()
     H = list(range(100, 140))
     live_step(d, b, {"a1": R1[:4], "a2": R1[:4], "q": H[:2]}, live)
-    live_step(d, b, {"a1": R1[4:], "a2": R1[4:], "q": H[2:4]}, live)
+    live_step(d, b, {"a1": R1[4:], "a2": R1[4:], "q": H[2:4]}, live)  # a1, a2 get their last tokens
+    d.end_step()  # the trainer took step 1's rollouts; vLLM's runner drops a1, a2 only at its next step
+    assert d.store.step == 0  # not yet: a1 and a2 cannot be told from requests in flight until then
     for rid in ("a1", "a2"):
         b.drop(rid)
         del live[rid]
-    live_step(d, b, {"q": H[4:6]}, live)
-    assert d.stats.finished == 2 and d.store.step == 0
-    d.end_step()  # the trainer took step 1's rollouts
     b.add("b1", P)
     live["b1"] = object()
-    drafts = live_step(d, b, {"b1": R1[:1], "q": H[6:8]}, live)
+    drafts = live_step(d, b, {"b1": R1[:1], "q": H[4:6]}, live)
+    assert d.stats.finished == 2 and d.store.step == 1  # a1, a2 finished into step 1, then the roll
     assert drafts["b1"] == R1[1:] and d.stats.restarted == 1  # history of step 1; q re-started from its row
+    live_step(d, b, {"b1": [], "q": H[6:8]}, live)
     assert d.store._live["q"].output == H[:8]
     live_step(d, b, {"b1": R1[1:], "q": H[8:40]}, live)
     for rid in ("b1", "q"):
@@ -707,6 +708,14 @@ def test_overlapping_steps_roll_the_window_at_the_callers_signal():
     live_step(d, b, {"t": H[:1]}, live)
     assert d.stats.steps == 1 and d.store.step == 1
     d.end_step()  # window 1: step 1's rollouts (a1, a2) leave, step 2's (b1, q) are the history
+    d2 = drafter(explicit_steps=True)  # a caller that sends every boundary, from the first step on
+    b2 = Batch()
+    b2.add("x", P)
+    live_step(d2, b2, {"x": R1}, {"x": 1})
+    b2.drop("x")
+    b2.add("y", P)
+    live_step(d2, b2, {"y": R1[:1]}, {"y": 2})  # drained: no inferred boundary
+    assert d2.stats.finished == 1 and d2.stats.steps == 0
     b.add("b2", P)
     b.add("q2", Q)
     live["b2"], live["q2"] = object(), object()

@@ -49,6 +49,9 @@ class VLLMDrafterConfig:
     """When an RL step ends if the caller never says so (`dasrl_end_step`): 0 = when the batch drains
     (every request of the step has left and a new one arrives: one `LLM.generate` call per step) or
     after max_step_requests finished requests; N > 0 = after every N finished requests."""
+    explicit_steps: bool = False
+    """True: RL steps end only when the caller says so (`collective_rpc("dasrl_end_step")`), from the first
+    step on; False: boundaries are inferred (below) until the caller's first dasrl_end_step."""
     max_step_requests: int = 4096
     """With step_requests = 0: a step also ends once this many requests finished since the last
     boundary without the batch draining (a server that is never idle; 0 = only when it drains)."""

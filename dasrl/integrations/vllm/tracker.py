@@ -17,8 +17,9 @@ This class turns that view into the Drafter protocol of a DraftStore:
   fed, or, with `live` a mapping, another request-state object of vLLM's) is a *reused* id: the old
   request departs and the new one starts, instead of being spliced onto it;
 * a step boundary (DraftStore.end_step: the window rolls) comes from the caller where it can send one
-  (`end_step()`, e.g. `llm.collective_rpc(dasrl_end_step)`): from the first such call on, no boundary
-  is inferred. Until then: `step_requests=N` ends a step after every N finished requests; by default
+  (`end_step()`, e.g. `llm.collective_rpc(dasrl_end_step)`), taking effect at the next call, once the
+  requests that finished before it have been seen leaving; from the first such signal on (or from the
+  start with `explicit_steps`), no boundary is inferred. Until then: `step_requests=N` ends a step after every N finished requests; by default
   (0) a step ends when the batch has drained (every known request has departed and a new one arrives:
   one `LLM.generate` per RL step) or, for a server whose batch never drains, once `max_step_requests`
   requests finished since the last boundary. Requests in flight across a boundary are re-started from
@@ -148,8 +149,10 @@ class BatchDrafter:
         self._reqs: dict[str, _Req] = {}
         """Requests vLLM holds: in the batch, or paused (absent from it but still in `live`)."""
         self._finished_since_step = 0
-        self.explicit = False
+        self.explicit = config.explicit_steps
         """True once the caller ended a step itself (end_step): from then on no boundary is inferred."""
+        self._signalled = False
+        """end_step() was called: the window rolls at the next call, after that call's departures."""
         self._probe_slot: dict[object, int] = {}
         """problem key -> its offset in the probe cycle (probes of different problems fall on different calls)."""
         self._problem_acc: dict[object, list[int]] = {}
@@ -157,12 +160,14 @@ class BatchDrafter:
 
     # ---------------------------------------------------------------- steps
     def end_step(self) -> None:
-        """The caller closes the RL step (rollouts finished so far are the step's; the window rolls).
-        From now on the caller owns the boundaries: none is inferred from the batch any more."""
-        self.explicit = True
-        self._roll()
+        """The caller closes the RL step: rollouts finished so far are the step's, the window rolls at the
+        next call -- vLLM's runner drops a request finished in its last step only when the next step
+        begins, so only then can such a request be told from one in flight. From now on the caller owns
+        the boundaries: none is inferred from the batch any more."""
+        self.explicit = self._signalled = True
 
     def _roll(self) -> None:
+        self._signalled = False
         self.store.end_step()
         if self.policy is not None:
             self.policy.end_step()
@@ -241,7 +246,7 @@ class BatchDrafter:
         new_ids = any(r not in self._reqs for r in req_ids)
         if new_ids:  # the step just computed prefilled them: its token count is unknown
             self.clock.skip()
-        if self._boundary(new_ids):
+        if self._signalled or self._boundary(new_ids):
             self._roll()
 
         rows: list[int] = []

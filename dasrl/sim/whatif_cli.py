@@ -50,7 +50,7 @@ def table(doc: dict) -> Table:
         base = none.get(r["model"])
         cells = [f"{r['predicted_s_per_step'][p] / base[p]:.2f}" if base and base[p] else
                  f"{r['predicted_s_per_step'][p]:.1f}s" for p in profs]
-        t.add_row(r["model"][:13], r["drafter"], f"{r['tokens_per_forward']:.2f}",
+        t.add_row(r["model"][:10], r["drafter"], f"{r['tokens_per_forward']:.2f}",
                   f"{r['critical_tokens_per_forward']:.2f}", f"{100 * r['acceptance']:.0f}", *cells)
     t.caption = "  ".join(f"P{i + 1}={p}" for i, p in enumerate(profs)) + \
         "  (x: predicted s/step from step 2 / plain decoding's)"
@@ -98,7 +98,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         variants: Optional[str] = typer.Option(None, help="CHAMP: comma-separated variants playing the steps "
                                                           "(default: all 18)."),
         samples: int = typer.Option(1, callback=between(1, 18), help="CHAMP: variants per problem in one step."),
-        problems: int = typer.Option(0, callback=between(0, 270), help="CHAMP: the first N problems (0 = all)."),
+        problems: int = typer.Option(60, callback=between(0, 270), help="CHAMP: the first N problems (0 = all 270; the default 60 keeps `dasrl whatif champ` within ~5 min on one CPU core)."),
         cap: int = typer.Option(16, "--cap", "-k", callback=between(1, 256), help="The equal draft cap K."),
         methods: str = typer.Option(",".join(("das", "das-suffix", "global", "suffix", "ngram", "none")),
                                     help="Comma-separated methods."),

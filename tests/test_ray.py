@@ -120,6 +120,11 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     want = local.generate(prompts, sampling=sp, max_new_tokens=20)
     assert [r.completion_ids for r in got] == [r.completion_ids for r in want]
     assert len(pids) == 4 and dist.stats()["steps"] == 3
+    # the same prompts again in the same step: fresh seeds, the ones a local session draws
+    again = dist.generate(prompts[:2], sampling=sp, max_new_tokens=4)
+    want_again = local.generate(prompts[:2], sampling=sp, max_new_tokens=4)
+    assert [r.seed for r in again] == [r.seed for r in want_again]
+    assert not {r.seed for r in again} & {r.seed for r in got}
     dist.save(tmp_path / "dist")
     assert (tmp_path / "dist" / "distributed.json").is_file() and (tmp_path / "dist" / "worker-0").is_dir()
     before = dist.step

@@ -257,3 +257,12 @@ def test_a_folder_with_other_files_is_not_replaced(tiny_llama, tmp_path):
     s.save(tmp_path / "sess")
     s.save(tmp_path / "sess")  # replacing a session save is fine
     shutil.rmtree(tmp_path / "sess")
+
+
+def test_next_samples_counts_on_from_what_was_drawn():
+    from dasrl.rollout.session import next_samples
+
+    drawn = {"a": {0, 1}}
+    assert next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
+    assert next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
+    assert drawn == {"a": {0, 1}}  # the caller records what it drew

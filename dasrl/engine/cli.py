@@ -61,7 +61,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
         model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
         preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short."),
-        temperature: Optional[float] = typer.Option(None, help="Sampling temperature [default: the preset's]."),
+        temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's)."),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
                                                "per-forward allowance) | fixed (--budget k)."),
         budget: Optional[int] = typer.Option(None, help="Draft budget k of the fixed policy.",

@@ -36,7 +36,7 @@ from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, sample_indices, sample_seed
+from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, next_samples, sample_seed
 
 
 def _ray():
@@ -238,6 +238,7 @@ class DistributedRolloutSession:
                                   affinity_slack=config.affinity_slack)
         self.step = 0
         self.history: list[DistributedStep] = []
+        self._drawn: dict[Hashable, set[int]] = {}  # sample indices of each problem drawn this step
 
     def _spawn(self):
         actor = self._actor_cls.remote(self.model, self._worker_session, self.dtype)
@@ -264,8 +265,12 @@ class DistributedRolloutSession:
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
         if seeds is None:
-            seeds = [sample_seed(self.config.session.seed, self.step, pid, k)
-                     for pid, k in zip(pids, sample_indices(pids))]
+            # counted per problem over the step's calls, as a session counts them: a prompt seen again in
+            # the same step gets fresh seeds
+            samples = next_samples(self._drawn, pids)
+            for pid, k in zip(pids, samples):
+                self._drawn.setdefault(pid, set()).add(k)
+            seeds = [sample_seed(self.config.session.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         t0 = time.perf_counter()
@@ -344,6 +349,7 @@ class DistributedRolloutSession:
                 self.workers[w] = self._spawn()
             self._dead.clear()
         self.step += 1
+        self._drawn = {}
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
@@ -395,7 +401,7 @@ class DistributedRolloutSession:
         # only when all of them load does any worker switch (each worker's own load is all or nothing).
         _gather(ray, {w: self.workers[w].check_load.remote(p) for w, p in parts.items()}, f"{folder}: not loaded")
         _gather(ray, {w: self.workers[w].load.remote(p) for w, p in parts.items()}, f"{folder}: loaded in part")
-        self.step, self.router = step, router
+        self.step, self.router, self._drawn = step, router, {}
 
     def shutdown(self) -> None:
         """Stop the actors (the Ray runtime stays up)."""

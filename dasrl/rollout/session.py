@@ -36,7 +36,6 @@ import shutil
 import threading
 import time
 import warnings
-from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Sequence
@@ -136,13 +135,15 @@ def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> 
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
-def sample_indices(problem_ids: Sequence[Hashable]) -> list[int]:
-    """Each request's index among the samples of its problem, in order: [a, a, b, a] -> [0, 1, 0, 2]."""
-    counter: Counter = Counter()
+def next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable]) -> list[int]:
+    """Each request's sample index: the next of its problem after those already `drawn` this step (a
+    problem -> indices map the caller keeps per step), counted on across this call: {a: {0, 1}}, [a, b, a]
+    -> [2, 0, 3]. Does not change `drawn`."""
+    nxt = {pid: max(ks) + 1 for pid, ks in drawn.items() if ks}
     out = []
     for pid in problem_ids:
-        out.append(counter[pid])
-        counter[pid] += 1
+        out.append(nxt.get(pid, 0))
+        nxt[pid] = out[-1] + 1
     return out
 
 
@@ -231,12 +232,7 @@ class RolloutSession:
         """Each request's sample index (given, or the next unused of its problem), none drawn before in
         this step nor twice in this call."""
         if given is None:
-            nxt = {pid: max(ks) + 1 for pid, ks in self._drawn.items() if ks}
-            out = []
-            for pid in pids:
-                out.append(nxt.get(pid, 0))
-                nxt[pid] = out[-1] + 1
-            return out
+            return next_samples(self._drawn, pids)
         out = list(given)
         if len(out) != len(pids):
             raise ValueError(f"{len(pids)} prompts but {len(out)} sample indices")

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Sequence
 
-from dasrl.atomic import _fsync_dir, write_json
+from dasrl.atomic import fsync_dir, write_json
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
 from dasrl.drafter.store import DraftStore, StoreConfig
@@ -380,7 +380,7 @@ class RolloutSession:
                 os.rename(folder, old)
                 moved = True
             os.rename(new, folder)
-            _fsync_dir(folder.parent)
+            fsync_dir(folder.parent)
         except BaseException:
             if moved and not folder.exists():
                 os.rename(old, folder)  # the previous save back in place

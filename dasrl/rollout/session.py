@@ -298,9 +298,7 @@ class RolloutSession:
             try:
                 if self.drafter is not None:
                     self.drafter.end_step()
-                end = getattr(self.policy, "end_step", None)
-                if end is not None:
-                    end()
+                self.policy.end_step()  # part of the BudgetPolicy protocol
             except BaseException as e:  # kept for the caller: a thread's exception would only be printed
                 e.add_note(f"(in the upkeep of end_step() before step {step})")
                 self._failed = e

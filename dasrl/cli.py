@@ -1,7 +1,8 @@
 """The `dasrl` command line: demo | bench | simulate | calibrate | trace | experiments.
 
-Each concept package registers its own commands (a `register(app, bench)` function in its cli module),
-so this file only assembles them.
+Each command module (dasrl/bench/*_cli.py and gpu.py for the benchmarks, the cli modules of demo, sim
+and experiments) has a `register(app, bench)` function that adds its commands; this file only assembles
+them.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ bench = typer.Typer(help="Benchmarks, side by side against baselines; each write
                     no_args_is_help=True)
 app.add_typer(bench, name="bench")
 
-# Modules with a `register(app, bench)`; each adds its commands.
+# Modules with a `register(app, bench)`; each adds its commands (this order is the order of --help).
 REGISTRARS = [
-    "dasrl.drafter.cli",
-    "dasrl.engine.cli",
+    "dasrl.bench.drafter_cli",
+    "dasrl.bench.engine_cli",
     "dasrl.demo.cli",
     "dasrl.sim.cli",
-    "dasrl.sim.gpu",
+    "dasrl.bench.gpu",
     "dasrl.sim.whatif_cli",
-    "dasrl.integrations.vllm.cli",
+    "dasrl.bench.vllm_cli",
     "dasrl.experiments.cli",
-    "dasrl.integrations.cli",
+    "dasrl.bench.ray_cli",
 ]
 
 for _name in REGISTRARS:

@@ -133,7 +133,7 @@ def test_fidelity_bench_flag():
     from typer.testing import CliRunner
 
     from dasrl.cli import app
-    from dasrl.engine.fidelity import FidelityConfig, engine_config
+    from dasrl.bench.fidelity import FidelityConfig, engine_config
 
     assert engine_config(FidelityConfig(batch_invariant=True)).batch_invariant
     assert not engine_config(FidelityConfig()).batch_invariant

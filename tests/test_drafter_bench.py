@@ -8,7 +8,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from dasrl.cli import app
-from dasrl.drafter import bench as B
+from dasrl.bench import drafter as B
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 

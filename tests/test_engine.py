@@ -362,7 +362,7 @@ def test_bad_drafts_are_refused(engine, chat_prompts):
 
 # ---------------------------------------------------------------- calibration and bench helpers
 def test_calibration_fits_a_latency_model(engine):
-    from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
+    from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency
 
     grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
     samples = calibrate(engine, grid)
@@ -373,7 +373,7 @@ def test_calibration_fits_a_latency_model(engine):
 
 
 def test_goal_lines():
-    from dasrl.engine.cli import goals
+    from dasrl.bench.engine_cli import goals
 
     rows = [{"drafter": d, "wall_s": w} for d, w in
             [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]

@@ -1,5 +1,5 @@
 """The package's floors (DESIGN.md): drafter -> policy -> engine -> rollout -> (sim | demo | integrations)
--> experiments. No module imports one on a higher floor (lazy imports inside functions included; each
+-> (bench | experiments). No module imports one on a higher floor (lazy imports inside functions included; each
 package's cli.py registers commands and may reach up), and no two modules import each other."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "dasrl"
 FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "sim": 4, "demo": 4, "integrations": 4,
-          "experiments": 5}
+          "bench": 5, "experiments": 5}
 UTILITIES = {"dasrl", "dasrl._core", "dasrl.atomic", "dasrl.models", "dasrl.tasks"}
 """Top-level modules every floor may use (they import no floor themselves)."""
 KNOWN_CYCLES: set[tuple[str, str]] = set()

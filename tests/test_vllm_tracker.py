@@ -487,24 +487,24 @@ def test_proposer_passes_the_runners_held_requests():
 def test_bench_compares_without_per_request_seeds_by_default():
     from dataclasses import asdict
 
-    from dasrl.integrations.vllm.bench import VLLMBenchConfig
+    from dasrl.bench.vllm_bench import VLLMBenchConfig
 
     cfg = VLLMBenchConfig(temperature=1.0)
-    assert cfg.seeded is False and asdict(cfg)["seeded"] is False  # what bench_run reads
+    assert cfg.seeded is False and asdict(cfg)["seeded"] is False  # what vllm_run reads
     assert VLLMBenchConfig(temperature=1.0, seeded=True).seeded
 
 
 def test_bench_modules_import_one_way():
-    """bench.py (parent) imports bench_run.py (child entry point); bench_run.py imports nothing of bench."""
+    """vllm_bench.py (parent) imports vllm_run.py (child entry point); vllm_run.py imports nothing of vllm_bench."""
     import ast
     from pathlib import Path
 
-    import dasrl.integrations.vllm.bench_run as child
+    import dasrl.bench.vllm_run as child
 
     tree = ast.parse(Path(child.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "dasrl.integrations.vllm.bench" not in imported, imported
+    assert "dasrl.bench.vllm_bench" not in imported, imported
 
 
 # ------------------------------------------------------------------ the latency floor (StepClock)

@@ -1,5 +1,5 @@
 """Experiment 6 (paper Fig. 8): the latency model. Forward time measured over batch x tokens-per-row x
-context (`dasrl calibrate`'s measurement, dasrl.engine.bench.calibrate), against the tokens in the
+context (`dasrl calibrate`'s measurement, dasrl.bench.engine.calibrate), against the tokens in the
 forward, with the paper's linear fit t = c_base + c_tok * n and its relative error (and dasrl's fit with
 the KV-read term that a CPU needs)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
+from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency
 from dasrl.experiments.base import REAL_FORWARDS, Context, Experiment, Outcome, pyplot, save_figure
 from dasrl.policy.latency import LatencyModel
 

@@ -59,7 +59,7 @@ def sdpa_views() -> None:
 
 
 def load():
-    from dasrl.engine.bench import PROBLEMS, chat_prompts
+    from dasrl.bench.engine import PROBLEMS, chat_prompts
     from dasrl.models import load_model
 
     model, tok = load_model("smollm2-135m")
@@ -186,7 +186,7 @@ def cost(repeats: int = 7) -> None:
 
 
 def flip() -> None:
-    from dasrl.engine.bench import PROBLEMS, chat_prompts
+    from dasrl.bench.engine import PROBLEMS, chat_prompts
     from dasrl.engine.engine import EngineConfig, SpecEngine
     from dasrl.engine.sampling import SamplingParams
     from dasrl.models import load_model

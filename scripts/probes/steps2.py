@@ -3,7 +3,7 @@ import sys, json, time, numpy as np, torch
 from dasrl.models import load_model
 from dasrl.engine.engine import SpecEngine, EngineConfig
 from dasrl.engine.sampling import SamplingParams
-from dasrl.engine.bench import das_policy
+from dasrl.bench.engine import das_policy
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.drafter.baselines import OracleDrafter
 from dasrl.tasks import chat_ids, preset

@@ -161,7 +161,7 @@ def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: li
 def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
                  progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """One row per (sampler, variant, temperature). progress(name, total_tokens) returns an on_step callback."""
-    from dasrl.engine.bench import PROBLEMS, chat_prompts
+    from dasrl.bench.engine import PROBLEMS, chat_prompts
     from dasrl.policy.base import FixedBudget
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
@@ -253,8 +253,8 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     """Flips caused by the forward shape alone, on real logits: a few plain rollouts are teacher-forced
     once per sequence and once as a batch, and every output position is drawn under `seeds` keys from
     both logits (flips.py); the noise model's prediction at the measured sigma comes with each row."""
-    from dasrl.engine.bench import PROBLEMS, chat_prompts
-    from dasrl.engine.flips import flip_rows
+    from dasrl.bench.engine import PROBLEMS, chat_prompts
+    from dasrl.bench.flips import flip_rows
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, PROBLEMS[:requests])
@@ -279,7 +279,7 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
     import statistics
     import time
 
-    from dasrl.engine.bench import PROBLEMS, chat_prompts
+    from dasrl.bench.engine import PROBLEMS, chat_prompts
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(batch)])

@@ -16,7 +16,7 @@ from rich.table import Table
 from dasrl.atomic import write_json
 from dasrl.cli_args import between, output_file
 from dasrl.drafter.base import MAX_DRAFT
-from dasrl.drafter import bench as B
+from dasrl.bench import drafter as B
 from dasrl.drafter.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter.store import DraftStore, StoreConfig
 

@@ -1,7 +1,7 @@
 """`dasrl bench vllm`: vLLM without speculation, with its own `ngram` and `suffix` methods, and with DAS,
 side by side on the same RL-like workload (the same prompts re-sampled every step).
 
-Each method runs in its own process (bench_run.py) one after the other, on the same machine. Reported
+Each method runs in its own process (vllm_run.py) one after the other, on the same machine. Reported
 per method: tokens/s (median over the steps after the first, where history exists, and over all
 steps), vLLM's own spec-decode counters (draft tokens, accepted, acceptance rate, mean accepted tokens
 per draft), and whether every output equals the no-speculation run token for token (expected at
@@ -9,7 +9,7 @@ temperature 0 in fp32; not expected at temperature > 0, where vLLM's verificatio
 distribution only). At temperature > 0 requests carry no per-request seed unless `seeded` is set
 (see VLLMBenchConfig.seeded).
 
-Import order: bench.py (the parent) imports bench_run.py (the child's entry point); never the reverse.
+Import order: vllm_bench.py (the parent) imports vllm_run.py (the child's entry point); never the reverse.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dasrl.integrations.vllm.bench_run import METHODS, TASK_SETS, bench_questions
+from dasrl.bench.vllm_run import METHODS, TASK_SETS, bench_questions
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def run_method(cfg: VLLMBenchConfig, method: str, *, workdir: Path, timeout_s: f
     cfg_path.write_text(json.dumps(asdict(cfg)))
     log_path = workdir / f"{method}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "dasrl.integrations.vllm.bench_run", str(cfg_path), method,
+        proc = subprocess.run([sys.executable, "-m", "dasrl.bench.vllm_run", str(cfg_path), method,
                                str(out_path)], env=_env(cfg), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
@@ -148,7 +148,7 @@ def summarise(result: dict, baseline: dict | None) -> dict:
 
 
 class _Server:
-    """One method's bench_run process in --serve mode: one engine, many runs."""
+    """One method's vllm_run process in --serve mode: one engine, many runs."""
 
     def __init__(self, cfg: VLLMBenchConfig, method: str, workdir: Path) -> None:
         self.method, self.workdir = method, workdir
@@ -156,7 +156,7 @@ class _Server:
         cfg_path.write_text(json.dumps(asdict(cfg)))
         r, w = os.pipe()
         self.log = open(workdir / f"{method}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dasrl.integrations.vllm.bench_run", str(cfg_path), method,
+        self.proc = subprocess.Popen([sys.executable, "-m", "dasrl.bench.vllm_run", str(cfg_path), method,
                                       "--serve", str(w)], env=_env(cfg), stdin=subprocess.PIPE, stdout=self.log,
                                      stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
         os.close(w)

@@ -77,7 +77,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                              callback=device_opt),
     ) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
-        from dasrl.engine.bench import EngineBenchConfig, run_engine_bench
+        from dasrl.bench.engine import EngineBenchConfig, run_engine_bench
         from dasrl.models import load_model
 
         cfg = EngineBenchConfig.quick() if quick else EngineBenchConfig()
@@ -137,7 +137,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import torch
 
         from dasrl.engine import SpecEngine
-        from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency
+        from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency
         from dasrl.models import load_model
 
         grid = CalibrationGrid.quick() if quick else CalibrationGrid()
@@ -166,7 +166,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"mean relative error {err:.1%}")
         fitted.save(out)
         console.print(f"wrote {out}")
-        from dasrl.engine.bench import packed_vs_padded
+        from dasrl.bench.engine import packed_vs_padded
 
         for line in packed_vs_padded(engine, fitted, repeats=grid.repeats):
             console.print(line)
@@ -197,7 +197,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         samplers (docs/sampling.md, docs/benchmarks.md "## Fidelity")."""
         import torch
 
-        from dasrl.engine.fidelity import (FidelityConfig, run_fidelity, sampler_cost_rows, shape_flip_rows,
+        from dasrl.bench.fidelity import (FidelityConfig, run_fidelity, sampler_cost_rows, shape_flip_rows,
                                            totals)
         from dasrl.models import load_model
 

@@ -57,7 +57,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.table import Table
 
         from dasrl.atomic import write_json
-        from dasrl.integrations.vllm.bench import VLLMBenchConfig, run_bench
+        from dasrl.bench.vllm_bench import VLLMBenchConfig, run_bench
 
         try:
             cfg = VLLMBenchConfig(model=model, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),

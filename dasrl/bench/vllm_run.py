@@ -1,7 +1,7 @@
 """One method of `dasrl bench vllm`, in its own process (vLLM's engine and KV cache are per process):
 
-    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json       # one run, then exit
-    python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD --serve FD     # many runs, one engine
+    python -m dasrl.bench.vllm_run CONFIG.json METHOD OUT.json       # one run, then exit
+    python -m dasrl.bench.vllm_run CONFIG.json METHOD --serve FD     # many runs, one engine
 
 `--serve`: the engine is built once; each stdin line is a JSON command {"temperature", "repeat", "out"}:
 the drafter's history is reset (BenchWorkerExtension.dasrl_bench_reset: DAS's store, vLLM suffix's
@@ -12,7 +12,7 @@ engine start per (method, temperature, repeat).
 Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
 sampled `samples` times, every step; no per-request seed unless the config says `seeded`, see
 VLLMBenchConfig.seeded), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
-token ids to OUT.json. The parent (bench.py) compares methods; this module imports nothing of it.
+token ids to OUT.json. The parent (vllm_bench.py) compares methods; this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def build(cfg: dict, method: str):
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
               speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,
-              additional_config=extra, worker_extension_cls="dasrl.integrations.vllm.bench_run.BenchWorkerExtension",
+              additional_config=extra, worker_extension_cls="dasrl.bench.vllm_run.BenchWorkerExtension",
               **kw)
     init_s = time.perf_counter() - t0
     if fix:  # every method's worker, vLLM's own included: compare methods on correct sampling
@@ -206,7 +206,7 @@ def main(argv: list[str]) -> None:
         serve(json.loads(Path(argv[0]).read_text()), argv[1], int(argv[3]))
         return
     if len(argv) != 3:
-        raise SystemExit("usage: python -m dasrl.integrations.vllm.bench_run CONFIG.json METHOD OUT.json "
+        raise SystemExit("usage: python -m dasrl.bench.vllm_run CONFIG.json METHOD OUT.json "
                          "| CONFIG.json METHOD --serve FD")
     cfg = json.loads(Path(argv[0]).read_text())
     Path(argv[2]).write_text(json.dumps(run(cfg, argv[1])))

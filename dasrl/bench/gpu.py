@@ -158,7 +158,7 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     """Fit the packed forward's latency for a random model of SHAPES[name] in bf16 on the device."""
     import torch
 
-    from dasrl.engine.bench import CalibrationGrid, calibrate, fit_latency, time_forward
+    from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency, time_forward
     from dasrl.engine.engine import EngineConfig, SpecEngine
     from dasrl.policy.latency import LatencyModel
 

@@ -2,7 +2,10 @@ import math
 
 import pytest
 
-from dasrl.policy.allowance import ForwardAllowance, allowance_for, justified_length, pace_draft, tokens_per_forward
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dasrl.policy.allowance import ForwardAllowance, allowance_for, pace_draft, priced_draft, tokens_per_forward
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.budget import DASPolicy
 from dasrl.policy.latency import LatencyModel
@@ -50,23 +53,70 @@ def test_history_ranks_by_predicted_remaining_length():
     assert states[1].classes[-1] == "long" and caps[1] == inner.caps.long and caps[0] == 0
 
 
-def test_justified_length_by_hand():
-    # p^j * t_fwd >= c_tok: j <= ln(0.0025 / 0.0525) / ln(p)
-    assert justified_length(0.9, t_fwd=0.0525, c_tok=0.0025) == int(math.log(0.0025 / 0.0525) / math.log(0.9)) == 28
-    assert justified_length(0.5, t_fwd=0.0525, c_tok=0.0025) == 4
-    assert justified_length(0.0, t_fwd=0.0525, c_tok=0.0025) == 0
-    assert justified_length(1.0, t_fwd=0.0525, c_tok=0.0025) > 10**5
+def test_priced_draft_by_hand():
+    # (share + row + c_tok d + [d > 0] kv) / E(d, p), E(d, 0.5) = 2 - 0.5^d. A row carrying the forward
+    # (share 0.05): d = 0..4 cost 0.0525, 0.0367, 0.0329, 0.0320, 0.0323 per token -> 3.
+    price = dict(row=0.0025, c_tok=0.0025)
+    assert priced_draft([0.5], [6], share=0.05, kv=0.0, **price).tolist() == [3]
+    # Alone (share 0) it pays only for itself: d = 1 costs 0.005 / 1.5 > 0.0025 -> plain decoding.
+    assert priced_draft([0.5], [6], share=0.0, kv=0.0, **price).tolist() == [0]
+    # A fixed cost of drafting at all (kv 0.02) is spread over longer drafts: 0.0525, 0.05, 0.0443,
+    # 0.04267, 0.04258, 0.04317 -> 4.
+    assert priced_draft([0.5], [6], share=0.05, kv=0.02, **price).tolist() == [4]
+    assert priced_draft([0.0, 1.0, 0.5], [6, 6, 2], share=0.05, kv=0.0, **price).tolist() == [0, 6, 2]
+    assert priced_draft([], [], share=0.05, kv=0.0, **price).tolist() == []
 
 
-def test_acceptance_is_a_geometric_rate_and_caps_the_draft():
+@settings(max_examples=200, deadline=None)
+@given(p=st.floats(0, 1), most=st.integers(0, 40), share=st.floats(0, 0.1), row=st.floats(1e-4, 0.01),
+       kv=st.floats(0, 0.02), c_tok=st.floats(1e-5, 0.01))
+def test_priced_draft_is_the_cheapest_per_token(p, most, share, row, kv, c_tok):
+    def per_token(d):  # the price, summed term by term
+        return (share + row + c_tok * d + (kv if d else 0.0)) / sum(p ** j for j in range(d + 1))
+    d = int(priced_draft([p], [most], share=share, row=row, kv=kv, c_tok=c_tok)[0])
+    assert 0 <= d <= most
+    assert all(per_token(d) <= per_token(e) * (1 + 1e-9) for e in range(most + 1))
+
+
+def test_a_lone_row_carries_the_forward_and_alike_rows_do_not_draft():
+    # One row: it is the critical path, carries all of c_base and drafts its priced best at the prior p.
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    assert pol.budgets([_state(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
+    # 32 rows alike (no history: each one's partial length stands for its remaining one): all of them must
+    # speed up to shorten the step, each carries c_base / 32 and none of them pays for a draft.
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    assert pol.budgets([_state(i, 50) for i in range(32)]) == [0] * 32
+    # The collapsed tail: one row far ahead of 31 short ones drafts alone, as if alone.
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    assert pol.budgets([_state(0, 50)] + [_state(i, 5) for i in range(1, 32)]) == [4] + [0] * 31
+
+
+def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    s = _state(0, 50)
+    assert pol.budgets([s]) == [4]
+    for _ in range(50):  # every draft rejected at its first token, until drafts stop paying
+        cap = pol.budgets([s])[0]
+        if not cap:
+            break
+        s.drafted += cap
+    assert cap == 0 and pol.acceptance_rate(s) < 0.1  # a lone row pays for a 1-token draft at p > 0.05
+    pol.finish(s)
+    for _ in range(6):  # the problem's counts halve at every step end: back towards the prior
+        pol.end_step()
+    assert pol.budgets([_state(1, 50)]) == [4]
+
+
+def test_acceptance_is_a_geometric_rate():
     pol = ForwardAllowance(FixedBudget(64), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
     s = _state(0, 50)
-    assert pol.budgets([s]) == [justified_length(0.6, t_fwd=0.0525, c_tok=0.0025)]  # the prior: 5
+    pol.budgets([s])
     s.drafted, s.accepted = 10, 10  # the whole draft was accepted: no rejection
     caps = pol.budgets([s])
     problem = (10 + 0.6 * 8) / 18
     assert pol.acceptance_rate(s) == pytest.approx((10 + problem * 8) / 18)
-    assert caps == [justified_length(pol.acceptance_rate(s), t_fwd=0.0525, c_tok=0.0025)] and caps[0] > 5
+    assert caps == priced_draft([pol.acceptance_rate(s)], [64], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist()
+    assert caps[0] > 4
     before = pol.acceptance_rate(s)
     s.drafted, s.accepted = 20, 10  # the next draft of 10 was rejected at its first token
     pol.budgets([s])

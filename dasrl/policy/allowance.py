@@ -1,30 +1,32 @@
-"""A per-forward draft allowance that goes where the makespan is.
+"""A per-forward draft allowance that goes where the makespan is, priced so that drafting never costs
+more than it saves.
 
-The packed forward costs t_fwd = c_base + c_tok * (rows + drafted tokens): a drafted token costs c_tok
-whoever drafts it, and it saves time only if it is accepted *and* its row is on the step's critical
-path (the step ends when its longest request does). So the allowance (about c_base / c_tok tokens per
-forward: drafting that doubles the forward at most) is split by the distribution-aware rule:
+The packed forward costs t_fwd = c_base + sum over rows of (c_tok * tokens_i + c_other * ctx_i), plus
+c_draft_kv * ctx_i for each row that feeds more than one token (its cache is attended in a second group).
+A row drafting d tokens at per-token acceptance p emits E(d, p) = 1 + p + ... + p^d tokens per forward, so
+its seconds per emitted token are
 
-1. each row's best draft: its class cap from the wrapped policy, clipped to what its acceptance justifies
-   (below);
-2. the critical path: the most forwards any row still needs drafting its best,
-   H = max_i remaining_i / E(best_i, p_i), with E(k, p) = 1 + p + ... + p^k the expected tokens per
-   forward and remaining_i the predicted remaining length (the wrapped policy's length history
-   conditioned on the partial length; without one, the partial length itself);
-3. each row drafts only what keeps it within H (the shortest k with remaining_i / E(k, p_i) <= H): a
-   row that finishes within the critical path anyway drafts nothing, the critical row drafts its best;
-4. in order of remaining_i / E(best_i, p_i), longest first, until the allowance is spent.
+    (share_i + c_tok * (1 + d) + c_other * ctx_i + [d > 0] * c_draft_kv * ctx_i) / E(d, p),
 
-Step 3 is what the probe of docs/benchmarks.md ("Engine: where a DAS step's time goes") measured: on the
-long-tail set it drafted 42% fewer tokens than every row drafting its best, for 5% less rollout time.
+where share_i is the part of the fixed cost c_base the row carries: c_base is paid once per forward of the
+step, and the step lasts as long as its longest rows (the critical path). A row off that path saves only its
+own per-forward cost when it finishes sooner (share 0); the m rows that make the path together carry
+c_base / m each (all of them must speed up to shorten it). Each row drafts the d that minimises its price
+(`priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 — speculation
+stops by itself where drafts stop paying, and starts again in the collapsed tail, where one row carries the
+whole forward.
 
-What acceptance justifies: with a per-token acceptance rate p, the j-th drafted token is accepted with
-probability p^j and, on the critical path, saves a forward (t_fwd); it costs c_tok. It pays while
-p^j * t_fwd >= c_tok, i.e. for j <= ln(c_tok / t_fwd) / ln(p). p is estimated as a geometric rate: a
-verified chain gives its accepted tokens and, unless it was accepted whole, one rejection, so
-p = accepted / (accepted + rejections) (accepted / drafted would understate it badly for long drafts:
-0.39 for p = 0.9 at 20 tokens). The row's own counts are pulled to its problem's, and those to a prior,
-by a few pseudo-tokens each.
+The critical group: rows whose predicted remaining length (the wrapped policy's length history conditioned
+on the partial length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
+for themselves. Its size m is found by raising m from 1 until the group no longer grows. A group row drafts
+only what keeps it within H (`pace_draft`), at most its priced d. Drafts are spent critical row first,
+within `max_tokens` per forward.
+
+The acceptance rate p is a geometric rate: a verified chain gives its accepted tokens and, unless it was
+accepted whole, one rejection, so p = accepted / (accepted + rejections) (accepted / drafted would
+understate it badly for long drafts: 0.39 for p = 0.9 at 20 tokens). The row's own counts are pulled to its
+problem's, and those to a prior, by a few pseudo-tokens each; a problem's counts halve at every step end,
+so a problem that stopped drafting is probed again after a few steps (the policy drifts).
 
 The spending is logged per length class (`spent`: drafted tokens per class since the last `take_spent`).
 """
@@ -50,13 +52,37 @@ def allowance_for(latency: LatencyModel, *, overhead: float = 1.0) -> int:
     return max(1, int(overhead * latency.c_base / latency.c_tok))
 
 
-def justified_length(p: float, *, t_fwd: float, c_tok: float) -> int:
-    """Longest chain worth drafting at per-token acceptance p: max j with p^j * t_fwd >= c_tok."""
-    if c_tok <= 0 or p >= 1.0:
-        return 1 << 20
-    if p <= 0.0 or t_fwd <= c_tok:
-        return 0
-    return int(math.log(c_tok / t_fwd) / math.log(p))
+def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
+    """Per row, the draft length d in [0, most] with the fewest expected seconds per emitted token,
+    (share + row + c_tok * d + [d > 0] * kv) / E(d, p): `share` the part of the forward's fixed cost the
+    row carries, `row` its own cost per forward (its token and its KV read), `kv` the extra cost of feeding
+    it more than one token. All [B] (or scalars)."""
+    return _Prices(p, most, row=row, kv=kv, c_tok=c_tok).best(share)
+
+
+class _Prices:
+    """The per-row price table of `priced_draft`, built once and asked for several shares."""
+
+    def __init__(self, p, most, *, row, kv, c_tok: float) -> None:
+        p = np.clip(np.atleast_1d(np.asarray(p, np.float64)), 0.0, 1.0)
+        most = np.broadcast_to(np.asarray(most, np.int64), p.shape).clip(min=0)
+        self.shape = p.shape
+        d = np.arange(int(min(most.max(initial=0), MAX_PRICED)) + 1)  # [D]
+        row, kv = (np.broadcast_to(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
+        self.cost = row + c_tok * d[None, :] + kv * (d[None, :] > 0)  # [B, D] seconds per forward, no share
+        self.e = tokens_per_forward(d[None, :], p[:, None])  # [B, D] expected tokens per forward
+        self.allowed = d[None, :] <= most[:, None]  # [B, D]
+
+    def best(self, share) -> np.ndarray:
+        if self.cost.shape[1] == 1:  # nobody may draft
+            return np.zeros(self.shape, np.int64)
+        share = np.broadcast_to(np.asarray(share, np.float64), self.shape)[:, None]
+        per_token = np.where(self.allowed, (share + self.cost) / self.e, np.inf)  # [B, D]
+        return np.argmin(per_token, axis=1).astype(np.int64)  # ties: the shorter draft
+
+
+MAX_PRICED = 256
+"""Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
 
 
 def tokens_per_forward(k, p) -> np.ndarray:
@@ -88,6 +114,13 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
     return out
 
 
+CALIB_PRIOR = 4.0
+"""Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
+
+PROBLEM_DECAY = 0.5
+"""Factor on a problem's acceptance counts at every step end (a window of about two steps)."""
+
+
 class ForwardAllowance:
     """Wraps a policy: its caps, leveled to the critical path and spent critical row first, within
     `max_tokens` per forward."""
@@ -103,11 +136,14 @@ class ForwardAllowance:
             raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
         self.prior_p, self.prior_tokens, self.max_problems = prior_p, prior_tokens, max_problems
+        self._price: dict[Hashable, tuple[float, float, float]] = {}  # req -> (share, row, kv) this forward
+        self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
+        self._calib = [0.0, 0.0]  # accepted tokens, expected ones (path probabilities) of verified drafts
         self.spent: Counter = Counter()
         """Drafted tokens per length class since the last take_spent()."""
         self._seen: dict[Hashable, tuple[int, int, str]] = {}  # req -> (drafted, accepted, last class)
         self._row: dict[Hashable, tuple[int, int]] = {}  # req -> (accepted, rejections)
-        self._problem: dict[Hashable, tuple[int, int]] = {}  # problem -> (accepted, rejections), all steps;
+        self._problem: dict[Hashable, tuple[float, float]] = {}  # problem -> (accepted, rejections), decayed;
         # in order of last update, at most max_problems (the first is forgotten)
 
     # ------------------------------------------------------------------ the split
@@ -118,13 +154,13 @@ class ForwardAllowance:
         if not states:
             return []
         p = np.array([self._p(s) for s in states])  # [B] per-token acceptance
-        best = caps
-        if self.latency is not None:
-            t_fwd = self._t_fwd(len(states))
-            best = np.minimum(caps, [justified_length(x, t_fwd=t_fwd, c_tok=self.latency.c_tok) for x in p])
         remaining = np.maximum(self._remaining(states), 1.0)  # [B] predicted tokens still to come
+        if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
+            best = caps
+            need = pace_draft(remaining, p, horizon=float((remaining / tokens_per_forward(best, p)).max()), most=best)
+        else:
+            best, need = self._priced(states, caps, p, remaining)
         at_best = remaining / tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
-        need = pace_draft(remaining, p, horizon=float(at_best.max()), most=best)  # [B]
         out = [0] * len(states)
         left = self.max_tokens
         for i in np.argsort(-at_best, kind="stable"):  # the critical row first
@@ -136,6 +172,28 @@ class ForwardAllowance:
             self._seen[s.req_id] = (*self._seen[s.req_id][:2], s.classes[-1] if s.classes else "none")
         return out
 
+    def _priced(self, states, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
+        """([B] each row's priced draft, [B] what it drafts): rows off the critical group draft for themselves
+        (share 0); the group's m rows carry c_base / m each and draft what keeps them within the critical
+        path (module docstring)."""
+        lat = self.latency
+        ctx = np.array([s.prompt_len + s.generated for s in states], np.float64)  # [B] context lengths
+        row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] per-forward costs
+        prices = _Prices(p, caps, row=row, kv=kv, c_tok=lat.c_tok)
+        solo = prices.best(0.0)  # [B]
+        at_solo = remaining / tokens_per_forward(solo, p)  # [B] forwards drafting for itself
+        m = 1
+        while True:
+            crit = prices.best(lat.c_base / m)  # [B]
+            horizon = float((remaining / tokens_per_forward(crit, p)).max())
+            group = at_solo > horizon * (1 + 1e-9)  # [B] rows that would outlast the critical path alone
+            if max(int(group.sum()), 1) <= m:
+                share = np.where(group, lat.c_base / m, 0.0)  # [B]
+                self._price = {st.req_id: (float(a), float(b), float(c)) for st, a, b, c in zip(states, share, row, kv)}
+                best = np.where(group, crit, solo)
+                return best, np.where(group, pace_draft(remaining, p, horizon=horizon, most=crit), solo)
+            m = int(group.sum())
+
     def acceptance_rate(self, state: RequestState) -> float:
         """The per-token acceptance rate the row's drafts are expected to have (see the module docstring)."""
         return self._p(state)
@@ -146,10 +204,6 @@ class ForwardAllowance:
             return np.array([s.generated for s in states], np.float64)
         return np.array([min(lengths.expected_length(s.problem_id, s.generated), s.max_new_tokens) - s.generated
                          for s in states], np.float64)
-
-    def _t_fwd(self, rows: int) -> float:
-        lat = self.latency
-        return 0.0 if lat is None else lat.c_base + lat.c_tok * rows
 
     def _p(self, s: RequestState) -> float:
         w = self.prior_tokens
@@ -165,6 +219,10 @@ class ForwardAllowance:
         d, a = s.drafted - drafted, s.accepted - accepted
         if d > 0:
             self.spent[cls] += d
+            x = self._expected.pop(s.req_id, None)
+            if x is not None:
+                self._calib[0] += a
+                self._calib[1] += x
             rejected = int(a < d)  # a chain is accepted up to its first rejection
             ra, rr = self._row.get(s.req_id, (0, 0))
             self._row[s.req_id] = (ra + a, rr + rejected)
@@ -184,6 +242,7 @@ class ForwardAllowance:
     def abort(self, state: RequestState) -> None:
         """The request's generation failed: forget it (its partial drafts count nowhere)."""
         self._seen.pop(state.req_id, None)
+        self._expected.pop(state.req_id, None)
         self._row.pop(state.req_id, None)
         self.inner.abort(state)
 
@@ -195,14 +254,42 @@ class ForwardAllowance:
     def end_step(self) -> None:
         self._seen.clear()
         self._row.clear()
+        # Halve every problem's counts: a problem whose drafts stopped paying drifts back to the prior and
+        # is probed again after a few steps (the policy being trained changes what it writes).
+        self._problem = {k: (a * PROBLEM_DECAY, r * PROBLEM_DECAY) for k, (a, r) in self._problem.items()}
+        self._calib = [c * PROBLEM_DECAY for c in self._calib]
+        self._expected.clear()
         self.inner.end_step()
 
     @property
     def trims(self) -> bool:
-        return getattr(self.inner, "trims", True)
+        return self.latency is not None or self.inner.trims
 
     def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
-        return self.inner.trim(states, drafts)
+        """The wrapped policy's trim, then each draft cut to the prefix with the fewest expected seconds per
+        emitted token, node i accepted with probability its path probability x the calibration (accepted /
+        expected over the verified drafts): a draft as long as the cap but sure only of its first tokens
+        keeps those."""
+        drafts = self.inner.trim(states, drafts) if self.inner.trims else drafts
+        if self.latency is None:
+            return drafts
+        a, x = self._calib
+        calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
+        out = []
+        for s, d in zip(states, drafts):
+            if len(d) == 0 or s.req_id not in self._price:
+                out.append(d)
+                continue
+            share, row, kv = self._price[s.req_id]
+            q = np.minimum(d.probs * calib, 1.0)  # [n] P(node accepted); prefixes of best-first trees are trees
+            n = np.arange(len(d) + 1)  # [n+1] kept nodes
+            cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q)]))
+            keep = int(np.argmin(cost))
+            if keep:
+                self._expected[s.req_id] = float(q[:keep].sum() / calib)  # raw path probabilities
+            out.append(d if keep == len(d) else Draft(d.tokens[:keep], d.parents[:keep], d.probs[:keep], d.match_len)
+                       if keep else Draft.empty())
+        return out
 
     def __getattr__(self, name):  # lengths / acceptance / caps of the wrapped policy
         if name == "inner":

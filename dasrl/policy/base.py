@@ -37,6 +37,9 @@ class RequestState:
 
 @runtime_checkable
 class BudgetPolicy(Protocol):
+    trims: bool
+    """Whether trim() may change drafts (the engine skips it when False)."""
+
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         """The draft cap of each live request this step (0 = plain decoding for that row)."""
 

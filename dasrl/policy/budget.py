@@ -325,6 +325,8 @@ class ConfidencePolicy(PolicyBase):
     """Draft up to `cap`, then cut every node whose path probability is below `threshold` (and its
     subtree), like vLLM 0.34's adaptive verification."""
 
+    trims = True
+
     def __init__(self, threshold: float = 0.3, cap: int = 16) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"confidence threshold must be in [0, 1], got {threshold}")

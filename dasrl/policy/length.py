@@ -12,6 +12,8 @@ are fractions of the length limit.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -60,15 +62,17 @@ class _Table:
     """One problem's lengths, sorted, with suffix sums: counts and means of L >= l in O(log n)."""
 
     def __init__(self, lengths) -> None:
-        self.sorted = np.sort(np.asarray(lengths, np.int64))
-        self.sums_from = np.concatenate([np.cumsum(self.sorted[::-1])[::-1], [0]])  # [n+1] sum of sorted[i:]
-        self.n = int(self.sorted.size)
+        # Python lists and bisect: the policy asks this for every live row at every step, and numpy's
+        # per-call overhead on a few dozen values was most of a budgets() call.
+        self.sorted = sorted(int(x) for x in lengths)
+        self.sums_from = list(itertools.accumulate(reversed(self.sorted), initial=0))[::-1]  # [n+1] sum of sorted[i:]
+        self.n = len(self.sorted)
 
     def count_from(self, at_least: int) -> int:
-        return self.n - int(np.searchsorted(self.sorted, at_least, "left"))
+        return self.n - bisect.bisect_left(self.sorted, at_least)
 
     def sum_from(self, at_least: int) -> int:
-        return int(self.sums_from[int(np.searchsorted(self.sorted, at_least, "left"))])
+        return self.sums_from[bisect.bisect_left(self.sorted, at_least)]
 
 
 class _Pooled:
@@ -80,8 +84,10 @@ class _Pooled:
         self.size, self.n = 1, 0
         self.hist = [0]  # count of each value
         self.cnt, self.tot = [0, 0], [0, 0]  # Fenwick trees, 1-based
+        self._memo: dict[int, int] = {}  # count_from answers since the last add
 
     def add(self, value: int, k: int = 1) -> None:
+        self._memo.clear()
         if value >= self.size:
             self._grow(value)
         self.hist[value] += k
@@ -114,7 +120,10 @@ class _Pooled:
         return c, t
 
     def count_from(self, at_least: int) -> int:
-        return self.n - self._below(at_least)[0]
+        c = self._memo.get(at_least)  # the class thresholds are asked for every row at every step
+        if c is None:
+            c = self._memo[at_least] = self.n - self._below(at_least)[0]
+        return c
 
     def sum_from(self, at_least: int) -> int:
         return self._below(1 << 62)[1] - self._below(at_least)[1]
@@ -221,35 +230,40 @@ class LengthClassifier:
             t = self._tables[problem_id] = _Table(self._lengths.get(problem_id, ()))
         return t
 
-    def _counts(self, table: _Table | _Pooled, at_least: int) -> np.ndarray:
-        """[short, medium, long] counts of the lengths >= at_least."""
+    def _counts(self, table: _Table | _Pooled, at_least: int) -> tuple[int, int, int]:
+        """(short, medium, long) counts of the lengths >= at_least."""
         lo, hi = self.thresholds()
-        ge, ge_lo, ge_hi = (table.count_from(max(at_least, x)) for x in (at_least, lo, hi))
-        return np.array([ge - ge_lo, ge_lo - ge_hi, ge_hi], np.float64)
+        ge = table.count_from(at_least)
+        ge_lo = table.count_from(lo) if lo > at_least else ge
+        ge_hi = table.count_from(hi) if hi > at_least else ge
+        return ge - ge_lo, ge_lo - ge_hi, ge_hi
 
     # --------------------------------------------------------------- classify
     def probabilities(self, problem_id: Hashable, generated: int = 0) -> np.ndarray:
         """P(class | L >= generated, problem) as [short, medium, long]."""
+        return np.array(self._probabilities(problem_id, generated))
+
+    def _probabilities(self, problem_id: Hashable, generated: int) -> tuple[float, float, float]:
         own = self._counts(self._table(problem_id), generated)
         pooled = self._counts(self._pooled, generated)
-        n_pooled = pooled.sum()
-        total = own + (self.config.prior_weight * pooled / n_pooled if n_pooled else 0.0)
-        if total.sum() == 0:
+        n_pooled = sum(pooled)
+        w = self.config.prior_weight / n_pooled if n_pooled else 0.0
+        total = (own[0] + w * pooled[0], own[1] + w * pooled[1], own[2] + w * pooled[2])
+        z = total[0] + total[1] + total[2]
+        if z == 0:
             _, hi = self.thresholds()
             # Past everything seen: long. No history at all: medium until the fallback long threshold.
             cls = 2 if generated >= hi or self._pooled.n else 1
-            out = np.zeros(3)
-            out[cls] = 1.0
-            return out
-        return total / total.sum()
+            return tuple(float(c == cls) for c in range(3))
+        return total[0] / z, total[1] / z, total[2] / z
 
     def initial_class(self, problem_id: Hashable) -> str:
         return self.classify(problem_id, 0)
 
     def classify(self, problem_id: Hashable, generated: int = 0) -> str:
         """argmax_c P(c | L >= generated, problem); ties go to the longer class."""
-        p = self.probabilities(problem_id, generated)
-        return CLASSES[2 - int(np.argmax(p[::-1]))]
+        short, medium, long = self._probabilities(problem_id, generated)
+        return "long" if long >= medium and long >= short else "medium" if medium >= short else "short"
 
     def expected_length(self, problem_id: Hashable, generated: int = 0) -> float:
         """E[L | L >= generated] from the problem's history (pooled if it has none that long), capped at

@@ -141,12 +141,6 @@ def test_fidelity_bench_flag():
     assert result.exit_code == 0 and "--batch-invariant" in result.output
 
 
-def test_it_needs_the_engines_attention(smollm):
-    model, tok = smollm
-    with pytest.raises(ValueError, match="batch_invariant=True\\) needs attention='gqa'"):
-        SpecEngine(model, tok, EngineConfig(batch_invariant=True, attention="model"))
-
-
 def test_invariant_views_by_hand():
     """Views are each token's own slot + 1 rounded up to the bucket (here 4); rows grouped by view, read
     as a view (row0) where consecutive."""

@@ -103,11 +103,6 @@ def test_attention_raises_instead_of_falling_back():
         attention.engine_attention(module, q, kv, kv, None, scaling=0.25, dasrl_packed=object(), softcap=30.0)
 
 
-def test_the_models_own_attention_is_refused():
-    with pytest.raises(ValueError, match="attention='model'"):
-        SpecEngine(build(LlamaConfig, LlamaForCausalLM), config=EngineConfig(attention="model"))
-
-
 # ---------------------------------------------------------------------------- failed generates
 
 
@@ -182,9 +177,6 @@ def test_a_failed_generate_aborts_its_requests_and_a_retry_equals_a_clean_run(er
     (dict(max_context=1), "max_context"),
     (dict(num_threads=0), "num_threads"),
     (dict(num_threads=True), "num_threads"),
-    (dict(couple_nodes=0), "couple_nodes"),
-    (dict(attention="flash"), "attention"),
-    (dict(couple="yes"), "couple"),
     (dict(batch_invariant=1), "batch_invariant"),
     (dict(row_padding=16), "row_padding"),
 ])

@@ -1,4 +1,4 @@
-"""The position-keyed samplers: parameters, keyed noise, filtering, purity, chi-square, noise robustness."""
+"""The position-keyed sampler: parameters, keyed noise, filtering, purity, chi-square, noise robustness."""
 
 import math
 
@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filtered_probs, kept, token_noise,
-                                   uniforms)
+from dasrl.engine.sampling import BLOCK, SamplingParams, draw, filtered_probs, kept, token_noise
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -19,8 +18,6 @@ from dasrl.engine.sampling import (BLOCK, SAMPLERS, SamplingParams, draw, filter
     ({"logprobs_mode": "raw_logits"}, "raw_logits"),
     ({"logprobs_mode": "processed"}, "logprobs_mode"),
     ({"top_k": 2.5}, "top_k"),
-    ({"sampler": "gumble"}, "'gumble'"),
-    ({"sampler": None}, "sampler"),
 ])
 def test_bad_params_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -33,20 +30,18 @@ def test_params_frozen_and_defaults_as_vllm():
     p = SamplingParams()
     assert (p.temperature, p.top_k, p.top_p) == (1.0, 0, 1.0) and not p.greedy
     assert SamplingParams(temperature=0.0).greedy and SamplingParams(top_k=-1).top_k == 0
-    assert p.sampler == "gumbel" and SAMPLERS == ("gumbel", "inverse_cdf")
     assert p.logprobs_mode == "processed_logprobs"
     with pytest.raises(Exception):
         p.temperature = 0.5  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("sampler", SAMPLERS)
-def test_logprobs_modes(sampler):
+def test_logprobs_modes():
     """processed_logprobs: log of the filtered, tempered probability of the drawn token; raw_logprobs: the
     log-softmax of the raw logits. The tokens are the same in both modes."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 700, generator=g) * 3
     seeds, pos = np.arange(6), np.arange(6) * 7
-    sp = dict(temperature=0.7, top_p=0.9, top_k=50, sampler=sampler)
+    sp = dict(temperature=0.7, top_p=0.9, top_k=50)
     tok, lp = draw(logits, SamplingParams(**sp), seeds=seeds, positions=pos)
     tok_raw, lp_raw = draw(logits, SamplingParams(**sp, logprobs_mode="raw_logprobs"), seeds=seeds, positions=pos)
     assert tok.tolist() == tok_raw.tolist()
@@ -58,26 +53,6 @@ def test_logprobs_modes(sampler):
               for m in ("processed_logprobs", "raw_logprobs")]
     assert greedy[0][0].tolist() == greedy[1][0].tolist()
     assert np.array_equal(greedy[0][1], greedy[1][1])  # greedy: both are the raw log-softmax, as vLLM
-
-
-def test_uniforms_are_position_keyed():
-    seeds = np.array([1, 1, 2, -5, 2**62])
-    pos = np.array([0, 7, 7, 3, 100])
-    u = uniforms(seeds, pos)
-    assert u.dtype == np.float64 and ((u >= 0) & (u < 1)).all()
-    # one at a time == all at once, in any order: no hidden stream
-    for i in range(len(seeds)):
-        assert uniforms(seeds[i : i + 1], pos[i : i + 1])[0] == u[i]
-    perm = np.array([4, 2, 0, 3, 1])
-    assert np.array_equal(uniforms(seeds[perm], pos[perm]), u[perm])
-    assert len(set(u.tolist())) == len(u)
-
-
-def test_uniforms_look_uniform():
-    u = uniforms(np.repeat(np.arange(100), 1000), np.tile(np.arange(1000), 100))
-    counts = np.histogram(u, bins=20, range=(0, 1))[0]
-    assert abs(u.mean() - 0.5) < 0.005
-    assert _chi2(counts, np.full(20, len(u) / 20)) < _chi2_crit(19)
 
 
 def test_token_noise_is_keyed_and_gumbel():
@@ -100,11 +75,9 @@ def _draw1(logits, params, seed=0, pos=0):
 
 def test_greedy_takes_first_argmax():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 1.0, 5.0, 5.0]])
-    for sampler in SAMPLERS:
-        tok, lp = draw(logits, SamplingParams(temperature=0.0, sampler=sampler), seeds=np.zeros(2),
-                       positions=np.zeros(2))
-        assert tok.tolist() == [1, 0]
-        assert np.allclose(lp, torch.log_softmax(logits.double(), -1)[[0, 1], [1, 0]].numpy())
+    tok, lp = draw(logits, SamplingParams(temperature=0.0), seeds=np.zeros(2), positions=np.zeros(2))
+    assert tok.tolist() == [1, 0]
+    assert np.allclose(lp, torch.log_softmax(logits.double(), -1)[[0, 1], [1, 0]].numpy())
 
 
 def test_filters_keep_ties_and_renormalise():
@@ -140,7 +113,6 @@ def _lm_like(n, vocab, seed):
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.6, top_p=0.95),
     SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
-    SamplingParams(temperature=1.0, top_p=0.95, sampler="inverse_cdf"),
 ])
 def test_draw_is_a_pure_function_of_row_seed_position(params):
     """The same row, seed and position give the same token and logprob in any batch, order or size."""
@@ -192,7 +164,6 @@ def _spread_logits(vocab=1000):
     return logits, ids
 
 
-@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.6),
@@ -201,8 +172,7 @@ def _spread_logits(vocab=1000):
     SamplingParams(temperature=0.6, top_k=5, top_p=0.95),
 ])
 @pytest.mark.parametrize("layout", ["dense", "spread"])
-def test_chi_square_against_target(params, sampler, layout):
-    params = SamplingParams(params.temperature, params.top_k, params.top_p, sampler)
+def test_chi_square_against_target(params, layout):
     if layout == "dense":
         logits, ids = torch.tensor([_TARGET]), np.arange(8)
     else:
@@ -233,23 +203,6 @@ def test_seeds_and_positions_decorrelate():
     p = filtered_probs(logits, params)[0].numpy()
     rate, sd = float((p**2).sum()), math.sqrt(float((p**2).sum()) / n)
     assert abs((a == b).mean() - rate) < 4 * sd and abs((a == c).mean() - rate) < 4 * sd
-
-
-def test_race_flips_less_than_inverse_cdf_under_logit_noise():
-    """The reason for the race: a small perturbation of the logits flips far fewer draws (here ~500 kept
-    tokens; the inverse CDF's exposure grows with the kept set, the race's does not)."""
-    g = torch.Generator().manual_seed(5)
-    n, vocab, sigma = 4000, 2000, 1e-3
-    logits = (torch.randn(1, vocab, generator=g) * 0.5).expand(n, -1).contiguous()  # [n, V]
-    noisy = logits + sigma * torch.randn(n, vocab, generator=g)
-    seeds, pos = np.arange(n), np.zeros(n)
-    flips = {}
-    for sampler in SAMPLERS:
-        params = SamplingParams(temperature=1.0, top_p=0.5, sampler=sampler)
-        a, _ = draw(logits, params, seeds=seeds, positions=pos)
-        b, _ = draw(noisy, params, seeds=seeds, positions=pos)
-        flips[sampler] = int((a != b).sum())
-    assert flips["gumbel"] * 3 < flips["inverse_cdf"], flips
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

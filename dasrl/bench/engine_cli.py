@@ -175,7 +175,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @bench.command("fidelity")
     def bench_fidelity(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (sampler, variant, T) here.",
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (variant, T) here.",
                                                 callback=output_file),
         quick: bool = typer.Option(False, help="6 requests x 32 tokens, batch 1 and 4 (a few minutes)."),
         model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
@@ -184,7 +184,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         group: Optional[int] = typer.Option(None, help="Requests per prompt.", callback=between(1, MAX_COUNT)),
         max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length.",
                                                      callback=between(1, MAX_COUNT)),
-        sampler: Optional[list[str]] = typer.Option(None, help="Only these samplers (repeatable)."),
         temperature: Optional[list[float]] = typer.Option(None, help="Only these temperatures (repeatable)."),
         threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available).",
                                               callback=threads_opt),
@@ -193,8 +192,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         batch_invariant: bool = typer.Option(False, "--batch-invariant",
                                              help="EngineConfig(batch_invariant=True) for every engine variant."),
     ) -> None:
-        """Seeded sampled rollouts vs plain decoding, token for token: every drafter and batch shape, both
-        samplers (docs/sampling.md, docs/benchmarks.md "## Fidelity")."""
+        """Seeded sampled rollouts vs plain decoding, token for token: every drafter and batch shape
+        (docs/sampling.md, docs/benchmarks.md "## Fidelity")."""
         import torch
 
         from dasrl.bench.fidelity import (FidelityConfig, run_fidelity, sampler_cost_rows, shape_flip_rows,
@@ -207,8 +206,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         overrides = {k: v for k, v in dict(problems=problems, group=group, max_new_tokens=max_new_tokens,
                                            threads=threads).items() if v is not None}
         overrides["batch_invariant"] = batch_invariant
-        if sampler:
-            overrides["samplers"] = tuple(sampler)
         if temperature:
             overrides["temperatures"] = tuple(temperature)
         try:
@@ -219,7 +216,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         with user_errors("--model"):
             lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
         console.print(f"{model} ({dtype}): {cfg.requests} requests, <= {cfg.max_new_tokens} new tokens, "
-                      f"T={list(cfg.temperatures)}, top_p={cfg.top_p}, samplers {list(cfg.samplers)}, "
+                      f"T={list(cfg.temperatures)}, top_p={cfg.top_p}, "
                       f"drafters {list(cfg.drafters)} (budget {cfg.budget}), batches {list(cfg.batch_sizes)}"
                       + (", batch-invariant engine" if cfg.batch_invariant else ""))
         with Progress(TextColumn("{task.description:>34}"), BarColumn(), MofNCompleteColumn(),

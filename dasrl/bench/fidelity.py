@@ -1,6 +1,6 @@
 """`dasrl bench fidelity`: are seeded sampled rollouts the very tokens plain decoding gives?
 
-For each sampler (gumbel, inverse_cdf) and temperature (top-p as configured), the reference is plain
+For each temperature (top-p as configured), the reference is plain
 decoding of every request in one batch. Against it, side by side in one run:
 
 - every drafter at a fixed budget (ngram, global suffix, DAS, the oracle, DAS with tree drafts), the
@@ -22,9 +22,11 @@ import numpy as np
 import torch
 
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
-from dasrl.engine.sampling import SAMPLERS, SamplingParams, draw
+from dasrl.engine.sampling import SamplingParams, draw
 
 DRAFTERS = ("ngram", "global", "das", "oracle", "trees")
+SAMPLER = "gumbel"
+"""The rows' `sampler`: the engine's one draw (the inverse-CDF draw it was compared with is gone, issue 30)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,6 @@ class FidelityConfig:
     """Sampling temperatures, each a separate set of rows."""
     top_p: float = 0.95
     """Nucleus of every run."""
-    samplers: tuple[str, ...] = SAMPLERS
-    """Samplers compared (SamplingParams.sampler)."""
     drafters: tuple[str, ...] = DRAFTERS
     """Speculative variants (at the reference's batch)."""
     batch_sizes: tuple[int, ...] = (1, 8, 32)
@@ -61,8 +61,6 @@ class FidelityConfig:
         for name in ("problems", "group", "max_new_tokens", "single_requests", "budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for s in self.samplers:
-            SamplingParams(temperature=1.0, sampler=s)
         unknown = [d for d in self.drafters if d not in DRAFTERS]
         if unknown:
             raise ValueError(f"unknown drafter(s) {unknown}; known: {', '.join(DRAFTERS)}")
@@ -160,7 +158,7 @@ def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: li
 
 def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
                  progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
-    """One row per (sampler, variant, temperature). progress(name, total_tokens) returns an on_step callback."""
+    """One row per (variant, temperature). progress(name, total_tokens) returns an on_step callback."""
     from dasrl.bench.engine import PROBLEMS, chat_prompts
     from dasrl.policy.base import FixedBudget
 
@@ -183,30 +181,29 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
         hist_sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
         epoch1 = gen(f"history T={temp}", everyone, hist_sampling, [1000 + i for i in everyone])
         history = [(pids[i], prompts[i], c.token_ids) for i, c in enumerate(epoch1)]
-        for sampler in cfg.samplers:
-            sampling = SamplingParams(temperature=temp, top_p=cfg.top_p, sampler=sampler)
-            tag = f"{sampler} T={temp}"
-            ref = gen(f"{tag} reference", everyone, sampling, seeds)
-            ref_out = {i: c.token_ids for i, c in enumerate(ref)}
-            variants: list[tuple[str, dict[int, list[int]]]] = []
-            for name in cfg.drafters:
-                out = gen(f"{tag} {name}", everyone, sampling, seeds, drafter=_drafter(name, history, ref),
-                          policy=FixedBudget(cfg.budget))
-                variants.append((name, {i: c.token_ids for i, c in enumerate(out)}))
-            for b in cfg.batch_sizes:
-                if b >= len(prompts):
-                    continue
-                todo = everyone[: cfg.single_requests] if b == 1 else everyone
-                out_b: dict[int, list[int]] = {}
-                for s in range(0, len(todo), b):
-                    chunk = todo[s : s + b]
-                    for i, c in zip(chunk, gen(f"{tag} batch={b} [{s}]", chunk, sampling, seeds)):
-                        out_b[i] = c.token_ids
-                variants.append((f"batch={b}", out_b))
-            for name, out in variants:
-                c = compare(ref_out, out)
-                diffs = [_with_gap(model, prompts, ref_out, d) for d in c.diffs]
-                rows.append(_row(sampler, name, temp, cfg, c, diffs, reference_batch=len(prompts)))
+        sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
+        tag = f"T={temp}"
+        ref = gen(f"{tag} reference", everyone, sampling, seeds)
+        ref_out = {i: c.token_ids for i, c in enumerate(ref)}
+        variants: list[tuple[str, dict[int, list[int]]]] = []
+        for name in cfg.drafters:
+            out = gen(f"{tag} {name}", everyone, sampling, seeds, drafter=_drafter(name, history, ref),
+                      policy=FixedBudget(cfg.budget))
+            variants.append((name, {i: c.token_ids for i, c in enumerate(out)}))
+        for b in cfg.batch_sizes:
+            if b >= len(prompts):
+                continue
+            todo = everyone[: cfg.single_requests] if b == 1 else everyone
+            out_b: dict[int, list[int]] = {}
+            for s in range(0, len(todo), b):
+                chunk = todo[s : s + b]
+                for i, c in zip(chunk, gen(f"{tag} batch={b} [{s}]", chunk, sampling, seeds)):
+                    out_b[i] = c.token_ids
+            variants.append((f"batch={b}", out_b))
+        for name, out in variants:
+            c = compare(ref_out, out)
+            diffs = [_with_gap(model, prompts, ref_out, d) for d in c.diffs]
+            rows.append(_row(SAMPLER, name, temp, cfg, c, diffs, reference_batch=len(prompts)))
     return rows
 
 
@@ -245,7 +242,7 @@ def totals(rows: list[dict]) -> list[dict]:
 
 
 def _params(cfg: FidelityConfig, temp: float) -> dict[str, SamplingParams]:
-    return {s: SamplingParams(temperature=temp, top_p=cfg.top_p, sampler=s) for s in cfg.samplers}
+    return {SAMPLER: SamplingParams(temperature=temp, top_p=cfg.top_p)}
 
 
 def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, requests: int = 4,

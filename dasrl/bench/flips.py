@@ -1,22 +1,17 @@
-"""How often does last-bit logit noise flip a sampled token? Predicted and measured, for both samplers.
+"""How often does last-bit logit noise flip a sampled token? Predicted and measured, for the engine's race.
 
 Model: the logits a sampler sees are the true ones plus independent noise delta_i ~ N(0, sigma^2) per
 token (what a different GEMM shape does to fp32 logits, to first order). For small sigma:
 
-- inverse CDF (u against the cumulative probability C_k in token-id order): the draw flips when u falls
-  between C_k and its perturbed value for some kept k. C_k moves by sum_i p_i (1[i <= k] - C_k) delta_i,
-  so P(flip) = sigma sqrt(2/pi) sum_k sqrt(sum_i p_i^2 (1[i <= k] - C_k)^2): one exposed boundary per kept
-  token (~0.31 sigma sqrt(K) for K equal probabilities). A token cannot lose more than its own mass p_k,
-  which caps the contribution of the far tail (`predicted` applies that cap per token).
-- Gumbel race: the draw flips when the two best perturbed scores swap. The density at 0 of the gap
-  between the best (i) and the second best (j) is p_i p_j (the integral of p_i p_j e^{-2x} exp(-e^{-x})),
-  1 - sum p^2 over all ordered pairs, and the noise closes a gap g with probability P(delta_j - delta_i > g),
-  delta_j - delta_i ~ N(0, 2 sigma^2), whose positive part has mean sigma / sqrt(pi). So
-  P(flip) = sigma (1 - sum p^2) / sqrt(pi) <= 0.56 sigma, whatever the size of the kept set. (The
-  two-level race adds the block level: block log-masses carry noise of at most sigma, so the bound stays
-  of the same order; measured below.)
+Gumbel race: the draw flips when the two best perturbed scores swap. The density at 0 of the gap
+between the best (i) and the second best (j) is p_i p_j (the integral of p_i p_j e^{-2x} exp(-e^{-x})),
+1 - sum p^2 over all ordered pairs, and the noise closes a gap g with probability P(delta_j - delta_i > g),
+delta_j - delta_i ~ N(0, 2 sigma^2), whose positive part has mean sigma / sqrt(pi). So
+P(flip) = sigma (1 - sum p^2) / sqrt(pi) <= 0.56 sigma, whatever the size of the kept set. (The
+two-level race adds the block level: block log-masses carry noise of at most sigma, so the bound stays
+of the same order; measured below.)
 
-Both ignore flips of the kept set itself (a top-k / top-p boundary token whose logit crosses the cut),
+It ignores flips of the kept set itself (a top-k / top-p boundary token whose logit crosses the cut),
 which matter only when that token would be drawn. `measure` counts everything.
 """
 
@@ -34,24 +29,7 @@ def predicted(probs: torch.Tensor, sigma: float) -> dict[str, float]:
     """Mean predicted flip probability per token over rows of probs [n, V] (the sampling distribution)."""
     p = probs.double()  # [n, V]
     race = sigma * (1 - (p**2).sum(-1)) / math.sqrt(math.pi)  # [n]
-    c = p.cumsum(-1)  # [n, V] token-id order
-    a = (p**2).cumsum(-1)  # [n, V]
-    var = (1 - c) ** 2 * a + c**2 * (a[:, -1:] - a)  # [n, V]: sum_i p_i^2 (1[i<=k] - C_k)^2
-    kept = p > 0
-    shift = math.sqrt(2 / math.pi) * sigma * var.clamp(min=0).sqrt() * kept  # [n, V] E|dC_k| of kept k
-    # A boundary's shift moves u-mass to a neighbour; a token cannot lose more than its own mass, which
-    # caps the far tail's tiny tokens (their boundaries' intervals overlap).
-    prev = _previous_kept(shift, kept)
-    inv = torch.minimum(p, (prev + shift) / 2).sum(-1)  # [n]
-    return {"gumbel": float(race.mean()), "inverse_cdf": float(inv.mean())}
-
-
-def _previous_kept(x: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """[n, V]: at each kept column, x at the previous kept column of its row (0 for the first)."""
-    idx = torch.where(kept, torch.arange(x.shape[1], device=x.device), -1)  # [n, V]
-    last = torch.cummax(idx, dim=1).values  # [n, V] last kept column at or before each
-    before = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=1)  # strictly before
-    return torch.where(before >= 0, x.gather(1, before.clamp(min=0)), 0.0)
+    return {"gumbel": float(race.mean())}
 
 
 def noise_sigma(a: torch.Tensor, b: torch.Tensor, probs: torch.Tensor, mass: float = 0.999) -> float:

@@ -25,7 +25,6 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
@@ -34,7 +33,6 @@ import torch
 from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
-from dasrl.engine.coupling import couple
 from dasrl.engine.gemm import INVARIANT_PADDING, RowPadding, padded_linears
 from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
 from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pack_prompts
@@ -55,18 +53,11 @@ class EngineConfig:
     """Context limit in tokens (prompt + output); None = the model's max_position_embeddings."""
     num_threads: int | None = None
     """torch intra-op threads; None = the CPU cores this process may run on."""
-    attention: str = "gqa"
-    """'gqa': grouped-query SDPA without K/V repeat (fast, registered for the engine); 'model': as loaded."""
     initial_capacity: int = 64
     """KV slots allocated beyond the longest prompt at first (the cache grows as needed)."""
     row_padding: RowPadding = RowPadding()
     """CPU linear layers: row counts in [low, to) are computed padded to `to` (BLAS's slow small-M band;
     gemm.py). RowPadding(low=0) turns it off."""
-    couple: bool = False
-    """Turn each tree draft into the one chain the sampler's own race picks on the tree's branch
-    frequencies (coupling.py: a chain's cost, much of a tree's acceptance); False verifies whole trees."""
-    couple_nodes: int = 3
-    """With couple: tree nodes asked of the drafter per token of a row's draft cap."""
     batch_invariant: bool = False
     """A row's logits bit-identical whatever the other rows (CPU, fp32): linears padded to >= 16 rows,
     attention shapes from the row alone (docs/sampling.md "Batch invariance"); overrides row_padding."""
@@ -75,14 +66,10 @@ class EngineConfig:
         _check_int("max_context", self.max_context, 2, optional=True)
         _check_int("num_threads", self.num_threads, 1, optional=True)
         _check_int("initial_capacity", self.initial_capacity, 0)
-        _check_int("couple_nodes", self.couple_nodes, 1)
-        if self.attention not in ("gqa", "model"):
-            raise ValueError(f"EngineConfig: attention must be 'gqa' or 'model', got {self.attention!r}")
         if not isinstance(self.row_padding, RowPadding):
             raise TypeError(f"EngineConfig: row_padding must be a RowPadding, got {self.row_padding!r}")
-        for name in ("couple", "batch_invariant"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"EngineConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise TypeError(f"EngineConfig: batch_invariant must be a bool, got {self.batch_invariant!r}")
 
 
 def _check_int(name: str, value: object, low: int, *, optional: bool = False) -> None:
@@ -181,12 +168,6 @@ class SpecEngine:
             raise ValueError(f"EngineConfig(max_context={config.max_context}) exceeds the model's "
                              f"max_position_embeddings={model_max}: positions past it were never trained")
         self.max_context = int(config.max_context or model_max)
-        if config.batch_invariant and config.attention != "gqa":
-            raise ValueError("EngineConfig(batch_invariant=True) needs attention='gqa' (the engine's packed "
-                             f"attention), got attention={config.attention!r}")
-        if config.attention != "gqa":
-            raise ValueError(f"EngineConfig(attention={config.attention!r}): every engine forward is packed, which "
-                             f"only the engine's attention ('gqa') computes")
         self.model_type = str(getattr(model.config, "model_type", type(model).__name__))
         reason = unsupported_reason(model)
         if reason is not None:
@@ -300,7 +281,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         batch = len(live)
         lengths = cache.lengths[:batch].copy()  # [B] committed tokens; the pending token goes at slot L
-        drafts = self._propose(live, drafter, policy, job.sampling)
+        drafts = self._propose(live, drafter, policy)
         t1 = time.perf_counter()
         inputs = pack_drafts(pending=np.array([r.out[-1] for r in live], np.int64), lengths=lengths, drafts=drafts,
                              bucket=self.attention_bucket)
@@ -343,20 +324,12 @@ class SpecEngine:
         return new, acc
 
     # ------------------------------------------------------------------ helpers
-    def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy,
-                 sampling: SamplingParams) -> DraftBatch:
+    def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> DraftBatch:
         """Policy budgets, capped by each row's room (context limit minus the pending token), then the
-        drafter's proposals (coupled into chains with config.couple), trimmed and checked: the path the
-        simulator replays (dasrl.policy.propose)."""
+        drafter's proposals, trimmed and checked: the path the simulator replays (dasrl.policy.propose)."""
         from dasrl.policy.propose import propose  # the shared propose -> cap -> trim path
-        select = None
-        if self.config.couple:
-            seeds = np.array([r.seed for r in live], np.int64)
-            positions = np.array([len(r.out) for r in live], np.int64)  # of each row's first draft token
-            select = partial(couple, sampling=sampling, seeds=seeds, positions=positions)
         return propose(drafter, policy, [r.state for r in live], [r.req_id for r in live],
-                       [r.room(self.max_context) - 1 for r in live], self.vocab_size, select=select,
-                       widen=self.config.couple_nodes if select else 1)
+                       [r.room(self.max_context) - 1 for r in live], self.vocab_size)
 
     def _targets(self, logits: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
                  seeds: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Sampling parameters and the position-keyed samplers.
+"""Sampling parameters and the position-keyed sampler.
 
 Every random number is a counter-based hash (splitmix64) of (request seed, output position[, index]),
 never a stream advanced by the batch, the step or the number of drafted tokens, so a draw is a pure
@@ -6,16 +6,14 @@ function of (logits row, seed, position). That is what makes speculative decodin
 verification samples the target token at each draft position with the very randomness plain decoding
 would have used at that output position.
 
-Filtering (both samplers; as transformers' warpers, temperature, then top-k, then top-p): the kept set is
+Filtering (as transformers' warpers, temperature, then top-k, then top-p): the kept set is
 defined on the raw logits, so it is a function of the values alone (ties kept whole, never a sort's tie
 order). top-k keeps every token whose logit is >= the k-th largest; top-p keeps every token whose logit is
 >= that of the last token of the shortest descending prefix whose mass (under the tempered, top-k
 renormalised distribution: float32 weights, float64 prefix sums) reaches top_p. Greedy (temperature 0)
 takes the first argmax.
 
-Two draws over the kept set (`SamplingParams.sampler`):
-
-- ``"gumbel"`` (default): an exponential race, ``argmax_i (logit_i / T + G(seed, position, i))`` with
+The draw over the kept set: an exponential race, ``argmax_i (logit_i / T + G(seed, position, i))`` with
   G standard Gumbel noise keyed on the token id. A token flips under logit noise only when the two best
   perturbed scores are within the noise of each other: P(flip) ~ 0.56 sigma (1 - sum p^2) per token for
   iid logit noise sigma, whatever the size of the kept set (dasrl/bench/flips.py, docs/sampling.md). To touch only
@@ -24,9 +22,8 @@ Two draws over the kept set (`SamplingParams.sampler`):
   log-mass, independent of which token attains it), then the tokens of the winning block race among
   themselves.
   P(token) = P(block) P(token | block) = p_token: exact in distribution.
-- ``"inverse_cdf"``: the earlier draw, the first token whose cumulative probability in token-id order
-  exceeds u(seed, position). Every kept token below the drawn one shifts the boundary, so the flip
-  probability grows with the kept set (~0.3 sigma sqrt(K) for K equal tokens). Kept for comparison.
+(The earlier inverse-CDF draw, kept for comparison until issue 30, flipped more under the same noise and
+is gone: docs/sampling.md.)
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ import torch
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
-_STREAM = np.uint64(0xD1B54A32D192ED03)  # inverse-CDF uniforms
 _RACE = np.uint64(0x8CB92BA72F3D8DD7)  # race key of a (seed, position)
 _BLOCK_STREAM = np.uint64(0xA24BAED4963EE407)
 _TOKEN_STREAM = np.uint64(0x9FB21C651E98DF25)
@@ -47,7 +43,6 @@ _TOP_P_NATS = (8.0, 10.5)
 """top-p looks for its cut among the tokens within this many nats (tempered) of the best first."""
 BLOCK = 256
 """Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
-SAMPLERS = ("gumbel", "inverse_cdf")
 MIN_TEMPERATURE = 1e-5
 """Smallest temperature > 0 accepted (vLLM's greedy threshold); below it the draw is argmax in all but
 ties, and the old sampler's 1/T gave NaN log-probs at 5e-324."""
@@ -71,8 +66,6 @@ class SamplingParams:
     """Keep the k most likely tokens (ties included); 0 = off (vLLM's -1 is taken as 0)."""
     top_p: float = 1.0
     """Nucleus: keep the smallest most-likely set whose mass reaches top_p; 1 = off. In (0, 1]."""
-    sampler: str = "gumbel"
-    """'gumbel' (position-keyed race, robust to last-bit logit noise) or 'inverse_cdf' (the old draw)."""
     logprobs_mode: str = "processed_logprobs"
     """What each token's logprob is, by vLLM's names. 'processed_logprobs': under the distribution the token
     was drawn from (temperature, top-k, top-p applied; greedy: the log-softmax of the raw logits, as vLLM);
@@ -92,8 +85,6 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}; got {self.sampler!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}; got "
                              f"{self.logprobs_mode!r}")
@@ -116,12 +107,6 @@ def _key(seeds: np.ndarray, positions: np.ndarray, stream: np.uint64) -> np.ndar
     t = np.asarray(positions, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         return _splitmix64(_splitmix64(s ^ stream) ^ t)
-
-
-def uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """[n] float64 in [0, 1): the inverse-CDF uniform of each (seed, output position) pair."""
-    h = _key(seeds, positions, _STREAM)
-    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _gumbel(keys: np.ndarray, index: np.ndarray, stream: np.uint64) -> np.ndarray:
@@ -503,21 +488,6 @@ def _race_dense(logits: torch.Tensor, k: Kept, params: SamplingParams,
     return cols[rows, j].astype(np.int64), logp
 
 
-def _inverse_cdf(k: Kept, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    probs = (k.weights / k.total[:, None]).cpu()  # [n, V]
-    cdf = probs.cumsum(dim=-1)  # [n, V] in token-id order
-    target = torch.as_tensor(u, dtype=torch.float64)[:, None] * cdf[:, -1:]  # [n, 1]
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)  # [n]
-    # searchsorted(right) lands on a token with positive mass; the clamp only guards u*total rounding.
-    chosen = probs.gather(1, tokens[:, None]).squeeze(1)
-    if bool((chosen == 0).any()):  # u * total rounded up to total: take the last token with mass
-        bad = torch.nonzero(chosen == 0).squeeze(1)
-        ids = torch.arange(probs.shape[1], dtype=torch.float64)
-        tokens[bad] = ((probs[bad] > 0) * (ids + 1)).argmax(dim=-1)
-        chosen = probs.gather(1, tokens[:, None]).squeeze(1)
-    return tokens.numpy().astype(np.int64), torch.log(chosen).numpy()
-
-
 def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
          positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The engine's entry point: one token per row of logits [n, V] for request seeds [n] at output
@@ -536,11 +506,8 @@ def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
         tokens = torch.argmax(logits, dim=-1)  # [n], first maximum
         logp = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens.cpu().numpy().astype(np.int64), logp.cpu().numpy()
-    k = kept(logits, params, weights=params.sampler == "inverse_cdf")
-    if params.sampler == "inverse_cdf":
-        tokens, logp = _inverse_cdf(k, uniforms(seeds, positions))
-    else:
-        tokens, logp = _race(logits, k, params, _key(seeds, positions, _RACE))
+    k = kept(logits, params, weights=False)  # the race reads only the block masses
+    tokens, logp = _race(logits, k, params, _key(seeds, positions, _RACE))
     if params.logprobs_mode == "raw_logprobs":
         at = torch.as_tensor(tokens, device=logits.device)[:, None]
         logp = torch.log_softmax(logits.double(), dim=-1).gather(1, at).squeeze(1).cpu().numpy()

@@ -3,8 +3,7 @@
 Per step, for the live rows::
 
     caps   = min(policy.budgets(states), room)     # [B] draft cap per row (0 = plain decode)
-    drafts = drafter's proposals within caps       # flat DraftBatch (widen x caps nodes when selecting)
-    drafts = select(drafts)                        # only with a selector (the engine's coupling)
+    drafts = drafter's proposals within caps       # flat DraftBatch
     drafts = policy.trim(states, drafts)           # only when the policy trims
     drafts = drafts.capped(caps)                   # a drafter or a trim may not exceed its cap
     check: every draft token id in [0, vocab_size)
@@ -15,7 +14,7 @@ the drafts a real run verifies.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -24,17 +23,12 @@ from dasrl.policy.base import BudgetPolicy, RequestState
 
 
 def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[RequestState],
-            req_ids: Sequence[Hashable], room: Sequence[int] | np.ndarray, vocab_size: int | None = None, *,
-            select: Callable[[DraftBatch], DraftBatch] | None = None, widen: int = 1) -> DraftBatch:
+            req_ids: Sequence[Hashable], room: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> DraftBatch:
     """The batch's drafts: the policy's budgets capped by `room` ([B] most draft tokens each row may take:
     its context or length limit minus the pending token), proposed, trimmed, capped and checked.
 
-    `vocab_size` None skips the token-id check (a replay of recorded tokens has no model vocabulary).
-    `select` (e.g. dasrl.engine.coupling.couple, bound to the rows' seeds) turns the proposals into the
-    drafts to verify; the drafter is then asked for `widen` x caps nodes (a tree to choose a chain from)."""
+    `vocab_size` None skips the token-id check (a replay of recorded tokens has no model vocabulary)."""
     n = len(states)
-    if widen < 1:
-        raise ValueError(f"widen must be >= 1, got {widen}")
     if len(req_ids) != n or len(room) != n:
         raise ValueError(f"propose needs one req_id and one room per state: {n} states, {len(req_ids)} req_ids, "
                          f"{len(room)} rooms")
@@ -46,9 +40,7 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
     caps = np.minimum(np.asarray(budgets, np.int64), np.asarray(room, np.int64)).clip(min=0)  # [B]
     if not caps.any():
         return DraftBatch.empty(n)
-    drafts = propose_flat(drafter, req_ids, (caps * widen).tolist())
-    if select is not None:
-        drafts = select(drafts)
+    drafts = propose_flat(drafter, req_ids, caps.tolist())
     if getattr(policy, "trims", True):
         drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
     if len(drafts) != n:

@@ -184,3 +184,55 @@ def test_engine_config_refuses_bad_values_naming_them(kw, field):
     with pytest.raises((ValueError, TypeError), match=rf"{field}.*{kw[field]!r}".replace("(", r"\(")):
         EngineConfig(**kw)
     assert EngineConfig(initial_capacity=0).initial_capacity == 0  # the cache grows as needed
+
+
+# ---------------------------------------------------------------------------------- process-wide state
+
+def test_torch_threads_are_left_alone_unless_asked():
+    """EngineConfig(num_threads=None) leaves torch's thread count as the host set it (the engine used to
+    set every core this process may use); an explicit num_threads is applied."""
+    from dasrl.engine.engine import default_threads
+
+    before = torch.get_num_threads()
+    mine = default_threads() + 1  # what the old default would have overwritten
+    try:
+        torch.set_num_threads(mine)
+        SpecEngine(build(LlamaConfig, LlamaForCausalLM))
+        assert torch.get_num_threads() == mine
+        SpecEngine(build(LlamaConfig, LlamaForCausalLM), config=EngineConfig(num_threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+class PatchSpy(Interrupting):
+    """Records, at the failing propose (mid-generate), whose Linear layers carry the padding patch."""
+
+    def __init__(self, store, engine_model, other_model):
+        super().__init__(store, at=2, error=ValueError("injected"))
+        self.models, self.seen = (engine_model, other_model), None
+
+    def propose(self, req_ids, budgets):
+        if self.calls + 1 == self.at:
+            self.seen = [sum("forward" in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+                         for model in self.models]
+        return super().propose(req_ids, budgets)
+
+
+def test_linear_padding_is_scoped_to_the_engines_model_and_undone_on_error():
+    """The row padding replaces forward on the engine model's own nn.Linear instances during generate()
+    only: the class, and every other model, are untouched, and an exception mid-generate undoes it."""
+    class_forward = torch.nn.Linear.forward
+    model, other = build(LlamaConfig, LlamaForCausalLM), build(LlamaConfig, LlamaForCausalLM, seed=1)
+    engine = SpecEngine(model)
+    assert engine.row_padding.low  # padding on: the patch is in play
+    spy = PatchSpy(DraftStore(StoreConfig()), model, other)
+    with pytest.raises(EngineStepError):
+        run(engine, spy, ForwardAllowance(DASPolicy(), 64))
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert spy.seen == [linears, 0]  # mid-generate: every engine Linear patched, none of the other model
+    assert torch.nn.Linear.forward is class_forward
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    x = torch.randn(3, SIZES["hidden_size"])
+    lin = next(m for m in other.modules() if isinstance(m, torch.nn.Linear))
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))

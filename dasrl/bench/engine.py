@@ -26,7 +26,7 @@ from dasrl.drafter.base import DraftBatch
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.counting import with_counting
 from dasrl.engine.cache import RowCache
-from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
+from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
 from dasrl.engine.packing import pack_drafts
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.allowance import ForwardAllowance, allowance_for
@@ -125,7 +125,7 @@ def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list
 def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
                      progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """Rows of the side-by-side run. progress(name, total_tokens) returns an on_step callback."""
-    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads or default_threads()))
     task_set = preset(cfg.preset)
     tasks = task_set.tasks(cfg.problems, seed=cfg.seed)
     base = [chat_ids(tokenizer, t.question, t.system) for t in tasks]

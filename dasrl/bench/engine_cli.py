@@ -136,7 +136,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """Profile the engine forward over batch x tokens-per-row x context, fit the latency model, save it."""
         import torch
 
-        from dasrl.engine import SpecEngine
+        from dasrl.engine import EngineConfig, SpecEngine
+        from dasrl.engine.engine import default_threads
         from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency
         from dasrl.models import load_model
 
@@ -146,7 +147,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
         with user_errors("--model"):
             lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, device=device)
-        engine = SpecEngine(lm, tok)
+        engine = SpecEngine(lm, tok, EngineConfig(num_threads=default_threads()))
         n = len(grid.batch_sizes) * len(grid.tokens_per_row) * len(grid.contexts)
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("profiling forwards", total=n)

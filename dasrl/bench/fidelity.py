@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
+from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
 from dasrl.engine.sampling import SamplingParams, draw
 
 DRAFTERS = ("ngram", "global", "das", "oracle", "trees")
@@ -127,7 +127,7 @@ def compare(ref: dict[int, list[int]], out: dict[int, list[int]]) -> Comparison:
 
 def engine_config(cfg: FidelityConfig) -> EngineConfig:
     """The EngineConfig of every engine in the run."""
-    return EngineConfig(num_threads=cfg.threads, batch_invariant=cfg.batch_invariant)
+    return EngineConfig(num_threads=cfg.threads or default_threads(), batch_invariant=cfg.batch_invariant)
 
 
 def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> float:

@@ -106,14 +106,14 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     from dasrl.drafter.base import DraftParams
     from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
     from dasrl.drafter.store import DraftStore, StoreConfig
-    from dasrl.engine.engine import EngineConfig, SpecEngine
+    from dasrl.engine.engine import EngineConfig, SpecEngine, default_threads
     from dasrl.engine.sampling import SamplingParams
     from dasrl.policy.base import FixedBudget
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     shape = (64, 2, 4, 2, 128, 256, False) if cfg.tiny else (512, 4, 8, 2, 1536, 4096, False)
     model = random_model("llama", shape, dtype=dtype, device=cfg.device, seed=cfg.seed)
-    engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads or default_threads()))
     rng = np.random.default_rng(cfg.seed)
     n_req, new = (3, 12) if cfg.tiny else (8, 48)
     prompts = [rng.integers(0, shape[5], int(rng.integers(4, 12))).tolist() for _ in range(n_req)]
@@ -159,7 +159,7 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     import torch
 
     from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency, time_forward
-    from dasrl.engine.engine import EngineConfig, SpecEngine
+    from dasrl.engine.engine import EngineConfig, SpecEngine, default_threads
     from dasrl.policy.latency import LatencyModel
 
     shape = (TINY_SHAPES if cfg.tiny else SHAPES)[name]
@@ -167,7 +167,7 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     model = random_model("qwen2", shape, dtype=torch.bfloat16, device=cfg.device, seed=cfg.seed)
     _sync(cfg.device)
     build_s = time.perf_counter() - t0
-    engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads))
+    engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads or default_threads()))
     grid = (CalibrationGrid(batch_sizes=(1, 2), tokens_per_row=(1, 4), contexts=(16, 32), repeats=1) if cfg.tiny
             else CalibrationGrid(batch_sizes=(1, 8, 32, 128), tokens_per_row=(1, 2, 4, 8, 16),
                                  contexts=(256, 1024), repeats=5))

@@ -52,7 +52,9 @@ class EngineConfig:
     max_context: int | None = None
     """Context limit in tokens (prompt + output); None = the model's max_position_embeddings."""
     num_threads: int | None = None
-    """torch intra-op threads; None = the CPU cores this process may run on."""
+    """torch intra-op threads, set process-wide (torch has no other kind) when the engine is built; None =
+    leave torch's setting alone (a library must not change its host's threads unasked). Benchmarks pass
+    default_threads() for "every core this process may run on"."""
     initial_capacity: int = 64
     """KV slots allocated beyond the longest prompt at first (the cache grows as needed)."""
     row_padding: RowPadding = RowPadding()
@@ -159,7 +161,8 @@ class SpecEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
-        torch.set_num_threads(config.num_threads or default_threads())
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])

@@ -15,10 +15,11 @@ from dasrl.policy.latency import LatencyModel
 
 
 def run(ctx: Context) -> Outcome:
-    from dasrl.engine import SpecEngine
+    from dasrl.engine import EngineConfig, SpecEngine
+    from dasrl.engine.engine import default_threads
 
     model, tok = ctx.model()
-    engine = SpecEngine(model, tok)
+    engine = SpecEngine(model, tok, EngineConfig(num_threads=default_threads()))
     grid = CalibrationGrid.quick() if ctx.options.quick else CalibrationGrid()
     n_shapes = len(grid.batch_sizes) * len(grid.tokens_per_row) * len(grid.contexts)
     with ctx.progress("timing forwards (calibrate)", n_shapes) as advance:

@@ -27,8 +27,8 @@ def latency_model(ctx) -> tuple[LatencyModel, str]:
         note = f"experiment 6's fit missed by {err:.0%} on the loaded machine, so "
     else:
         note = "experiment 6 not run, so "
-    return CPU_LATENCY, (note + "the unloaded CPU figures of DESIGN.md: 50 ms + 2.5 ms/token + 4 µs per "
-                         "row-context token")
+    return CPU_LATENCY, (note + "the idle CPU calibration (benchmarks/latency_idle.json): 42 ms + 0.97 ms/token "
+                         "+ 3.7 µs per row-context token + 7.9 µs per drafting-row context token")
 
 
 def modeled_s(summary: dict, latency: LatencyModel) -> float:

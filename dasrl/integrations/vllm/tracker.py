@@ -25,18 +25,22 @@ This class turns that view into the Drafter protocol of a DraftStore:
   requests finished since the last boundary. Requests in flight across a boundary are re-started from
   their current row.
 
-Draft caps: min(policy cap, num_speculative_tokens, room left before max_model_len), and at most
-max_spec_factor x the draft's match length. The das policy classifies each request by its problem's
-past lengths and its length so far (DASPolicy), and follows measured acceptance (acceptance_cap,
-BatchDrafter.acceptance): a request's acceptance estimate a (its own verified drafts, pulled towards
-its problem's, pulled towards every request's) caps a draft at the longest L with a^L >=
-acceptance_floor -- the chance that the L-th drafted token is reached and kept -- so a request whose
-drafts are rarely accepted stops drafting (a 1-token probe of its problem every probe_every calls keeps
-measuring); and at a >= trust_acceptance the length-class cap is lifted (draft up to
-num_speculative_tokens, as vLLM's suffix method does), so greedy rollouts whose samples all agree are
-not capped short. With latency_floor (the default) the floor itself comes from vLLM's step cost, fitted
-by the drafter's StepClock from the time between calls: deep drafts for the long class and in the tail,
-only well-accepted ones for a full batch where tokens are dear (BatchDrafter._floor).
+Draft caps: the policy's budget, clipped to num_speculative_tokens and the room left before
+max_model_len and max_tokens; each draft is then cut to max_spec_factor x its match length and trimmed by
+the policy. The das policy is the engine's own stack (`speculation_policy`, dasrl/rollout/session.py):
+DASPolicy's length classes (its problem's past lengths, its length so far) give upper bounds, and the
+ForwardAllowance prices every row's draft with the latency model and its acceptance estimate, so a row
+whose drafts stop paying stops drafting and the collapsed tail drafts deep (docs/policy.md, "Never
+slower"). vLLM's own step cost prices it: the StepClock fits it from the time between calls and the
+allowance gets each refit (a bounded cadence: between refits its drafts depend on the batch only).
+
+The policy reads one RequestState per tracked request, kept as the engine keeps its own: `generated`
+and `forwards` from the row, `drafted` and `accepted` when a draft's verification shows in the row (so
+the two always move together, as after an engine step). A request that departs is `finish`ed; one that
+never started, or that is dropped without finishing (forget), is `abort`ed. At a step boundary the
+requests in flight are `abort`ed and carry on under a fresh state (their partial length is no finished
+length), then the policy's `end_step` runs. States are keyed by (request id, serial): a reused vLLM id
+is another request to the policy.
 
 Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
 """
@@ -49,29 +53,27 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import problem_key
+from dasrl.drafter.base import Draft, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.policy.base import RequestState
+from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.base import BudgetPolicy, FixedBudget, RequestState
 from dasrl.policy.latency import LatencyModel
-from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.rollout.session import SessionConfig, speculation_policy
 
 
 @dataclass
 class _Req:
     prompt_len: int
     state: RequestState
+    """What the policy reads (module docstring); replaced by a fresh one at a step boundary."""
     handle: object = None
     """vLLM's state object of this request (`live[rid]` when `live` is a mapping): identity = same request."""
     seen: int = 0
     """Row tokens already fed to the store (0 = not started in the store yet)."""
     draft: list[int] = field(default_factory=list)
-    """The draft proposed at the last call (to count accepted tokens)."""
-    resolved: int = 0
-    """Drafted tokens whose verification this drafter has seen (the next call's row shows them)."""
-    accepted: int = 0
-    """Of those, accepted."""
+    """The draft proposed at the last call whose verification is not seen yet (the next row shows it)."""
 
 
 @dataclass
@@ -97,8 +99,8 @@ class DrafterStats:
     errors: int = 0
     """Steps in which drafting failed and was skipped (DASProposer.propose_batch)."""
     propose_s: float = 0.0
-    """Wall seconds inside propose (indexing the new tokens, caps, drafting): the drafter's own cost,
-    paid on the same core as the forward when vLLM runs on a CPU."""
+    """Wall seconds inside propose (indexing the new tokens, the policy, drafting): the drafter's own
+    cost, paid on the same core as the forward when vLLM runs on a CPU."""
 
     def as_dict(self) -> dict:
         d = dict(vars(self))
@@ -117,17 +119,19 @@ def _accepted(draft: list[int], new: list[int]) -> int:
     return n
 
 
-def acceptance_cap(a: float, floor: float, k: int) -> int:
-    """The longest draft L <= k with a**L >= floor: under a per-token acceptance a, the L-th drafted
-    token is reached and kept with probability a**L. floor <= 0 or a >= 1: k; a <= 0: 0.
-    E.g. floor 0.2: a = 0.5 -> 2 (0.5, 0.25), a = 0.8 -> 7 (0.8**7 = 0.21), a = 0.1 -> 0."""
-    if floor <= 0 or a >= 1:
-        return k
-    n, p = 0, a
-    while n < k and p >= floor * (1 - 1e-12):
-        n += 1
-        p *= a
-    return n
+def _cut(d: Draft, n: int) -> Draft:
+    """The chain draft's first n tokens."""
+    if len(d) <= n:
+        return d
+    return Draft(d.tokens[:n], d.parents[:n], d.probs[:n], d.match_len) if n > 0 else Draft.empty()
+
+
+def make_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
+    """das: the engine's own stack, `speculation_policy` of a session with these caps and latency file;
+    fixed: k for every request."""
+    if config.policy == "fixed":
+        return FixedBudget(k)
+    return speculation_policy(SessionConfig(policy="das", policy_kw=(("caps", config.caps),), latency=config.latency))
 
 
 class BatchDrafter:
@@ -143,20 +147,27 @@ class BatchDrafter:
         self.k = int(num_speculative_tokens)
         self.max_model_len = int(max_model_len)
         self.store = DraftStore(config.store_config(vocab_size))
-        self.policy = DASPolicy(ClassCaps(*config.caps)) if config.policy == "das" else None
+        self.policy = make_policy(config, self.k)
         self.stats = DrafterStats()
         self.clock = StepClock(window=config.latency_window)
         self._reqs: dict[str, _Req] = {}
         """Requests vLLM holds: in the batch, or paused (absent from it but still in `live`)."""
+        self._serial = 0
+        """States made so far: the policy's request key is (vLLM's id, serial)."""
         self._finished_since_step = 0
         self.explicit = config.explicit_steps
         """True once the caller ended a step itself (end_step): from then on no boundary is inferred."""
         self._signalled = False
         """end_step() was called: the window rolls at the next call, after that call's departures."""
-        self._probe_slot: dict[object, int] = {}
-        """problem key -> its offset in the probe cycle (probes of different problems fall on different calls)."""
-        self._problem_acc: dict[object, list[int]] = {}
-        """problem key -> [accepted, resolved] over every request of the problem seen by this drafter."""
+
+    @property
+    def latency(self) -> LatencyModel | None:
+        """The model the policy prices drafts with (None: the fixed policy prices nothing)."""
+        return self.policy.latency if isinstance(self.policy, ForwardAllowance) else None
+
+    def _state(self, rid: str, problem: object, prompt_len: int, max_new_tokens: int, generated: int = 0) -> RequestState:
+        self._serial += 1
+        return RequestState((rid, self._serial), problem, prompt_len, max_new_tokens, generated=generated)
 
     # ---------------------------------------------------------------- steps
     def end_step(self) -> None:
@@ -168,13 +179,15 @@ class BatchDrafter:
 
     def _roll(self) -> None:
         self._signalled = False
-        self.store.end_step()
-        if self.policy is not None:
-            self.policy.end_step()
-        for req in self._reqs.values():  # in flight across the boundary: the store dropped them
-            if req.seen:
+        for req in self._reqs.values():  # in flight across the boundary: neither finished nor the new step's yet
+            s = req.state
+            self.policy.abort(s)
+            req.state = self._state(s.req_id[0], s.problem_id, s.prompt_len, s.max_new_tokens, s.generated)
+            if req.seen:  # the store drops them at end_step: re-started from their rows
                 req.seen, req.draft = 0, []
                 self.stats.restarted += 1
+        self.store.end_step()
+        self.policy.end_step()
         self._finished_since_step = 0
         self.stats.steps += 1
 
@@ -190,12 +203,13 @@ class BatchDrafter:
     def _depart(self, rid: str) -> None:
         """vLLM no longer holds the request (finished or aborted): its rollout joins the history now."""
         req = self._reqs.pop(rid)
-        if req.seen:
-            self.store.finish(rid)
-            self.stats.finished += 1
-            self._finished_since_step += 1
-            if self.policy is not None:
-                self.policy.finish(req.state)
+        if not req.seen:  # left before its first token: nothing to learn from
+            self.policy.abort(req.state)
+            return
+        self.store.finish(rid)
+        self.policy.finish(req.state)
+        self.stats.finished += 1
+        self._finished_since_step += 1
 
     def forget(self) -> None:
         """Drop every tracked request without learning from it (after a failed call: whatever it left half
@@ -203,6 +217,7 @@ class BatchDrafter:
         for rid, req in self._reqs.items():
             if req.seen:
                 self.store.abort(rid)
+            self.policy.abort(req.state)
         self._reqs.clear()
 
     # -------------------------------------------------------------- propose
@@ -257,9 +272,8 @@ class BatchDrafter:
                 if plen < 1:
                     raise ValueError(f"request {rid!r}: prompt length {plen} (vLLM gave no prompt tokens)")
                 cap = int(max_new_tokens[i]) if max_new_tokens is not None else self.max_model_len - plen
-                prompt = token_rows[i, :plen]
-                req = _Req(plen, RequestState(rid, problem_key(prompt), plen, max(cap, 1)),
-                           handle=live.get(rid) if isinstance(live, Mapping) else None)
+                state = self._state(rid, problem_key(token_rows[i, :plen]), plen, max(cap, 1))
+                req = _Req(plen, state, handle=live.get(rid) if isinstance(live, Mapping) else None)
                 self._reqs[rid] = req
             if len(sampled[i]) == 0:
                 continue  # partial prefill
@@ -271,24 +285,22 @@ class BatchDrafter:
             self.clock.tick(None)
             return drafts
         caps = self._caps([req_ids[i] for i in rows], [int(num_tokens[i]) for i in rows])
-        live = [(i, c) for i, c in zip(rows, caps) if c > 0]
-        for req in (self._reqs[req_ids[i]] for i in rows):
-            req.draft = []
-        if live:
-            out = self.store.propose([req_ids[i] for i, _ in live], [c for _, c in live])
-            factor = self.config.max_spec_factor
-            for (i, _), d in zip(live, out):
-                toks = d.tokens.tolist()
-                if factor > 0:
-                    toks = toks[:int(factor * d.match_len)]
-                drafts[i] = toks
-                self._reqs[req_ids[i]].draft = toks
-                if toks:
+        drafting = [i for i, c in zip(rows, caps) if c > 0]
+        if drafting:
+            ids = [req_ids[i] for i in drafting]
+            out = self.store.propose(ids, [c for c in caps if c > 0])
+            if self.config.max_spec_factor > 0:
+                out = [_cut(d, int(self.config.max_spec_factor * d.match_len)) for d in out]
+            if self.policy.trims:
+                out = self.policy.trim([self._reqs[rid].state for rid in ids], out)
+            for i, rid, d in zip(drafting, ids, out):
+                drafts[i] = self._reqs[rid].draft = d.tokens.tolist()
+                if drafts[i]:
                     self.stats.proposals += 1
-                    self.stats.drafted += len(toks)
-                    self._reqs[req_ids[i]].state.drafted += len(toks)
+                    self.stats.drafted += len(drafts[i])
         prefilling = len(rows) < n_rows  # rows still in (chunked) prefill: the next step's tokens unknown
-        self.clock.tick(None if prefilling else sum(1 + len(drafts[i]) for i in rows))
+        self.clock.tick(None if prefilling else sum(1 + len(drafts[i]) for i in rows),
+                        sum(int(num_tokens[i]) for i in rows))
         return drafts
 
     @staticmethod
@@ -312,81 +324,34 @@ class BatchDrafter:
             raise ValueError(f"request {rid!r}: token id {int(new.min())} in vLLM's token row (placeholders "
                              f"of async scheduling?); run vLLM with async_scheduling=False")
         self.store.observe(rid, new)
-        toks = new.tolist()
-        acc = _accepted(req.draft, toks)
-        self.stats.accepted += acc
-        req.state.accepted += acc
-        if req.draft:
-            req.resolved += len(req.draft)
-            req.accepted += acc
+        s = req.state
+        if req.draft:  # verified in the step just run: drafted and accepted move together, as in the engine
+            acc = _accepted(req.draft, new.tolist())
+            s.drafted += len(req.draft)
+            s.accepted += acc
+            self.stats.accepted += acc
             self.stats.resolved += len(req.draft)
-            counts = self._problem_acc.setdefault(req.state.problem_id, [0, 0])
-            counts[0] += acc
-            counts[1] += len(req.draft)
-        req.state.generated = n - req.prompt_len
-        req.state.forwards += 1
+            req.draft = []
+        s.generated = n - req.prompt_len
+        s.forwards += 1
         req.seen = n
 
-    def acceptance(self, rid: str) -> float:
-        """Estimated per-token acceptance of request `rid`'s drafts, shrunk in two levels, each evidence
-        counted once: the request's own verified drafts, plus `acceptance_prior` pseudo-tokens of its
-        problem's other requests' estimate, which has as many pseudo-tokens of the other problems'
-        (which start at 1.0: drafting starts optimistic). Prior 8, nothing seen anywhere: 1.0; the
-        request 2 of 8 accepted, nothing else seen: (2 + 8 * 1.0) / (8 + 8) = 0.625."""
-        w = self.config.acceptance_prior
-        req = self._reqs[rid]
-        pa, pr = self._problem_acc.get(req.state.problem_id, (0, 0))
-        oa, orr = self.stats.accepted - pa, self.stats.resolved - pr  # other problems
-        g = (oa + w) / (orr + w) if orr + w > 0 else 1.0
-        pa, pr = pa - req.accepted, pr - req.resolved  # the problem's other requests
-        prob = (pa + w * g) / (pr + w) if pr + w > 0 else g
-        return (req.accepted + w * prob) / (req.resolved + w) if req.resolved + w > 0 else prob
-
     def _caps(self, rids: list[str], num_tokens: list[int]) -> list[int]:
-        room = [max(0, self.max_model_len - n - 1) for n in num_tokens]
-        if self.policy is None:
-            return [min(self.k, r) for r in room]
-        # The policy sees every live request (departed ones too: a preempted request is not finished).
+        """Each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""
+        lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
+        if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: StepClock)
+            self.policy.latency, self.policy.max_tokens = lat, allowance_for(lat)
+        # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         states = [req.state for req in self._reqs.values()]
         for s in states:
-            s.classes.clear()  # the policy appends one class per call: keep only this call's
+            s.classes.clear()  # DASPolicy appends one class per call: keep only this call's
         by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
-        cfg, out = self.config, []
-        lat = self.clock.model() if cfg.latency_floor else None
-        longs = sum(1 for rid in rids if self._reqs[rid].state.classes[-1:] == ["long"])
-        probed: set = set()
-        for rid, r in zip(rids, room):
-            a = self.acceptance(rid)
-            base = self.k if a >= cfg.trust_acceptance else by_id[rid]
-            acc_cap = acceptance_cap(a, self._floor(lat, a, len(rids), self._reqs[rid].state, longs=longs), self.k)
-            pid = self._reqs[rid].state.problem_id
-            if acc_cap == 0 and pid not in probed and self._probe_due(pid):
-                acc_cap = 1  # keep measuring: acceptance can come back (history grows, the policy drifts)
-                probed.add(pid)
-            out.append(min(self.k, r, base, acc_cap))
+        out = []
+        for rid, n in zip(rids, num_tokens):
+            s = self._reqs[rid].state
+            room = min(self.max_model_len - n, s.max_new_tokens - s.generated) - 1  # the target adds one
+            out.append(max(0, min(self.k, room, by_id[s.req_id])))
         return out
-
-    def _probe_due(self, problem_id: object) -> bool:
-        """Whether this call is the problem's probe call: one in every probe_every of the drafter's calls,
-        staggered across problems. One probe per problem, not per request: the estimate every sibling
-        drafts under pools the problem's verified tokens, and each probe costs a token in the step."""
-        every = self.config.probe_every
-        if not every:
-            return False
-        slot = self._probe_slot.setdefault(problem_id, len(self._probe_slot))
-        return (self.stats.calls + slot) % every == 0
-
-    def _floor(self, lat: LatencyModel | None, a: float, rows: int, state: RequestState, *, longs: int = 1) -> float:
-        """Acceptance floor of one request's draft (see VLLMDrafterConfig.latency_floor): where the L-th
-        drafted token, kept with probability a**L, still pays for what it adds to a step of t. A long-class
-        request is on the makespan, but so are the other `longs` drafting beside it: each of their L-th
-        tokens adds c_tok to the step all of them wait for."""
-        if lat is None:
-            return self.config.acceptance_floor
-        t = lat.c_base + lat.c_tok * rows  # this step's cost before drafts
-        if state.classes and state.classes[-1] == "long":  # on the makespan: the long rows' time per token
-            return min(0.99, (1 + a) * max(1, longs) * lat.c_tok / t)
-        return min(0.99, rows * lat.c_tok / t)  # off it: the batch's throughput
 
     @property
     def num_live(self) -> int:

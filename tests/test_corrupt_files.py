@@ -62,7 +62,7 @@ def _fill(session: RolloutSession, steps: int, pids) -> None:
 def _snapshot(s: RolloutSession):
     return (s.step, [asdict(h) for h in s.history], s.store, s.store.num_tokens if s.store else None,
             json.dumps(s.policy.lengths.state_dict(), sort_keys=True),
-            json.dumps(s.policy.acceptance.state_dict(), sort_keys=True))
+            json.dumps(s.policy.parts()["acceptance"].state_dict(), sort_keys=True))
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,8 @@ import numpy as np
 
 from dasrl.drafter.base import Draft
 from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.length import LengthConfig
+from dasrl.policy.budget import HistoryPolicy
+from dasrl.policy.length import LengthClassifier, LengthConfig
 from dasrl.policy.latency import LatencyModel
 
 
@@ -135,6 +136,8 @@ class ForwardAllowance:
         if max_problems < 1:
             raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
+        self.lengths: LengthClassifier | None = inner.lengths if isinstance(inner, HistoryPolicy) else None
+        """The wrapped policy's length history (predicts each row's remaining length), None without one."""
         self.prior_p, self.prior_tokens, self.max_problems = prior_p, prior_tokens, max_problems
         self._price: dict[Hashable, tuple[float, float, float]] = {}  # req -> (share, row, kv) this forward
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
@@ -199,7 +202,7 @@ class ForwardAllowance:
         return self._p(state)
 
     def _remaining(self, states: Sequence[RequestState]) -> np.ndarray:
-        lengths = getattr(self.inner, "lengths", None)
+        lengths = self.lengths
         if lengths is None:
             return np.array([s.generated for s in states], np.float64)
         return np.array([min(lengths.expected_length(s.problem_id, s.generated), s.max_new_tokens) - s.generated
@@ -291,7 +294,9 @@ class ForwardAllowance:
                        if keep else Draft.empty())
         return out
 
-    def __getattr__(self, name):  # lengths / acceptance / caps of the wrapped policy
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def parts(self) -> dict[str, object]:
+        """The learnt state a session saves, by name (each with state_dict / load_state_dict): the wrapped
+        policy's length history and acceptance statistics when it keeps them."""
+        if not isinstance(self.inner, HistoryPolicy):
+            return {}
+        return {"lengths": self.inner.lengths, "acceptance": self.inner.acceptance}

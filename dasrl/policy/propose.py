@@ -41,7 +41,7 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
     if not caps.any():
         return DraftBatch.empty(n)
     drafts = propose_flat(drafter, req_ids, caps.tolist())
-    if getattr(policy, "trims", True):
+    if policy.trims:
         drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
     if len(drafts) != n:
         raise ValueError(f"drafter/policy returned {len(drafts)} drafts for {n} live requests")

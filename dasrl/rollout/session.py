@@ -176,7 +176,8 @@ class RolloutSession:
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
             history_drafter(config, tokenizer) if config.speculate else None)
-        self.policy = speculation_policy(config) if config.speculate else NoSpeculation()
+        self.policy: ForwardAllowance | None = speculation_policy(config) if config.speculate else None
+        """The speculation policy (None: plain decoding; the engine then gets NoSpeculation)."""
         self.step = 0
         self.history: list[StepSummary] = []
         self._folded = dict.fromkeys(_TOTALS, 0)  # stats() totals of the summaries dropped from history
@@ -212,7 +213,8 @@ class RolloutSession:
                 on_step(info)
 
         outs: list[Completion] = self.engine.generate(
-            prompts, seeds=seeds, sampling=sampling, drafter=self.drafter, policy=self.policy,
+            prompts, seeds=seeds, sampling=sampling, drafter=self.drafter,
+            policy=self.policy or NoSpeculation(),
             max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, stop_lines=stop_lines, problem_ids=pids,
             req_ids=[(self.step, i) for i in range(len(prompts))], on_step=record)
         for pid, k in zip(pids, samples):
@@ -222,7 +224,7 @@ class RolloutSession:
             step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
             forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens,
             drafted=run.drafted, accepted=run.accepted, batch_curve=curve,
-            drafted_by_class=self.policy.take_spent() if hasattr(self.policy, "take_spent") else {}))
+            drafted_by_class=self.policy.take_spent() if self.policy is not None else {}))
         return [Rollout(problem_id=pid, sample=k, seed=int(seed), prompt_ids=list(c.prompt_ids),
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,
                         forwards=c.forwards, drafted=c.drafted, accepted=c.accepted)
@@ -278,7 +280,7 @@ class RolloutSession:
         no live requests. Their sample indices count as drawn in this step."""
         self._join_upkeep()
         store = self.store
-        lengths = getattr(self.policy, "lengths", None)
+        lengths = self.policy.lengths if self.policy is not None else None
         for r in rollouts:
             self._drawn.setdefault(r.problem_id, set()).add(r.sample)
             if store is not None:
@@ -298,7 +300,8 @@ class RolloutSession:
             try:
                 if self.drafter is not None:
                     self.drafter.end_step()
-                self.policy.end_step()  # part of the BudgetPolicy protocol
+                if self.policy is not None:
+                    self.policy.end_step()
             except BaseException as e:  # kept for the caller: a thread's exception would only be printed
                 e.add_note(f"(in the upkeep of end_step() before step {step})")
                 self._failed = e
@@ -359,10 +362,8 @@ class RolloutSession:
         state = {"format": SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
                  "history": [_jsonable(asdict(s)) for s in self.history], "folded": dict(self._folded),
                  "store": None}
-        for name in ("lengths", "acceptance"):
-            part = getattr(self.policy, name, None)
-            if part is not None:
-                state[name] = part.state_dict()
+        for name, part in (self.policy.parts() if self.policy is not None else {}).items():
+            state[name] = part.state_dict()
         folder.parent.mkdir(parents=True, exist_ok=True)
         tag = secrets.token_hex(6)
         new, old = folder.parent / f".{folder.name}.tmp-{tag}", folder.parent / f".{folder.name}.old-{tag}"
@@ -431,9 +432,8 @@ class RolloutSession:
         self._join_upkeep(check=False)
         store = self._load_store(folder, state, src)
         parts = []
-        for name in ("lengths", "acceptance"):
-            part = getattr(self.policy, name, None)
-            if part is None or name not in state:
+        for name, part in (self.policy.parts() if self.policy is not None else {}).items():
+            if name not in state:
                 continue
             if not isinstance(state[name], dict):
                 raise ValueError(f"{src}: field {name!r} must be a JSON object, got {type(state[name]).__name__}")

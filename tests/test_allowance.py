@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance, allowance_for, pace_draft, priced_draft, tokens_per_forward
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.budget import DASPolicy
@@ -80,19 +81,19 @@ def test_priced_draft_is_the_cheapest_per_token(p, most, share, row, kv, c_tok):
 
 def test_a_lone_row_carries_the_forward_and_alike_rows_do_not_draft():
     # One row: it is the critical path, carries all of c_base and drafts its priced best at the prior p.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
     assert pol.budgets([_state(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
     # 32 rows alike (no history: each one's partial length stands for its remaining one): all of them must
     # speed up to shorten the step, each carries c_base / 32 and none of them pays for a draft.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
     assert pol.budgets([_state(i, 50) for i in range(32)]) == [0] * 32
     # The collapsed tail: one row far ahead of 31 short ones drafts alone, as if alone.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
     assert pol.budgets([_state(0, 50)] + [_state(i, 5) for i in range(1, 32)]) == [4] + [0] * 31
 
 
 def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
     s = _state(0, 50)
     assert pol.budgets([s]) == [4]
     for _ in range(50):  # every draft rejected at its first token, until drafts stop paying
@@ -108,7 +109,7 @@ def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
 
 
 def test_acceptance_is_a_geometric_rate():
-    pol = ForwardAllowance(FixedBudget(64), max_tokens=64, latency=LAT, prior_p=0.6, prior_tokens=8)
+    pol = ForwardAllowance(FixedBudget(64), max_tokens=64, latency=LAT)
     s = _state(0, 50)
     pol.budgets([s])
     s.drafted, s.accepted = 10, 10  # the whole draft was accepted: no rejection
@@ -138,3 +139,22 @@ def test_spending_is_logged_per_class():
 def test_allowance_is_c_base_over_c_tok():
     assert allowance_for(LatencyModel(0.05, 0.0025)) == 20
     assert allowance_for(LatencyModel(0.02, 0.0)) > 10**5
+
+
+def test_acceptance_rate_by_hand_and_its_state():
+    acc = AcceptanceRate(prior_p=0.6, prior_tokens=8, decay=0.5)
+    assert acc.rate("r", "p") == 0.6  # nothing seen: the prior
+    acc.record("r", "p", drafted=4, accepted=4)  # accepted whole: no rejection
+    acc.record("r", "p", drafted=4, accepted=1)  # rejected at its second token
+    problem = (5 + 0.6 * 8) / (5 + 1 + 8)  # 0.7
+    assert acc.rate("r", "p") == pytest.approx((5 + problem * 8) / (5 + 1 + 8))
+    assert acc.rate("s", "p") == pytest.approx(problem)  # a sibling starts from its problem
+    acc.end_step()  # rows forgotten, the problem's counts halve: (2.5, 0.5)
+    assert acc.rate("r", "p") == pytest.approx((2.5 + 0.6 * 8) / (3 + 8))
+    again = AcceptanceRate()
+    again.load_state_dict(acc.state_dict())
+    assert again.rate("x", "p") == acc.rate("x", "p")
+    for bad in ({"problems": [[1, "x"]]}, {"problems": [[[1], [1, 1]]]}, {"problems": [["p", [-1, 0]]]},
+                {"problems": [["p", [float("nan"), 0]]]}):
+        with pytest.raises(ValueError, match="acceptance state"):
+            AcceptanceRate().load_state_dict(bad)

@@ -62,7 +62,7 @@ def _fill(session: RolloutSession, steps: int, pids) -> None:
 def _snapshot(s: RolloutSession):
     return (s.step, [asdict(h) for h in s.history], s.store, s.store.num_tokens if s.store else None,
             json.dumps(s.policy.lengths.state_dict(), sort_keys=True),
-            json.dumps(s.policy.parts()["acceptance"].state_dict(), sort_keys=True))
+            json.dumps(s.policy.parts()["acceptance_rate"].state_dict(), sort_keys=True))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_session_json_truncated_flipped_wrong_typed_pickled(sessions, caller, tm
         {**state, "history": {"0": 1}}, {**state, "history": [[1, 2]]},
         {**state, "history": [{**state["history"][0], "forwards": "many"}]},
         {**state, "history": [{**state["history"][0], "batch_curve": [[0.1]]}]},
-        {**state, "lengths": [1]}, {**state, "acceptance": {"problems": [[1, "x"]]}},
+        {**state, "lengths": [1]}, {**state, "acceptance_rate": {"problems": [[1, "x"]]}},
         {**state, "extra": 1}, {**state, "format": "dasrl-session/9"})]
     bad += [pickle.dumps(state), pickle.dumps(caller.history), b"\x00" * 64, "\ufeff{}".encode()]
     for i, b in enumerate(bad):

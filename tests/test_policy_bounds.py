@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.budget import AcceptancePrior, AcceptanceStats, DASPolicy
@@ -75,28 +76,28 @@ def test_acceptance_and_allowance_keep_the_most_recent_problems():
     assert [p for p, _ in acc.state_dict()["problems"]] == [3, 4]
     assert acc.estimate(0) == (AcceptancePrior().k, AcceptancePrior().alpha)  # forgotten: the prior
 
-    allowance = ForwardAllowance(FixedBudget(4), 16, max_problems=2)
+    allowance = ForwardAllowance(FixedBudget(4), 16, acceptance=AcceptanceRate(max_problems=2))
     for pid in range(5):
         allowance.finish(state(("r", pid), pid))
-    assert list(allowance._problem) == [3, 4]  # per-problem acceptance counts: the two most recent
+    assert [p for p, _ in allowance.acceptance.state_dict()["problems"]] == [3, 4]  # the two most recent
 
 
 def test_a_das_policy_stays_bounded_over_many_problems():
-    policy = ForwardAllowance(DASPolicy(length_config=LengthConfig(max_problems=50),
-                                        prior=AcceptancePrior(max_problems=50)), 16, max_problems=50)
+    policy = ForwardAllowance(DASPolicy(length_config=LengthConfig(max_problems=50)), 16,
+                              acceptance=AcceptanceRate(max_problems=50))
     for pid in range(2000):
         s = state(("r", pid), pid, generated=10 + pid % 90)
         policy.budgets([s])
         policy.finish(s)
     assert policy.lengths.num_problems == 50
     assert len(policy.acceptance.state_dict()["problems"]) == 50
-    assert len(policy._problem) == 50
 
 
 def test_abort_forgets_a_request_and_its_id_may_finish_later():
     policy = ForwardAllowance(DASPolicy(), 16)
-    s = state(("r", 0), "p", generated=30)
+    s = state(("r", 0), "p", generated=30, drafted=0, accepted=0)
     policy.budgets([s])
+    s.drafted, s.accepted = 6, 3  # its last draft was verified, then its generate failed
     policy.abort(s)
     policy.end_step()  # a still-tracked request would be learnt from here
     assert policy.lengths.num_problems == 0 and policy.acceptance.state_dict()["problems"] == []
@@ -112,4 +113,4 @@ def test_max_problems_is_validated():
     with pytest.raises(ValueError, match="max_problems"):
         AcceptancePrior(max_problems=0)
     with pytest.raises(ValueError, match="max_problems"):
-        ForwardAllowance(FixedBudget(1), 4, max_problems=0)
+        AcceptanceRate(max_problems=0)

@@ -22,11 +22,8 @@ for themselves. Its size m is found by raising m from 1 until the group no longe
 only what keeps it within H (`pace_draft`), at most its priced d. Drafts are spent critical row first,
 within `max_tokens` per forward.
 
-The acceptance rate p is a geometric rate: a verified chain gives its accepted tokens and, unless it was
-accepted whole, one rejection, so p = accepted / (accepted + rejections) (accepted / drafted would
-understate it badly for long drafts: 0.39 for p = 0.9 at 20 tokens). The row's own counts are pulled to its
-problem's, and those to a prior, by a few pseudo-tokens each; a problem's counts halve at every step end,
-so a problem that stopped drafting is probed again after a few steps (the policy drifts).
+The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py): per row, pulled to its problem,
+decayed per step so that a problem that stopped drafting is probed again.
 
 The spending is logged per length class (`spent`: drafted tokens per class since the last `take_spent`).
 """
@@ -40,9 +37,10 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter.base import Draft
+from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.budget import HistoryPolicy
-from dasrl.policy.length import LengthClassifier, LengthConfig
+from dasrl.policy.length import LengthClassifier
 from dasrl.policy.latency import LatencyModel
 
 
@@ -118,36 +116,25 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
 CALIB_PRIOR = 4.0
 """Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
 
-PROBLEM_DECAY = 0.5
-"""Factor on a problem's acceptance counts at every step end (a window of about two steps)."""
-
-
 class ForwardAllowance:
     """Wraps a policy: its caps, leveled to the critical path and spent critical row first, within
     `max_tokens` per forward."""
 
     def __init__(self, inner: BudgetPolicy, max_tokens: int, *, latency: LatencyModel | None = None,
-                 prior_p: float = 0.6, prior_tokens: float = 8.0,
-                 max_problems: int = LengthConfig.max_problems) -> None:
+                 acceptance: AcceptanceRate | None = None) -> None:
         if max_tokens < 0:
             raise ValueError(f"draft allowance must be >= 0, got {max_tokens}")
-        if not 0.0 < prior_p < 1.0 or prior_tokens < 0:
-            raise ValueError(f"need 0 < prior_p < 1 and prior_tokens >= 0, got {prior_p}, {prior_tokens}")
-        if max_problems < 1:
-            raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
+        self.acceptance = acceptance if acceptance is not None else AcceptanceRate()
+        """The per-token acceptance estimate of rows and problems (the policy's only one)."""
         self.lengths: LengthClassifier | None = inner.lengths if isinstance(inner, HistoryPolicy) else None
         """The wrapped policy's length history (predicts each row's remaining length), None without one."""
-        self.prior_p, self.prior_tokens, self.max_problems = prior_p, prior_tokens, max_problems
         self._price: dict[Hashable, tuple[float, float, float]] = {}  # req -> (share, row, kv) this forward
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
         self._calib = [0.0, 0.0]  # accepted tokens, expected ones (path probabilities) of verified drafts
         self.spent: Counter = Counter()
         """Drafted tokens per length class since the last take_spent()."""
         self._seen: dict[Hashable, tuple[int, int, str]] = {}  # req -> (drafted, accepted, last class)
-        self._row: dict[Hashable, tuple[int, int]] = {}  # req -> (accepted, rejections)
-        self._problem: dict[Hashable, tuple[float, float]] = {}  # problem -> (accepted, rejections), decayed;
-        # in order of last update, at most max_problems (the first is forgotten)
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
@@ -209,11 +196,7 @@ class ForwardAllowance:
                          for s in states], np.float64)
 
     def _p(self, s: RequestState) -> float:
-        w = self.prior_tokens
-        a, r = self._problem.get(s.problem_id, (0, 0))
-        problem = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
-        a, r = self._row.get(s.req_id, (0, 0))
-        return (a + problem * w) / (a + r + w) if a + r + w > 0 else problem
+        return self.acceptance.rate(s.req_id, s.problem_id)
 
     # ------------------------------------------------------------------ bookkeeping
     def _account(self, s: RequestState) -> None:
@@ -226,27 +209,21 @@ class ForwardAllowance:
             if x is not None:
                 self._calib[0] += a
                 self._calib[1] += x
-            rejected = int(a < d)  # a chain is accepted up to its first rejection
-            ra, rr = self._row.get(s.req_id, (0, 0))
-            self._row[s.req_id] = (ra + a, rr + rejected)
-            pa, pr = self._problem.pop(s.problem_id, (0, 0))
-            self._problem[s.problem_id] = (pa + a, pr + rejected)
-            if len(self._problem) > self.max_problems:
-                del self._problem[next(iter(self._problem))]
+            self.acceptance.record(s.req_id, s.problem_id, drafted=d, accepted=a)
         self._seen[s.req_id] = (s.drafted, s.accepted, cls)
 
     def finish(self, state: RequestState) -> None:
         """The request left the batch: count its last step's drafts; the wrapped policy learns from it."""
         self._account(state)
         self._seen.pop(state.req_id, None)
-        self._row.pop(state.req_id, None)
+        self.acceptance.forget_row(state.req_id)
         self.inner.finish(state)
 
     def abort(self, state: RequestState) -> None:
         """The request's generation failed: forget it (its partial drafts count nowhere)."""
         self._seen.pop(state.req_id, None)
         self._expected.pop(state.req_id, None)
-        self._row.pop(state.req_id, None)
+        self.acceptance.forget_row(state.req_id)
         self.inner.abort(state)
 
     def take_spent(self) -> dict[str, int]:
@@ -256,11 +233,8 @@ class ForwardAllowance:
 
     def end_step(self) -> None:
         self._seen.clear()
-        self._row.clear()
-        # Halve every problem's counts: a problem whose drafts stopped paying drifts back to the prior and
-        # is probed again after a few steps (the policy being trained changes what it writes).
-        self._problem = {k: (a * PROBLEM_DECAY, r * PROBLEM_DECAY) for k, (a, r) in self._problem.items()}
-        self._calib = [c * PROBLEM_DECAY for c in self._calib]
+        self.acceptance.end_step()  # problems decay: one that stopped drafting is probed again later
+        self._calib = [c * self.acceptance.decay for c in self._calib]
         self._expected.clear()
         self.inner.end_step()
 
@@ -295,8 +269,6 @@ class ForwardAllowance:
         return out
 
     def parts(self) -> dict[str, object]:
-        """The learnt state a session saves, by name (each with state_dict / load_state_dict): the wrapped
-        policy's length history and acceptance statistics when it keeps them."""
-        if not isinstance(self.inner, HistoryPolicy):
-            return {}
-        return {"lengths": self.inner.lengths, "acceptance": self.inner.acceptance}
+        """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance
+        estimate and the wrapped policy's length history when it keeps one."""
+        return {"acceptance_rate": self.acceptance} | ({"lengths": self.lengths} if self.lengths is not None else {})

@@ -200,16 +200,14 @@ class AcceptanceStats:
 
 
 class HistoryPolicy(PolicyBase):
-    """A policy that learns from finished requests: their lengths (LengthClassifier) and acceptance
-    (AcceptanceStats). A request is finished when it disappears from the states passed to `budgets`, or
-    when `finish(state)` / `end_step()` is called explicitly (the simulator does; the engine may)."""
+    """A policy that learns the lengths of finished requests (LengthClassifier). A request is finished
+    when it disappears from the states passed to `budgets`, or when `finish(state)` / `end_step()` is
+    called explicitly (the simulator does; the engine may)."""
 
-    def __init__(self, *, lengths: LengthClassifier | None = None, acceptance: AcceptanceStats | None = None,
-                 length_config: LengthConfig = LengthConfig(), prior: AcceptancePrior = AcceptancePrior(),
+    def __init__(self, *, lengths: LengthClassifier | None = None, length_config: LengthConfig = LengthConfig(),
                  max_len: int | None = None) -> None:
         self._fixed_max = max_len is not None
         self.lengths = lengths if lengths is not None else LengthClassifier(length_config, max_len=max_len or 16384)
-        self.acceptance = acceptance if acceptance is not None else AcceptanceStats(prior)
         self._live: dict[Hashable, RequestState] = {}
         self._done: set[Hashable] = set()
 
@@ -228,9 +226,10 @@ class HistoryPolicy(PolicyBase):
             return
         self._done.add(state.req_id)
         self._live.pop(state.req_id, None)
+        self._learn(state)
+
+    def _learn(self, state: RequestState) -> None:
         self.lengths.record(state.problem_id, state.generated)
-        self.acceptance.record(state.problem_id, length=state.generated, drafted=state.drafted,
-                               accepted=state.accepted)
 
     def abort(self, state: RequestState) -> None:
         """Forget a request whose generation failed: nothing learnt, and its id may run again this step."""
@@ -301,12 +300,20 @@ class OptimalPolicy(HistoryPolicy):
     request (its problem's history conditioned on the length reached), (k_i, alpha_i) its problem's
     estimate, solve N_fwd, and give each request p_i*/N_fwd draft tokens per forward (at most `limit`)."""
 
-    def __init__(self, latency: LatencyModel = LatencyModel(0.02, 2e-5), *, limit: int = 32, **kw) -> None:
+    def __init__(self, latency: LatencyModel = LatencyModel(0.02, 2e-5), *, limit: int = 32,
+                 acceptance: AcceptanceStats | None = None, prior: AcceptancePrior = AcceptancePrior(), **kw) -> None:
         super().__init__(**kw)
         if limit < 0:
             raise ValueError(f"optimal limit must be >= 0, got {limit}")
         self.latency, self.limit = latency, limit
+        self.acceptance = acceptance if acceptance is not None else AcceptanceStats(prior)
+        """(k, alpha) per problem: the closed form's own acceptance model (finished requests' totals)."""
         self.last_n_fwd: float | None = None
+
+    def _learn(self, state: RequestState) -> None:
+        super()._learn(state)
+        self.acceptance.record(state.problem_id, length=state.generated, drafted=state.drafted,
+                               accepted=state.accepted)
 
     def _budgets(self, states: Sequence[RequestState]) -> list[int]:
         if not states:

@@ -477,7 +477,8 @@ class RolloutSession:
 
 
 SESSION_FORMAT = "dasrl-session/1"
-_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance", "checksum"}
+_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "checksum",
+                 "acceptance"}  # "acceptance": the (k, alpha) statistics saves held before acceptance_rate; ignored
 _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
 """The stats() totals, summed over step summaries."""
 

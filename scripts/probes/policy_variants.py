@@ -15,6 +15,7 @@ import numpy as np
 import dasrl.policy.allowance as allowance
 from dasrl.drafter.counting import CountingDrafter, digit_tokens
 from dasrl.drafter.store import DraftStore
+from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance, allowance_for
 from dasrl.policy.budget import ClassCaps, DASPolicy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
@@ -62,8 +63,8 @@ run("priced by the calibrated model", das(cfg.latency))
 run("no allowance", das(allow=1 << 20))
 run("no allowance, no acceptance cap", das(latency=None, allow=1 << 20))
 run("caps 4 / 8 / 24", das(caps=ClassCaps(4, 8, 24)))
-run("prior p 0.3", das(prior_p=0.3))
-run("prior p 0.8", das(prior_p=0.8))
+run("prior p 0.3", das(acceptance=AcceptanceRate(prior_p=0.3)))
+run("prior p 0.8", das(acceptance=AcceptanceRate(prior_p=0.8)))
 run("length oracle", das(cls=LengthOracle))
 
 

@@ -158,3 +158,17 @@ def test_acceptance_rate_by_hand_and_its_state():
                 {"problems": [["p", [float("nan"), 0]]]}):
         with pytest.raises(ValueError, match="acceptance state"):
             AcceptanceRate().load_state_dict(bad)
+
+
+def test_the_critical_group_shares_the_fixed_cost_of_drafting():
+    # c_draft = 20 ms is paid once by a forward in which any row drafts. A lone row carries it and c_base:
+    # (0.0525 + 0.0025 d + 0.02) / E(d, 0.6) is lowest at d = 5 (d = 4: 0.03578, 5: 0.03566, 6: 0.03600).
+    lat = LatencyModel(0.05, 0.0025, c_draft=0.02)
+    price = dict(row=0.0025, c_tok=0.0025)
+    assert ForwardAllowance(FixedBudget(16), latency=lat).budgets([_state(0, 50)]) == [5]
+    assert priced_draft([0.6], [16], share=0.05, kv=0.02, **price).tolist() == [5]
+    # Two alike rows must both speed up to shorten the step: each carries half of c_base and of c_draft.
+    assert ForwardAllowance(FixedBudget(16), latency=lat).budgets([_state(0, 50), _state(1, 50)]) == [4, 4]
+    assert priced_draft([0.6], [16], share=0.025, kv=0.01, **price).tolist() == [4]
+    # A cap, when given, is spent critical row first.
+    assert ForwardAllowance(FixedBudget(16), 6, latency=lat).budgets([_state(0, 50), _state(1, 50)]) == [4, 2]

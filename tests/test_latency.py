@@ -27,6 +27,12 @@ def test_fit_recovers_the_drafting_rows_kv_term():
     assert (m.c_base, m.c_tok, m.c_other, m.c_draft_kv) == pytest.approx((0.05, 0.002, 4e-6, 1.5e-5), rel=1e-6)
     assert m.mean_rel_error(n, s, kv, dkv) < 1e-9
     assert LatencyModel.fit(n, s, kv_tokens=kv).c_draft_kv == 0.0  # fitted only when given
+    # A forward with any drafting row also pays c_draft once (0.012 s here): recovered beside the others.
+    s2 = s + 0.012 * (dkv > 0)
+    m = LatencyModel.fit(n, s2, kv_tokens=kv, draft_kv_tokens=dkv)
+    assert (m.c_base, m.c_tok, m.c_other, m.c_draft_kv, m.c_draft) == \
+        pytest.approx((0.05, 0.002, 4e-6, 1.5e-5, 0.012), rel=1e-6)
+    assert m.price((4, 17, 1200, 300)) == pytest.approx(0.05 + 0.034 + 0.0048 + 0.0045 + 0.012)
 
 
 def test_price_reads_three_and_four_field_shapes():

@@ -29,7 +29,7 @@ from dasrl.engine.cache import RowCache
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
 from dasrl.engine.packing import pack_drafts
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget
 from dasrl.policy.budget import DASPolicy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
@@ -104,11 +104,11 @@ class EngineBenchConfig:
 
 
 def das_policy(problem_ids: list[int], history: list[Completion], latency: LatencyModel = CPU_LATENCY):
-    """DAS's policy with its length history taken from `history` (epoch 1), within the allowance."""
+    """DAS's policy with its length history taken from `history` (epoch 1), priced by `latency`."""
     inner = DASPolicy()
     for pid, c in zip(problem_ids, history):
         inner.lengths.record(pid, len(c.token_ids))
-    return ForwardAllowance(inner, allowance_for(latency), latency=latency)
+    return ForwardAllowance(inner, latency=latency)
 
 
 def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list[Completion] | None) -> dict:
@@ -229,6 +229,9 @@ class CalibrationGrid:
     """Input tokens per row (1 = plain decoding, 1 + k with a draft of k)."""
     contexts: tuple[int, ...] = (128, 512)
     """Committed context length of every row."""
+    lone_drafter: bool = True
+    """Also time each drafting shape with one row drafting beside plain ones (a collapsed batch's case:
+    the fixed cost of drafting at all, which all-rows-drafting shapes cannot separate)."""
     repeats: int = 3
     """Timed forwards per shape (the median is kept), after one warm-up."""
 
@@ -274,6 +277,10 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
                 s = time_forward(engine, batch=b, q=q, context=ctx, repeats=grid.repeats)
                 out.append({"batch": b, "tokens_per_row": q, "context": ctx, "n_tokens": b * q,
                             "kv_tokens": b * ctx, "draft_kv_tokens": b * ctx if q > 1 else 0, "seconds": s})
+                if grid.lone_drafter and q > 1 and b > 1:
+                    s = time_forward(engine, batch=b, q=[q] + [1] * (b - 1), context=ctx, repeats=grid.repeats)
+                    out.append({"batch": b, "tokens_per_row": q, "drafting_rows": 1, "context": ctx,
+                                "n_tokens": b + q - 1, "kv_tokens": b * ctx, "draft_kv_tokens": ctx, "seconds": s})
                 tick()
     return out
 

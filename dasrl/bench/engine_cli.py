@@ -154,16 +154,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             samples = calibrate(engine, grid, tick=lambda: prog.advance(task))
         fitted, err = fit_latency(samples)
         table = Table(title=f"forward latency, {model}")
-        for name in ("batch", "tokens/row", "context", "measured ms", "predicted ms"):
+        for name in ("batch", "tokens/row", "drafting rows", "context", "measured ms", "predicted ms"):
             table.add_column(name, justify="right")
         for s in samples:
             pred = fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"])
-            table.add_row(str(s["batch"]), str(s["tokens_per_row"]), str(s["context"]),
+            drafting = s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0)
+            table.add_row(str(s["batch"]), str(s["tokens_per_row"]), str(drafting), str(s["context"]),
                           f"{s['seconds'] * 1e3:.1f}", f"{pred * 1e3:.1f}")
         console.print(table)
         console.print(f"c_base = {fitted.c_base * 1e3:.2f} ms, c_tok = {fitted.c_tok * 1e3:.3f} ms/token, "
                       f"c_other = {fitted.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
-                      f"{fitted.c_draft_kv * 1e6:.2f} µs per drafting-row context token; "
+                      f"{fitted.c_draft_kv * 1e6:.2f} µs per drafting-row context token, c_draft = "
+                      f"{fitted.c_draft * 1e3:.2f} ms per forward with any drafting row; "
                       f"mean relative error {err:.1%}")
         fitted.save(out)
         console.print(f"wrote {out}")

@@ -61,7 +61,7 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
              "Rollout times are given two ways. *Measured*: wall seconds. *Modeled*: the forward-latency model "
              "applied to every forward the engine actually ran (rows x positions per row, padding included, and "
              "the context read) plus the measured drafting time — what the same forwards cost on a quiet machine "
-             "(experiment 6's fit when it fits within 15%, else the idle CPU calibration, benchmarks/latency_idle.json). On a "
+             "(experiment 6's fit when it fits within 15%, else the CPU default, dasrl.policy.latency.CPU_LATENCY). On a "
              "machine shared with other jobs the wall clock swings by several x between runs minutes apart "
              "(compare the baseline and oracle wall times of the same step in section 9), so comparisons lean on "
              "the modeled times; both are in every table and JSON.", "",

@@ -27,8 +27,9 @@ def latency_model(ctx) -> tuple[LatencyModel, str]:
         note = f"experiment 6's fit missed by {err:.0%} on the loaded machine, so "
     else:
         note = "experiment 6 not run, so "
-    return CPU_LATENCY, (note + "the idle CPU calibration (benchmarks/latency_idle.json): 42 ms + 0.97 ms/token "
-                         "+ 3.7 µs per row-context token + 7.9 µs per drafting-row context token")
+    return CPU_LATENCY, (note + "the CPU default (dasrl.policy.latency.CPU_LATENCY, one thread): 73 ms + 3.9 "
+                         "ms/token + 10 µs per row-context token + 13 µs per drafting-row context token + 26 ms "
+                         "per forward with a drafting row")
 
 
 def modeled_s(summary: dict, latency: LatencyModel) -> float:

@@ -1,10 +1,11 @@
 """The cost model of one verification forward:
-`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens`.
+`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens + c_draft * [any row drafts]`.
 
 `n_tokens` counts every token in the forward (one per live row plus its draft tokens); `kv_tokens` is the
 sum over rows of their context length (the KV-read term that matters on a CPU); `draft_kv_tokens` the same
 sum over the rows that feed more than one token (the engine attends their extra tokens in a second group
-that gathers and masks those rows' caches). The budget policy and the simulator stand on this model;
+that gathers and masks those rows' caches); `c_draft` is paid once by a forward in which any row drafts
+(that group's per-layer calls, the larger GEMMs). The budget policy and the simulator stand on this model;
 `dasrl calibrate` fits it from measured forwards and saves JSON.
 """
 
@@ -36,6 +37,8 @@ class LatencyModel:
     """Seconds per row-context token read from the KV cache (sum over rows of their context length)."""
     c_draft_kv: float = 0.0
     """Seconds per context token of the rows that feed more than one token (their attention group)."""
+    c_draft: float = 0.0
+    """Seconds a forward pays once when any row feeds more than one token (the group's calls per layer)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -52,7 +55,7 @@ class LatencyModel:
         n = np.asarray(n_tokens, dtype=np.float64)
         kv = np.asarray(kv_tokens, dtype=np.float64)
         dkv = np.asarray(draft_kv_tokens, dtype=np.float64)
-        out = self.c_base + self.c_tok * n + self.c_other * kv + self.c_draft_kv * dkv
+        out = self.c_base + self.c_tok * n + self.c_other * kv + self.c_draft_kv * dkv + self.c_draft * (dkv > 0)
         return float(out) if out.ndim == 0 else out
 
     def price(self, shape: Sequence[float]) -> float:
@@ -73,15 +76,18 @@ class LatencyModel:
     def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float], kv_tokens: Sequence[float] | None = None,
             draft_kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
         """Least-squares fit (relative error weighted: each sample counts by 1/seconds), coefficients
-        clipped at 0; c_other and c_draft_kv are fitted only when their token counts are given."""
+        clipped at 0; c_other and c_draft_kv are fitted only when their token counts are given, c_draft
+        with c_draft_kv."""
         n, s, kv, dkv = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens)
-        extra = [a for a in (kv, dkv) if a is not None]
+        extra = [a for a in (kv, dkv, None if dkv is None else (dkv > 0).astype(np.float64)) if a is not None]
         cols = [np.ones_like(n), n, *extra]
         if len(s) < len(cols):
             raise ValueError(f"need at least {len(cols)} samples to fit {len(cols)} coefficients, got {len(s)}")
         coef = iter(float(c) for c in nonnegative_lstsq(np.stack(cols, axis=1) / s[:, None], np.ones_like(s)))
         c_base, c_tok = next(coef), next(coef)
-        return cls(c_base, c_tok, next(coef) if kv is not None else 0.0, next(coef) if dkv is not None else 0.0)
+        c_other = next(coef) if kv is not None else 0.0
+        c_draft_kv, c_draft = (next(coef), next(coef)) if dkv is not None else (0.0, 0.0)
+        return cls(c_base, c_tok, c_other, c_draft_kv, c_draft)
 
     # --- persistence ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -128,12 +134,15 @@ class LatencyModel:
             raise ValueError(f"{path}: a coefficient is too large for a float") from None
 
 
-CPU_LATENCY = LatencyModel(c_base=0.0421, c_tok=9.7e-4, c_other=3.7e-6, c_draft_kv=7.9e-6)
-"""SmolLM2-135M fp32 packed-engine forwards on this project's 2-core machine, 2 threads, idle
-(`dasrl calibrate`, 2026-12-04, benchmarks/latency_idle.json; docs/engine.md): the one CPU default of the
-session, the simulator and the benchmarks; `dasrl calibrate` measures yours. The drafting rows' term
-matters to the policy: without it a drafting row looked 2-3x cheaper than it is, and the session's
-drafting made steps slower than plain decoding (docs/policy.md)."""
+CPU_LATENCY = LatencyModel(c_base=0.0732, c_tok=3.88e-3, c_other=1.04e-5, c_draft_kv=1.28e-5, c_draft=0.0263)
+"""SmolLM2-135M fp32 packed-engine forwards on one core of this project's 2-core machine (`OMP_NUM_THREADS=1
+taskset -c 0 dasrl calibrate --quick`, 2026-12-05, benchmarks/latency_1thread_quick.json, mean error 6.6%):
+the one CPU default of the session, the simulator and the benchmarks; `dasrl calibrate` measures yours.
+Its drafting terms are what the policy needs most: a forward with any drafting row pays 26 ms once (the
+drafting rows' attention group, per layer) and 12.8 µs per context token of each drafting row; without
+them a drafted token looked 5-10x cheaper than it is and the session's drafting made steps slower than
+plain decoding (docs/policy.md). At two threads c_base and c_tok roughly halve (benchmarks/latency_idle.json),
+so this default prices drafts conservatively there."""
 
 
 def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):

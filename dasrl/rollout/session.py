@@ -47,7 +47,7 @@ from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
-from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.budget import make_policy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 
@@ -76,7 +76,7 @@ class SessionConfig:
     latency: str | None = None
     """latency.json from `dasrl calibrate`; None = the idle calibration of this project's 2-core machine (policy.latency.CPU_LATENCY)."""
     draft_allowance: int | None = None
-    """Draft tokens per forward for the whole batch; None = c_base / c_tok of the latency model."""
+    """Most draft tokens per forward for the whole batch; None = no cap (each row's draft is priced)."""
     history: int = 100
     """Step summaries kept in `session.history` and in saves (the latest); older ones are folded into
     the totals stats() reports, so a long run's memory and session.json stay bounded."""
@@ -158,8 +158,8 @@ def speculation_policy(config: SessionConfig) -> ForwardAllowance:
     """The policy a speculating session drafts under: config.policy inside the per-forward allowance, priced
     by config.latency (or the CPU default). The simulator's validation replays sessions with it."""
     latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
-    allowance = config.draft_allowance if config.draft_allowance is not None else allowance_for(latency)
-    return ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), allowance, latency=latency)
+    return ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), config.draft_allowance,
+                            latency=latency)
 
 
 class RolloutSession:

@@ -57,7 +57,7 @@ from dasrl.drafter.base import Draft, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import BudgetPolicy, FixedBudget, RequestState
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.session import SessionConfig, speculation_policy
@@ -340,7 +340,7 @@ class BatchDrafter:
         """Each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""
         lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
         if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: StepClock)
-            self.policy.latency, self.policy.max_tokens = lat, allowance_for(lat)
+            self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         states = [req.state for req in self._reqs.values()]
         for s in states:

@@ -24,25 +24,16 @@ REPLAY_BUDGET = 16
 at equal budget, so acceptance differences are the drafter's)."""
 
 
-class TimedDrafter:
-    """A Drafter that times another's propose calls, per step (one entry per end_step)."""
+class _Wrapper:
+    """A Drafter that hands every call to `inner`; subclasses change what they wrap."""
 
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.propose_s, self.calls, self.rows = 0.0, 0, 0
-        self.per_step: list[dict] = []
-        """[{propose_s, calls, rows}] per finished step."""
+    inner: Drafter
 
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self.inner.start(req_id, problem_id, prompt_ids)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        t0 = time.perf_counter()
-        out = self.inner.propose(req_ids, budgets)
-        self.propose_s += time.perf_counter() - t0
-        self.calls += 1
-        self.rows += len(req_ids)
-        return out
+        return self.inner.propose(req_ids, budgets)
 
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         self.inner.observe(req_id, tokens)
@@ -55,11 +46,32 @@ class TimedDrafter:
 
     def end_step(self) -> None:
         self.inner.end_step()
+
+
+class TimedDrafter(_Wrapper):
+    """A Drafter that times another's propose calls, per step (one entry per end_step)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.propose_s, self.calls, self.rows = 0.0, 0, 0
+        self.per_step: list[dict] = []
+        """[{propose_s, calls, rows}] per finished step."""
+
+    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
+        t0 = time.perf_counter()
+        out = self.inner.propose(req_ids, budgets)
+        self.propose_s += time.perf_counter() - t0
+        self.calls += 1
+        self.rows += len(req_ids)
+        return out
+
+    def end_step(self) -> None:
+        self.inner.end_step()
         self.per_step.append({"propose_s": self.propose_s, "calls": self.calls, "rows": self.rows})
         self.propose_s, self.calls, self.rows = 0.0, 0, 0
 
 
-class StaticDrafter:
+class StaticDrafter(_Wrapper):
     """A history drafter frozen after its first `learn_steps` steps: a DraftStore that folds those steps
     into its index and discards every later one (DraftStore.discard_step), so it drafts from a fixed
     index while the policy drifts. Live requests are still indexed within a step as the store's mode says."""
@@ -67,23 +79,8 @@ class StaticDrafter:
     def __init__(self, config: StoreConfig = StoreConfig(), *, learn_steps: int = 1) -> None:
         if learn_steps < 1:
             raise ValueError(f"learn_steps must be >= 1, got {learn_steps}")
-        self.store = DraftStore(config)
+        self.inner = self.store = DraftStore(config)
         self.learn_steps, self.learned = learn_steps, 0
-
-    def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
-        self.store.start(req_id, problem_id, prompt_ids)
-
-    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        return self.store.propose(req_ids, budgets)
-
-    def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
-        self.store.observe(req_id, tokens)
-
-    def finish(self, req_id: Hashable) -> None:
-        self.store.finish(req_id)
-
-    def abort(self, req_id: Hashable) -> None:
-        self.store.abort(req_id)
 
     def end_step(self) -> None:
         if self.learned < self.learn_steps:

@@ -276,6 +276,7 @@ def _set(key, value):
     (lambda f: (f / "store.json").write_text("[]"), "expected a JSON object"),
     (lambda f: (f / "store.json").write_text("{nope"), "cannot read a draft store"),
     (lambda f: (f / "store.json").write_bytes(b"\xff\xfe"), "cannot read a draft store"),
+    (lambda f: (f / "store.json").write_text("[" * 100_000), "cannot read a draft store"),  # json: RecursionError
     (lambda f: [p.write_bytes(p.read_bytes()[:100]) for p in f.glob("store-*.npz")], "checksum differs"),
     (lambda f: [p.unlink() for p in f.glob("store-*.npz")], "cannot read a draft store"),
 ])

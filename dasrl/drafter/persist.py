@@ -118,7 +118,7 @@ def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
 
     try:
         doc = json.loads(_read_regular(where, MAX_JSON_BYTES))
-    except ValueError as e:  # not JSON (a UnicodeDecodeError is one too)
+    except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError; deep nesting is not)
         raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
     if not isinstance(doc, dict):
         raise bad(f"expected a JSON object, got {type(doc).__name__}")

@@ -114,14 +114,16 @@ def test_acceptance_is_a_geometric_rate():
     pol.budgets([s])
     s.drafted, s.accepted = 10, 10  # the whole draft was accepted: no rejection
     caps = pol.budgets([s])
-    problem = (10 + 0.6 * 8) / 18
+    run = (10 + 0.6 * 8) / 18  # the run's counts pulled to the prior by 8 pseudo-tokens
+    problem = (10 + run * 8) / 18  # the problem's, pulled to the run's
     assert pol.acceptance_rate(s) == pytest.approx((10 + problem * 8) / 18)
     assert caps == priced_draft([pol.acceptance_rate(s)], [64], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist()
     assert caps[0] > 4
     before = pol.acceptance_rate(s)
     s.drafted, s.accepted = 20, 10  # the next draft of 10 was rejected at its first token
     pol.budgets([s])
-    problem = (10 + 0.6 * 8) / 19  # 10 accepted, 1 rejection
+    run = (10 + 0.6 * 8) / 19  # 10 accepted, 1 rejection
+    problem = (10 + run * 8) / 19
     assert pol.acceptance_rate(s) == pytest.approx((10 + problem * 8) / 19) and pol.acceptance_rate(s) < before
 
 
@@ -146,16 +148,20 @@ def test_acceptance_rate_by_hand_and_its_state():
     assert acc.rate("r", "p") == 0.6  # nothing seen: the prior
     acc.record("r", "p", drafted=4, accepted=4)  # accepted whole: no rejection
     acc.record("r", "p", drafted=4, accepted=1)  # rejected at its second token
-    problem = (5 + 0.6 * 8) / (5 + 1 + 8)  # 0.7
+    run = (5 + 0.6 * 8) / (5 + 1 + 8)  # 0.7: every problem's counts, pulled to the prior
+    problem = (5 + run * 8) / (5 + 1 + 8)
     assert acc.rate("r", "p") == pytest.approx((5 + problem * 8) / (5 + 1 + 8))
     assert acc.rate("s", "p") == pytest.approx(problem)  # a sibling starts from its problem
-    acc.end_step()  # rows forgotten, the problem's counts halve: (2.5, 0.5)
-    assert acc.rate("r", "p") == pytest.approx((2.5 + 0.6 * 8) / (3 + 8))
+    assert acc.rate("t", "q") == pytest.approx(run)  # a problem never drafted starts from the run's rate
+    acc.end_step()  # rows forgotten, counts halve: (2.5, 0.5) for the problem and the run
+    run = (2.5 + 0.6 * 8) / (3 + 8)
+    assert acc.rate("r", "p") == pytest.approx((2.5 + run * 8) / (3 + 8))
     again = AcceptanceRate()
     again.load_state_dict(acc.state_dict())
     assert again.rate("x", "p") == acc.rate("x", "p")
     for bad in ({"problems": [[1, "x"]]}, {"problems": [[[1], [1, 1]]]}, {"problems": [["p", [-1, 0]]]},
-                {"problems": [["p", [float("nan"), 0]]]}):
+                {"problems": [["p", [float("nan"), 0]]]}, {"problems": [], "run": [1]}, {"problems": [], "run": "x"},
+                {"problems": [], "run": [-1, 0]}):
         with pytest.raises(ValueError, match="acceptance state"):
             AcceptanceRate().load_state_dict(bad)
 

@@ -2,8 +2,10 @@
 
 A verified chain gives its accepted tokens and, unless it was accepted whole, one rejection, so the rate
 is p = accepted / (accepted + rejections), a geometric rate (accepted / drafted would understate it badly
-for long drafts: 0.39 for p = 0.9 at 20 tokens). A row's own counts are pulled to its problem's, and the
-problem's to a prior, by `prior_tokens` pseudo-tokens each. A problem's counts are multiplied by `decay`
+for long drafts: 0.39 for p = 0.9 at 20 tokens). A row's own counts are pulled to its problem's, the
+problem's to the run's (every problem's counts pooled), and the run's to a prior, by `prior_tokens`
+pseudo-tokens each: a problem never drafted starts from what drafting has been worth in this run (at
+temperature 1.0 on real text that is low within a few drafts, and speculation stops there too). A problem's counts are multiplied by `decay`
 at every step end, so a problem whose drafts stopped paying (and so stopped drafting) drifts back to the
 prior and is probed again a few steps later: the policy being trained changes what it writes.
 """
@@ -30,11 +32,14 @@ class AcceptanceRate:
         self._row: dict[Hashable, tuple[int, int]] = {}  # req -> (accepted, rejections)
         self._problem: dict[Hashable, tuple[float, float]] = {}  # problem -> (accepted, rejections), decayed;
         # in order of last update (the first is forgotten past max_problems)
+        self._run = [0.0, 0.0]  # every problem's (accepted, rejections), decayed alike
 
     def rate(self, req_id: Hashable, problem_id: Hashable) -> float:
         w = self.prior_tokens
+        a, r = self._run
+        run = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
         a, r = self._problem.get(problem_id, (0, 0))
-        problem = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
+        problem = (a + run * w) / (a + r + w) if a + r + w > 0 else run
         a, r = self._row.get(req_id, (0, 0))
         return (a + problem * w) / (a + r + w) if a + r + w > 0 else problem
 
@@ -47,6 +52,7 @@ class AcceptanceRate:
         self._row[req_id] = (ra + accepted, rr + rejected)
         pa, pr = self._problem.pop(problem_id, (0, 0))
         self._problem[problem_id] = (pa + accepted, pr + rejected)  # now the most recent
+        self._run = [self._run[0] + accepted, self._run[1] + rejected]
         if len(self._problem) > self.max_problems:
             del self._problem[next(iter(self._problem))]
 
@@ -57,9 +63,10 @@ class AcceptanceRate:
         """Rows are gone; every problem's counts decay."""
         self._row.clear()
         self._problem = {k: (a * self.decay, r * self.decay) for k, (a, r) in self._problem.items()}
+        self._run = [c * self.decay for c in self._run]
 
     def state_dict(self) -> dict:
-        return {"problems": [[pid, [a, r]] for pid, (a, r) in self._problem.items()]}
+        return {"problems": [[pid, [a, r]] for pid, (a, r) in self._problem.items()], "run": list(self._run)}
 
     def load_state_dict(self, state: dict) -> None:
         problems = {}
@@ -74,4 +81,12 @@ class AcceptanceRate:
             if not (math.isfinite(a) and math.isfinite(r) and a >= 0 and r >= 0):
                 raise ValueError(f"acceptance state: problems[{i}] counts must be finite and >= 0, got {[a, r]}")
             problems[pid] = (a, r)
+        run = state.get("run", [0.0, 0.0])
+        try:
+            run = [float(run[0]), float(run[1])] if len(run) == 2 else None
+        except (TypeError, ValueError):
+            run = None
+        if run is None or not all(math.isfinite(c) and c >= 0 for c in run):
+            raise ValueError(f"acceptance state: run must be [accepted, rejections] >= 0, got {state.get('run')!r}")
         self._problem, self._row = dict(list(problems.items())[-self.max_problems:]), {}
+        self._run = run

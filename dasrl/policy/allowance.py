@@ -1,32 +1,32 @@
-"""A per-forward draft allowance that goes where the makespan is, priced so that drafting never costs
-more than it saves.
+"""The session's speculation policy: each row's draft priced so that drafting never costs more than it
+saves, the fixed cost of a forward carried where the makespan is (docs/policy.md "Never slower").
 
-The packed forward costs t_fwd = c_base + sum over rows of (c_tok * tokens_i + c_other * ctx_i), plus
-c_draft_kv * ctx_i for each row that feeds more than one token (its cache is attended in a second group).
-A row drafting d tokens at per-token acceptance p emits E(d, p) = 1 + p + ... + p^d tokens per forward, so
-its seconds per emitted token are
+The packed forward costs c_base + sum over rows of (c_tok * tokens_i + c_other * ctx_i), plus, for each row
+that feeds more than one token, c_draft_kv * ctx_i (its cache is attended in a second group) and, once per
+forward in which any row does, c_draft. A row drafting d tokens at per-token acceptance p emits
+E(d, p) = 1 + p + ... + p^d tokens per forward, so its seconds per emitted token are
 
-    (share_i + c_tok * (1 + d) + c_other * ctx_i + [d > 0] * c_draft_kv * ctx_i) / E(d, p),
+    (share_i + c_tok * (1 + d) + c_other * ctx_i + [d > 0] * (c_draft_kv * ctx_i + fixed_i)) / E(d, p).
 
-where share_i is the part of the fixed cost c_base the row carries: c_base is paid once per forward of the
-step, and the step lasts as long as its longest rows (the critical path). A row off that path saves only its
-own per-forward cost when it finishes sooner (share 0); the m rows that make the path together carry
-c_base / m each (all of them must speed up to shorten it). Each row drafts the d that minimises its price
-(`priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 — speculation
-stops by itself where drafts stop paying, and starts again in the collapsed tail, where one row carries the
-whole forward.
+c_base is paid once per forward and the step lasts as long as its longest rows (the critical path). The m
+rows predicted to make that path together carry c_base / m and c_draft / m each (all of them must speed up
+to shorten it, and they draft together); every other row carries c_base / B (length predictions are rough:
+any of the B live rows may turn out to be the last) and the whole c_draft. Each row drafts the d with the
+lowest price (`priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 —
+speculation stops by itself where drafts stop paying — and in the collapsed tail one row carries the
+whole forward and drafts long.
 
 The critical group: rows whose predicted remaining length (the wrapped policy's length history conditioned
 on the partial length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
-for themselves. Its size m is found by raising m from 1 until the group no longer grows. A group row drafts
-only what keeps it within H (`pace_draft`), at most its priced d. Drafts are spent critical row first,
-within `max_tokens` per forward when one is given (None: the prices alone decide; a cap of c_base / c_tok,
-the earlier default, measured 0.941x against 0.907x uncapped on the toy trace at one thread).
+for themselves; its size m is raised from 1 until the group no longer grows. A group row drafts only what
+keeps it within H (`pace_draft`), at most its priced d. With `max_tokens` (None by default) the drafts of a
+forward are capped and spent critical row first. `trim` then cuts each draft to the prefix with the lowest
+expected price, node i accepted with probability its path probability times a calibration (accepted /
+expected over the verified drafts).
 
 The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py): per row, pulled to its problem,
-decayed per step so that a problem that stopped drafting is probed again.
-
-The spending is logged per length class (`spent`: drafted tokens per class since the last `take_spent`).
+decayed per step so that a problem that stopped drafting is probed again. The spending is logged per length
+class (`spent`: drafted tokens per class since the last `take_spent`).
 """
 
 from __future__ import annotations
@@ -166,14 +166,16 @@ class ForwardAllowance:
         return out
 
     def _priced(self, states, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
-        """([B] each row's priced draft, [B] what it drafts): rows off the critical group draft for themselves
-        (share 0, and the whole c_draft); the group's m rows share c_base and c_draft (they draft together)
-        and draft what keeps them within the critical path (module docstring)."""
+        """([B] each row's priced draft, [B] what it drafts): rows off the critical group carry c_base / B
+        (any of the B live rows may turn out to be the last) and the whole c_draft; the group's m rows share
+        c_base and c_draft (they draft together) and draft what keeps them within the critical path
+        (module docstring)."""
         lat = self.latency
         ctx = np.array([s.prompt_len + s.generated for s in states], np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
         prices = _Prices(p, caps, row=row, kv=kv, c_tok=lat.c_tok)
-        solo = prices.best(0.0, lat.c_draft)  # [B]
+        spread = lat.c_base / len(states)
+        solo = prices.best(spread, lat.c_draft)  # [B]
         at_solo = remaining / tokens_per_forward(solo, p)  # [B] forwards drafting for itself
         m = 1
         while True:
@@ -183,7 +185,7 @@ class ForwardAllowance:
             if max(int(group.sum()), 1) <= m:
                 break
             m = int(group.sum())
-        share = np.where(group, lat.c_base / m, 0.0)  # [B]
+        share = np.where(group, lat.c_base / m, spread)  # [B]
         extra = kv + np.where(group, lat.c_draft / m, lat.c_draft)  # [B]
         self._price = {st.req_id: (float(a), float(b), float(c)) for st, a, b, c in zip(states, share, row, extra)}
         best = np.where(group, crit, solo)

@@ -263,14 +263,17 @@ class UnboundedBudget(PolicyBase):
 
 @dataclass(frozen=True)
 class ClassCaps:
-    """Draft cap per length class (the DAS policy)."""
+    """Draft cap per length class (the DAS policy). The session's pricing (dasrl/policy/allowance.py) decides
+    what a row drafts below its cap, so the caps are equal by default: the paper's 0 / 4 / 24 (short rows never
+    draft) replayed 1.16-1.31x vLLM's suffix on CHAMP at the 7B-H100 profile where 24 everywhere and the
+    c_base / B spread gave 0.87-1.02x (docs/whatif.md), and 0.889 vs 0.888 of plain on the toy CPU trace."""
 
-    short: int = 0
-    """Cap of requests predicted short (0: they never pay for speculation)."""
-    medium: int = 4
+    short: int = 24
+    """Cap of requests predicted short."""
+    medium: int = 24
     """Cap of requests predicted medium."""
     long: int = 24
-    """Cap of requests predicted long (aggressive from the first token)."""
+    """Cap of requests predicted long."""
 
     def __post_init__(self) -> None:
         for c in CLASSES:

@@ -28,7 +28,7 @@ class Recipe:
     """What the overrides set."""
 
     num_speculative_tokens: int = 16
-    """Longest draft per request per engine step (the das policy caps short/medium requests lower)."""
+    """Longest draft per request per engine step (the das policy prices each draft below it)."""
     window: int = 16
     """RL steps of history per problem."""
     policy: str = "das"

@@ -1,5 +1,5 @@
 """`dasrl whatif`: hand-worked replays, the fast replay against the simulator and against the engine's
-recorded counts (benchmarks/demo_trace), the sources' parsing and errors, the profiles, and the CLI end to
+recorded counts (benchmarks/demo_math_t06_trace), the sources' parsing and errors, the profiles, and the CLI end to
 end on a CHAMP slice."""
 
 from __future__ import annotations
@@ -111,15 +111,16 @@ def test_fast_replay_equals_the_simulator(method, tok):
 
 
 def test_replay_matches_the_engine_on_the_demo_trace(tok):
-    """benchmarks/demo_trace is the `make demo` run of benchmarks/demo_long_tail.json (counting drafts
-    on): the session's drafter and policy replayed over it give the engine's forwards, drafted and
-    accepted tokens exactly, step by step."""
+    """benchmarks/demo_math_t06_trace is the `dasrl demo --temperature 0.6 --steps 3` run of
+    benchmarks/demo_math_t06.json (math preset, the session's priced policy): the session's drafter and
+    policy replayed over it give the engine's forwards, drafted and accepted tokens exactly, step by step."""
     from dasrl.rollout.session import SessionConfig, history_drafter, speculation_policy
     from dasrl.rollout.trace import read_trace
 
-    doc = json.loads((ROOT / "benchmarks/demo_long_tail.json").read_text())
-    steps = dict(read_trace(ROOT / "benchmarks/demo_trace").by_step())
-    drafter, policy = history_drafter(SessionConfig(), tok), speculation_policy(SessionConfig())
+    doc = json.loads((ROOT / "benchmarks/demo_math_t06.json").read_text())
+    steps = dict(read_trace(ROOT / "benchmarks/demo_math_t06_trace").by_step())
+    config = SessionConfig(counting=doc["config"]["counting"])
+    drafter, policy = history_drafter(config, tok), speculation_policy(config)
     for rec in doc["steps"]:
         st = fastreplay.run_step(drafter, policy, rec["step"], steps[rec["step"]],
                                  max_new_tokens=doc["config"]["max_new_tokens"])

@@ -27,7 +27,7 @@ import numpy as np
 
 from dasrl.drafter.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.policy.allowance import ForwardAllowance, allowance_for
+from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, NoSpeculation
 from dasrl.policy.budget import make_policy
 from dasrl.rollout.session import SessionConfig, history_drafter
@@ -74,7 +74,7 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
 
 def session_policy(latency) -> ForwardAllowance:
     """What `speculation_policy(SessionConfig(latency=...))` builds, for a LatencyModel in hand."""
-    return ForwardAllowance(make_policy("das"), allowance_for(latency), latency=latency)
+    return ForwardAllowance(make_policy("das"), latency=latency)
 
 
 @dataclass

@@ -153,6 +153,8 @@ def test_acceptance_rate_by_hand_and_its_state():
     assert acc.rate("r", "p") == pytest.approx((5 + problem * 8) / (5 + 1 + 8))
     assert acc.rate("s", "p") == pytest.approx(problem)  # a sibling starts from its problem
     assert acc.rate("t", "q") == pytest.approx(run)  # a problem never drafted starts from the run's rate
+    acc.idle("r")  # a forward without a draft: r's own counts age by row_decay (0.99): (4.95, 0.99)
+    assert acc.rate("r", "p") == pytest.approx((4.95 + problem * 8) / (4.95 + 0.99 + 8))
     acc.end_step()  # rows forgotten, counts halve: (2.5, 0.5) for the problem and the run
     run = (2.5 + 0.6 * 8) / (3 + 8)
     assert acc.rate("r", "p") == pytest.approx((2.5 + run * 8) / (3 + 8))

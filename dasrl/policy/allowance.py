@@ -161,8 +161,10 @@ class ForwardAllowance:
                 break
             out[i] = int(min(need[i], left))
             left -= out[i]
-        for s in states:  # the class each row drafts under this step
+        for s, k in zip(states, out):  # the class each row drafts under this step
             self._seen[s.req_id] = (*self._seen[s.req_id][:2], s.classes[-1] if s.classes else "none")
+            if not k:
+                self.acceptance.idle(s.req_id)
         return out
 
     def _priced(self, states, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:

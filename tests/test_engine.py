@@ -366,8 +366,11 @@ def test_calibration_fits_a_latency_model(engine):
 
     grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
     samples = calibrate(engine, grid)
-    assert len(samples) == 8 and all(s["seconds"] > 0 for s in samples)
+    # 8 grid shapes + one row drafting beside plain ones for each (batch 4, 4 tokens) shape
+    assert len(samples) == 10 and all(s["seconds"] > 0 for s in samples)
     assert {(s["n_tokens"], s["kv_tokens"]) for s in samples} >= {(1, 16), (16, 256)}
+    lone = [(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) for s in samples if s.get("drafting_rows") == 1]
+    assert lone == [(7, 64, 16), (7, 256, 64)]
     model, err = fit_latency(samples)
     assert model.c_base > 0 and np.isfinite(err)
 

@@ -88,3 +88,11 @@ def test_simulator_and_engine_share_the_path():
     st[0].generated = 1
     drafts = sim._drafts(drafter, [0], st, max_new=4)  # room = 4 - 1 generated - 1 pending = 2
     assert [np.asarray(x.tokens).tolist() for x in drafts] == [[1, 2]]
+
+
+def test_a_draft_prefix_by_hand():
+    # A tree in best-first order: 5 <- root, 6 <- 5, 7 <- root, 8 <- 6. Its first three nodes are a tree.
+    d = Draft(np.array([5, 6, 7, 8], np.int32), np.array([-1, 0, -1, 1], np.int32), np.array([.9, .8, .1, .7]), 3)
+    p = d.prefix(3)
+    assert p.tokens.tolist() == [5, 6, 7] and p.parents.tolist() == [-1, 0, -1] and p.match_len == 3
+    assert d.prefix(4) is d and d.prefix(9) is d and len(d.prefix(0)) == 0

@@ -63,6 +63,12 @@ class Draft:
     def is_chain(self) -> bool:
         return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1, dtype=np.int32)))
 
+    def prefix(self, n: int) -> "Draft":
+        """The first n nodes (a parent comes before its children, so they form a chain or tree again)."""
+        if n >= len(self):
+            return self
+        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len) if n > 0 else EMPTY_DRAFT
+
     @staticmethod
     def empty() -> "Draft":
         return EMPTY_DRAFT

@@ -68,8 +68,9 @@ class _Prices:
         most = np.broadcast_to(np.asarray(most, np.int64), p.shape).clip(min=0)
         self.shape = p.shape
         d = np.arange(int(min(most.max(initial=0), MAX_PRICED)) + 1)  # [D]
+        self.drafts = (d > 0)[None, :]  # [1, D] the lengths that draft at all
         row, kv = (np.broadcast_to(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
-        self.cost = row + c_tok * d[None, :] + kv * (d[None, :] > 0)  # [B, D] seconds per forward, no share
+        self.cost = row + c_tok * d[None, :] + kv * self.drafts  # [B, D] seconds per forward, no share
         self.e = tokens_per_forward(d[None, :], p[:, None])  # [B, D] expected tokens per forward
         self.allowed = d[None, :] <= most[:, None]  # [B, D]
 
@@ -78,7 +79,7 @@ class _Prices:
         if self.cost.shape[1] == 1:  # nobody may draft
             return np.zeros(self.shape, np.int64)
         share, fixed = (np.broadcast_to(np.asarray(x, np.float64), self.shape)[:, None] for x in (share, fixed))
-        cost = share + self.cost + fixed * (np.arange(self.cost.shape[1]) > 0)[None, :]  # [B, D]
+        cost = share + self.cost + fixed * self.drafts  # [B, D]
         per_token = np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
         return np.argmin(per_token, axis=1).astype(np.int64)  # ties: the shorter draft
 
@@ -119,9 +120,10 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
 CALIB_PRIOR = 4.0
 """Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
 
+
 class ForwardAllowance:
-    """Wraps a policy: its caps, leveled to the critical path and spent critical row first, within
-    `max_tokens` per forward."""
+    """Wraps a policy: each row's draft under its cap priced (module docstring); with `max_tokens`, the
+    drafts of a forward capped and spent critical row first."""
 
     def __init__(self, inner: BudgetPolicy, max_tokens: int | None = None, *, latency: LatencyModel | None = None,
                  acceptance: AcceptanceRate | None = None) -> None:
@@ -273,8 +275,7 @@ class ForwardAllowance:
             keep = int(np.argmin(cost))
             if keep:
                 self._expected[s.req_id] = float(q[:keep].sum() / calib)  # raw path probabilities
-            out.append(d if keep == len(d) else Draft(d.tokens[:keep], d.parents[:keep], d.probs[:keep], d.match_len)
-                       if keep else Draft.empty())
+            out.append(d.prefix(keep))
         return out
 
     def parts(self) -> dict[str, object]:

@@ -74,7 +74,7 @@ class SessionConfig:
     engine: EngineConfig = EngineConfig()
     """Engine settings (context limit, threads)."""
     latency: str | None = None
-    """latency.json from `dasrl calibrate`; None = the idle calibration of this project's 2-core machine (policy.latency.CPU_LATENCY)."""
+    """latency.json from `dasrl calibrate`; None = this project's CPU calibration (policy.latency.CPU_LATENCY)."""
     draft_allowance: int | None = None
     """Most draft tokens per forward for the whole batch; None = no cap (each row's draft is priced)."""
     history: int = 100

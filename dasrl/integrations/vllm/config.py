@@ -37,7 +37,7 @@ class VLLMDrafterConfig:
     caps: ClassCaps = ClassCaps(short=4, medium=8, long=24)
     """das: upper bounds of the short, medium and long classes' drafts (each clipped to
     num_speculative_tokens); what a row drafts under them is priced (docs/policy.md). vLLM packs a step's
-    tokens, so short requests may draft too (the CPU engine's (0, 4, 24) left them without drafts)."""
+    tokens, so short requests may draft too (the engine's own default, ClassCaps(), is 24 for every class)."""
     latency_floor: bool = True
     """das: price drafts with vLLM's own step cost, fitted by the proposer's StepClock from the time
     between its calls (`latency`'s model until 32 steps are in); False: always `latency`'s model."""

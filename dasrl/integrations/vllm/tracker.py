@@ -53,7 +53,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, problem_key
+from dasrl.drafter.base import problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
@@ -117,13 +117,6 @@ def _accepted(draft: list[int], new: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def _cut(d: Draft, n: int) -> Draft:
-    """The chain draft's first n tokens."""
-    if len(d) <= n:
-        return d
-    return Draft(d.tokens[:n], d.parents[:n], d.probs[:n], d.match_len) if n > 0 else Draft.empty()
 
 
 def make_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
@@ -290,7 +283,7 @@ class BatchDrafter:
             ids = [req_ids[i] for i in drafting]
             out = self.store.propose(ids, [c for c in caps if c > 0])
             if self.config.max_spec_factor > 0:
-                out = [_cut(d, int(self.config.max_spec_factor * d.match_len)) for d in out]
+                out = [d.prefix(int(self.config.max_spec_factor * d.match_len)) for d in out]
             if self.policy.trims:
                 out = self.policy.trim([self._reqs[rid].state for rid in ids], out)
             for i, rid, d in zip(drafting, ids, out):

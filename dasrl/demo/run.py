@@ -32,8 +32,9 @@ class DemoConfig:
     """Task set and sizes: math (CHAMP statements, T = 1) | enumerations (a toy long tail) | short (arithmetic)."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
-    steps: int = 4
-    """GRPO steps (every prompt comes back each step)."""
+    steps: int = 3
+    """GRPO steps (every prompt comes back each step; 3 keeps `make demo` near 10 minutes on two cores: a math
+    step costs ~70 s plain + ~70 s DAS + ~30 s of GRPO there)."""
     prompts: int = PRESETS["math"].prompts
     """Distinct problems."""
     samples: int = PRESETS["math"].samples

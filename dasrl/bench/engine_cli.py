@@ -23,10 +23,6 @@ ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
 
 
-def _write_json(path: Path, obj: object) -> None:
-    write_json(path, obj)
-
-
 def _table(title: str, rows: list[dict], columns) -> Table:
     table = Table(title=title)
     for _, name, _ in columns:
@@ -118,7 +114,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for line in goals(rows):
             console.print(line)
         if json_out is not None:
-            _write_json(json_out, rows)
+            write_json(json_out, rows)
             console.print(f"wrote {json_out}")
 
     @app.command("calibrate")
@@ -174,7 +170,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for line in packed_vs_padded(engine, fitted, repeats=grid.repeats):
             console.print(line)
         if samples_json is not None:
-            _write_json(samples_json, samples)
+            write_json(samples_json, samples)
 
     @bench.command("fidelity")
     def bench_fidelity(
@@ -257,5 +253,5 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for r in rows:
             r.pop("first", None)
         if json_out is not None:
-            _write_json(json_out, rows)
+            write_json(json_out, rows)
             console.print(f"wrote {json_out}")

@@ -7,20 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from dasrl.atomic import write_json  # noqa: E402
-from dasrl.rollout.session import RolloutSession  # noqa: E402
-
-
-def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
+from dasrl.atomic import pyplot, save_figure, write_json
+from dasrl.rollout.session import RolloutSession
 
 
 GPU_PROFILE = "qwen2.5-7b-h100"
@@ -60,25 +48,26 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
         (out / "report.md").write_text("# dasrl demo\n\nNo step finished.\n")
         return
     steps = [r.step for r in rows]
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r.baseline_s for r in rows], "o-", label="baseline (no speculation)")
     ax.plot(steps, [r.das_s for r in rows], "s-", label="DAS")
     ax.set(xlabel="RL step", ylabel="rollout seconds", title="Rollout time per step")
     ax.legend()
-    _save(fig, out / "rollout_time.png")
+    save_figure(fig, out / "rollout_time.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r.mean_reward_baseline for r in rows], "o-", lw=3, alpha=0.5, label="baseline")
     ax.plot(steps, [r.mean_reward_das for r in rows], "s--", label="DAS")
     ax.set(xlabel="RL step", ylabel="mean reward", title="Reward per step (the curves coincide)")
     ax.legend()
-    _save(fig, out / "reward.png")
+    save_figure(fig, out / "reward.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r.tokens_per_row_forward for r in rows], "s-")
     ax.set(xlabel="RL step", ylabel="tokens per forward (DAS)", title="Emitted tokens per verification forward")
-    _save(fig, out / "tokens_per_row_forward.png")
+    save_figure(fig, out / "tokens_per_row_forward.png", dpi=110)
 
     k = len(rows) - 1  # the last step: history is warm
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -87,7 +76,7 @@ def write_report(out: Path, *, cfg, rows, base: RolloutSession, das: RolloutSess
         ax.step([t for t, _ in curve], [b for _, b in curve], where="post", label=label)
     ax.set(xlabel="seconds into the rollout", ylabel="live rows", title=f"Effective batch size, step {k}")
     ax.legend()
-    _save(fig, out / "batch_collapse.png")
+    save_figure(fig, out / "batch_collapse.png", dpi=110)
 
     lines = ["# dasrl demo report", "",
              f"GRPO (dasrl's minimal loop) on `{cfg.model}`: {cfg.prompts} prompts x {cfg.samples} samples, "

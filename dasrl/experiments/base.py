@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dasrl.atomic import atomic_write, write_json
+from dasrl.atomic import atomic_write, pyplot, save_figure, write_json  # noqa: F401 (the experiments' figures)
 from dasrl.experiments.machine import load_avg
 
 REAL = "real rollouts (SmolLM2-135M, this machine)"
@@ -125,26 +125,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     w.writeheader()
     w.writerows(rows)
     atomic_write(path, lambda f: f.write(buf.getvalue().encode()))
-
-
-def save_figure(fig, path: Path) -> None:
-    """Write a matplotlib figure as a small PNG (dpi 100), atomically, and close it."""
-    import matplotlib.pyplot as plt
-
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def run_experiment(exp: Experiment, ctx: Context) -> dict:

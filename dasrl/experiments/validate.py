@@ -237,14 +237,9 @@ def summary(rows: list[Row]) -> dict:
 
 def scatter(rows: list[Row], path: Path, *, title: str) -> None:
     """Predicted vs measured seconds per (variant, step), the y = x line and the +-10% / 20% bands."""
-    import matplotlib
+    from dasrl.atomic import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dasrl.atomic import atomic_write
-
-    fig, ax = plt.subplots(figsize=(6, 5.5))
+    fig, ax = pyplot().subplots(figsize=(6, 5.5))
     top = max(max(r.measured_s, r.predicted_s) for r in rows) * 1.08
     xs = [0, top]
     ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
@@ -258,5 +253,4 @@ def scatter(rows: list[Row], path: Path, *, title: str) -> None:
            title=title)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, tight=False)

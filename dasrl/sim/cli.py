@@ -26,10 +26,6 @@ console = Console()
 PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, makespan
 
 
-def _write_json(path: Path, obj: object) -> None:
-    write_json(path, obj)
-
-
 # Options every simulator command shares, checked as typer parses them (dasrl.cli_args).
 SCALE = dict(callback=between(0, MAX_SCALE, above=True), help="Scale the workload's lengths.")
 STEPS = dict(callback=between(1, MAX_STEPS), help="Override the number of steps.")
@@ -170,7 +166,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(f"latency: {lat_source}. Expected error: the simulator against the engine's measured rollout "
                       f"time on this CPU is in docs/simulator.md, \"Validation\" (dasrl validate-sim).")
         if json_out:
-            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "latency_source": lat_source, "config": {
+            write_json(json_out, {"source": source, "latency": lat.to_dict(), "latency_source": lat_source, "config": {
                 "batch_mode": batch_mode, "max_batch": max_batch, "window": window, "warmup": warmup},
                 "runs": {k2: r.to_dict() for k2, r in results.items()}})
             console.print(f"wrote {json_out}")
@@ -219,7 +215,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(f"distribution-aware vs unbounded: makespan {-gain:+.1%} (paper, Figure 12: "
                       f"{-PAPER_ABLATION:+.0%})")
         if json_out:
-            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter,
+            write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter,
                                    "das_vs_unbounded": gain, "paper": PAPER_ABLATION,
                                    "runs": {k2: r.to_dict() for k2, r in results.items()}})
             console.print(f"wrote {json_out}")
@@ -277,19 +273,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"{1 - m['length'] / m['random']:+.1%}", imb)
         console.print(t)
         if json_out:
-            _write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter, "policy": policy,
+            write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter, "policy": policy,
                                    "warmup": warmup, "workers": {str(n): {k2: r.to_dict() for k2, r in rs.items()}
                                                                  for n, rs in results.items()}})
             console.print(f"wrote {json_out}")
         if plot:
-            import matplotlib
+            from dasrl.atomic import pyplot, save_figure
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            from dasrl.atomic import atomic_write
-
-            fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+            fig, ax = pyplot().subplots(figsize=(6, 4), dpi=100)
             for name in ROUTERS:
                 ax.plot(counts, [results[n][name].makespan for n in counts], marker="o", label=name)
             ax.set_xscale("log", base=2)
@@ -298,6 +289,5 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             ax.set_title(f"routing on {workload}")
             ax.legend()
             fig.tight_layout()
-            atomic_write(plot, lambda f: fig.savefig(f, format="png"))
-            plt.close(fig)
+            save_figure(fig, plot, tight=False)
             console.print(f"wrote {plot}")

@@ -59,13 +59,9 @@ def table(doc: dict) -> Table:
 
 def plot(doc: dict, path: Path) -> None:
     """Predicted rollout seconds per step by method: one panel per (model, profile)."""
-    import matplotlib
+    from dasrl.atomic import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dasrl.atomic import atomic_write
-
+    plt = pyplot()
     models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
     profs = [p["name"] for p in doc["profiles"]]
     fig, axes = plt.subplots(len(models), len(profs), figsize=(3.6 * len(profs), 2.8 * len(models)), squeeze=False)
@@ -82,8 +78,7 @@ def plot(doc: dict, path: Path) -> None:
             ax.set_ylim(bottom=0)
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, path, dpi=110, tight=False)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

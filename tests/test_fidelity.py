@@ -20,14 +20,12 @@ def test_compare_counts_first_differences_and_lengths():
     assert c.exposed == 4 + 2 + 2
 
 
-def test_totals_per_sampler():
-    rows = [{"sampler": "a", "tokens": 10, "differing_tokens": 2, "differing_sequences": 1, "exposed_tokens": 8},
-            {"sampler": "a", "tokens": 5, "differing_tokens": 0, "differing_sequences": 0, "exposed_tokens": 5},
-            {"sampler": "b", "tokens": 7, "differing_tokens": 0, "differing_sequences": 0, "exposed_tokens": 7}]
-    t = totals(rows)
-    assert t[0] == {"sampler": "a", "tokens": 15, "differing_tokens": 2, "differing_sequences": 1,
-                    "exposed_tokens": 13, "flip_rate": 1 / 13}
-    assert t[1]["flip_rate"] == 0.0
+def test_totals():
+    rows = [{"tokens": 10, "differing_tokens": 2, "differing_sequences": 1, "exposed_tokens": 8, "variant": "x"},
+            {"tokens": 5, "differing_tokens": 0, "differing_sequences": 0, "exposed_tokens": 5}]
+    assert totals(rows) == {"tokens": 15, "differing_tokens": 2, "differing_sequences": 1, "exposed_tokens": 13,
+                            "flip_rate": 1 / 13}
+    assert totals(rows[1:])["flip_rate"] == 0.0 and totals([])["flip_rate"] == 0.0
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -58,7 +56,7 @@ def test_predicted_flip_rates_match_monte_carlo(temperature):
     b = a + sigma * torch.randn(a.shape, generator=g)  # a fresh noise draw per row
     pred = predicted(filtered_probs(base, SamplingParams(temperature=temperature)), sigma / temperature)
     flips, draws = measure(a, b, SamplingParams(temperature=temperature), seeds=25)
-    assert 0.8 < (flips / draws) / pred["gumbel"] < 1.25, (flips / draws, pred)
+    assert 0.8 < (flips / draws) / pred < 1.25, (flips / draws, pred)
 
 
 def test_tiny_fidelity_run_is_exact_with_the_race(smollm):

@@ -246,10 +246,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                        else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
             r["first"] = " ".join(r_first) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")
         console.print(_table(f"dasrl bench fidelity ({model}, {dtype})", rows, cols))
-        for t in totals([r for r in rows if "first_diffs" in r]):
-            console.print(f"{t['sampler']}: {t['differing_tokens']} differing tokens and {t['differing_sequences']} "
-                          f"differing sequences in {t['tokens']} tokens compared "
-                          f"(flip rate {t['flip_rate']:.2e} per exposed token)")
+        t = totals([r for r in rows if "first_diffs" in r])
+        console.print(f"{t['differing_tokens']} differing tokens and {t['differing_sequences']} differing sequences "
+                      f"in {t['tokens']} tokens compared (flip rate {t['flip_rate']:.2e} per exposed token)")
         for r in rows:
             r.pop("first", None)
         if json_out is not None:

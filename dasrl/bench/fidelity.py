@@ -203,7 +203,7 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
         for name, out in variants:
             c = compare(ref_out, out)
             diffs = [_with_gap(model, prompts, ref_out, d) for d in c.diffs]
-            rows.append(_row(SAMPLER, name, temp, cfg, c, diffs, reference_batch=len(prompts)))
+            rows.append(_row(name, temp, cfg, c, diffs, reference_batch=len(prompts)))
     return rows
 
 
@@ -214,35 +214,24 @@ def _with_gap(model, prompts, ref_out, d: Diff) -> Diff:
     return Diff(d.request, d.position, d.ref_token, d.token, round(gap, 9))
 
 
-def _head(sampler, variant, temp, cfg: FidelityConfig) -> dict:
+def _head(variant, temp, cfg: FidelityConfig) -> dict:
     """The keys every JSON row starts with."""
-    return {"sampler": sampler, "variant": variant, "temperature": temp, "top_p": cfg.top_p,
+    return {"sampler": SAMPLER, "variant": variant, "temperature": temp, "top_p": cfg.top_p,
             "batch_invariant": cfg.batch_invariant}
 
 
-def _row(sampler, variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
-    return {**_head(sampler, variant, temp, cfg), "reference_batch": reference_batch, "requests": c.requests,
+def _row(variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
+    return {**_head(variant, temp, cfg), "reference_batch": reference_batch, "requests": c.requests,
             "tokens": c.tokens,
             "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
             "exposed_tokens": c.exposed, "flip_rate": len(diffs) / c.exposed if c.exposed else 0.0,
             "first_diffs": [d.__dict__ for d in diffs]}
 
 
-def totals(rows: list[dict]) -> list[dict]:
-    """Per sampler: tokens compared, differing tokens and sequences, flips per exposed token."""
-    out = []
-    for s in dict.fromkeys(r["sampler"] for r in rows):
-        mine = [r for r in rows if r["sampler"] == s]
-        exposed = sum(r["exposed_tokens"] for r in mine)
-        flips = sum(r["differing_sequences"] for r in mine)
-        out.append({"sampler": s, "tokens": sum(r["tokens"] for r in mine),
-                    "differing_tokens": sum(r["differing_tokens"] for r in mine), "differing_sequences": flips,
-                    "exposed_tokens": exposed, "flip_rate": flips / exposed if exposed else 0.0})
-    return out
-
-
-def _params(cfg: FidelityConfig, temp: float) -> dict[str, SamplingParams]:
-    return {SAMPLER: SamplingParams(temperature=temp, top_p=cfg.top_p)}
+def totals(rows: list[dict]) -> dict:
+    """Over the rows: tokens compared, differing tokens and sequences, flips per exposed token."""
+    t = {k: sum(r[k] for r in rows) for k in ("tokens", "differing_tokens", "differing_sequences", "exposed_tokens")}
+    return {**t, "flip_rate": t["differing_sequences"] / t["exposed_tokens"] if t["exposed_tokens"] else 0.0}
 
 
 def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, requests: int = 4,
@@ -251,7 +240,7 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     once per sequence and once as a batch, and every output position is drawn under `seeds` keys from
     both logits (flips.py); the noise model's prediction at the measured sigma comes with each row."""
     from dasrl.bench.engine import PROBLEMS, chat_prompts
-    from dasrl.bench.flips import flip_rows
+    from dasrl.bench.flips import flip_row
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, PROBLEMS[:requests])
@@ -261,10 +250,9 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
                                top_p=cfg.top_p), max_new_tokens=min(tokens, cfg.max_new_tokens))
         seqs = [p + c.token_ids for p, c in zip(prompts, outs) if c.token_ids]
         starts = [len(p) for p, c in zip(prompts, outs) if c.token_ids]
-        for r in flip_rows(model, seqs, starts, _params(cfg, temp), seeds=seeds):
-            rows.append({**_head(r.pop("sampler"), f"forward shape (alone vs batch of {len(seqs)})", temp, cfg),
-                         "requests": len(seqs), "tokens": r["draws"],
-                         "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
+        r = flip_row(model, seqs, starts, SamplingParams(temperature=temp, top_p=cfg.top_p), seeds=seeds)
+        rows.append({**_head(f"forward shape (alone vs batch of {len(seqs)})", temp, cfg), "requests": len(seqs),
+                     "tokens": r["draws"], "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
         tick()
     return rows
 
@@ -301,18 +289,16 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
     rows = []
     seeds, pos = np.arange(batch), np.full(batch, steps)
     for temp in cfg.temperatures:
-        for sampler, params in _params(cfg, temp).items():
-            draw_s = []
-            for _ in range(repeats + 1):
-                t0 = time.perf_counter()
-                draw(logits, params, seeds=seeds, positions=pos)
-                draw_s.append(time.perf_counter() - t0)
-            ms = 1e3 * statistics.median(draw_s[1:])
-            rows.append({**_head(sampler, f"cost (batch {batch})", temp, cfg), "requests": batch, "tokens": 0,
-                         "differing_tokens": 0,
-                         "differing_sequences": 0, "sampler_ms": round(ms, 3), "step_ms": round(step_ms, 2),
-                         "forward_ms": None if forward_ms is None else round(forward_ms, 2),
-                         "sampler_share": round(ms / step_ms, 4),
-                         "sampler_forward_share": None if forward_ms is None else round(ms / forward_ms, 4)})
+        params, draw_s = SamplingParams(temperature=temp, top_p=cfg.top_p), []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            draw(logits, params, seeds=seeds, positions=pos)
+            draw_s.append(time.perf_counter() - t0)
+        ms = 1e3 * statistics.median(draw_s[1:])
+        rows.append({**_head(f"cost (batch {batch})", temp, cfg), "requests": batch, "tokens": 0,
+                     "differing_tokens": 0, "differing_sequences": 0, "sampler_ms": round(ms, 3),
+                     "step_ms": round(step_ms, 2), "forward_ms": None if forward_ms is None else round(forward_ms, 2),
+                     "sampler_share": round(ms / step_ms, 4),
+                     "sampler_forward_share": None if forward_ms is None else round(ms / forward_ms, 4)})
     return rows
 

@@ -25,11 +25,10 @@ import torch
 from dasrl.engine.sampling import SamplingParams, draw, filtered_probs
 
 
-def predicted(probs: torch.Tensor, sigma: float) -> dict[str, float]:
+def predicted(probs: torch.Tensor, sigma: float) -> float:
     """Mean predicted flip probability per token over rows of probs [n, V] (the sampling distribution)."""
     p = probs.double()  # [n, V]
-    race = sigma * (1 - (p**2).sum(-1)) / math.sqrt(math.pi)  # [n]
-    return {"gumbel": float(race.mean())}
+    return float((sigma * (1 - (p**2).sum(-1)) / math.sqrt(math.pi)).mean())
 
 
 def noise_sigma(a: torch.Tensor, b: torch.Tensor, probs: torch.Tensor, mass: float = 0.999) -> float:
@@ -76,19 +75,12 @@ def shape_logits(model, seqs: list[list[int]], starts: list[int]) -> tuple[torch
     return torch.cat(alone), torch.cat(batched)
 
 
-def flip_rows(model, seqs: list[list[int]], starts: list[int], params_by_sampler: dict[str, SamplingParams],
-              *, seeds: int = 16) -> list[dict]:
+def flip_row(model, seqs: list[list[int]], starts: list[int], params: SamplingParams, *, seeds: int = 16) -> dict:
     """Measured flips between two forward shapes (alone vs batched) on real logits, and the prediction of
-    the noise model at the measured sigma; one dict per sampler."""
+    the noise model at the measured sigma."""
     a, b = shape_logits(model, seqs, starts)
-    any_params = next(iter(params_by_sampler.values()))
-    probs = filtered_probs(a, any_params)
     sigma = noise_sigma(a, b, torch.softmax(a.double(), -1))
-    pred = predicted(probs, sigma)
-    out = []
-    for sampler, params in params_by_sampler.items():
-        flips, draws = measure(a, b, params, seeds=seeds)
-        out.append({"sampler": sampler, "draws": draws, "flips": flips, "flip_rate": flips / draws,
-                    "sigma": sigma, "predicted_flip_rate": pred[sampler],
-                    "max_abs_logit_diff": float((a - b).abs().max())})
-    return out
+    flips, draws = measure(a, b, params, seeds=seeds)
+    return {"draws": draws, "flips": flips, "flip_rate": flips / draws, "sigma": sigma,
+            "predicted_flip_rate": predicted(filtered_probs(a, params), sigma),
+            "max_abs_logit_diff": float((a - b).abs().max())}

@@ -131,7 +131,7 @@ llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, 
           speculative_config={"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer",
                               "num_speculative_tokens": 6},
           additional_config={"dasrl": {"policy": "fixed", "explicit_steps": True}})  # no worker extension
-prompts, _ = workload(AutoTokenizer.from_pretrained(model), {"prompts": 3, "seed": 0, "tasks": "questions"})
+prompts, _, _ = workload(AutoTokenizer.from_pretrained(model), {"prompts": 3, "seed": 0, "tasks": "questions"})
 engine, done = llm.llm_engine, {}
 short = SamplingParams(temperature=0.0, max_tokens=32)
 long_ = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)  # runs past step 1 for sure
@@ -186,3 +186,59 @@ def test_overlapping_steps_with_the_callers_signal(tmp_path):
         for s in range(2):
             assert done[f"2-{p}-{s}"] == done[f"1-{p}-{s}"]
     assert stats["accepted"] > 0
+
+
+LINE_STOP = r'''
+import json, sys
+from transformers import AutoTokenizer
+from vllm import LLM, SamplingParams
+from dasrl.bench.vllm_run import generate, workload
+from dasrl.engine.stops import LineStop
+
+model, out = sys.argv[1], sys.argv[2]
+llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
+          speculative_config={"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer",
+                              "num_speculative_tokens": 6}, additional_config={"dasrl": {"policy": "fixed"}})
+tok = AutoTokenizer.from_pretrained(model)
+prompts, _, _ = workload(tok, {"prompts": 4, "seed": 0, "tasks": "questions"})
+greedy = [SamplingParams(temperature=0.0, max_tokens=96) for _ in prompts]
+plain = generate(llm, prompts, greedy, None)
+again = generate(llm, prompts, greedy, None)  # a second step: history drafts, several tokens per step
+# one phrase per output: the text of its second closed line, so the stop falls mid-output
+phrases = []
+for ids in plain:
+    lines = tok.decode(ids).split("\n")
+    phrases.append(next((l.strip() for l in lines[1:-1] if len(l.strip()) > 3), None))
+stop = LineStop([p for p in phrases if p], tok)
+cut = generate(llm, prompts, greedy, stop)
+json.dump({"plain": plain, "again": again, "cut": cut, "phrases": phrases}, open(out, "w"))
+'''
+
+
+def test_line_stop_cuts_after_the_newline_of_the_stop_line(tmp_path):
+    """The math preset's stop (the engine's LineStop) in vLLM: stepped requests end with the newline that
+    closes a line holding a phrase. Greedy, with the DAS proposer drafting (several tokens per vLLM
+    step, so the newline may fall inside a step): each output equals the plain output cut right after
+    the first newline whose line holds a phrase (the same LineStop, applied to the plain tokens)."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from dasrl.bench.vllm_bench import VLLMBenchConfig, _env
+    from dasrl.engine.stops import LineStop
+
+    model, out = _model_or_skip(), tmp_path / "stop.json"
+    proc = subprocess.run([sys.executable, "-c", LINE_STOP, model, str(out)], capture_output=True, text=True,
+                          env=_env(VLLMBenchConfig(kv_space_gib=2, threads_bind=BIND)), timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["again"] == res["plain"]
+    stop = LineStop([p for p in res["phrases"] if p], AutoTokenizer.from_pretrained(model))
+    cuts = 0
+    for plain, cut in zip(res["plain"], res["cut"], strict=True):
+        end = next((i + 1 for i in range(len(plain)) if stop.hit(plain[:i + 1])), len(plain))
+        assert cut == plain[:end]
+        cuts += end < len(plain)
+    assert cuts >= 2, res["phrases"]  # the stop did cut outputs short, not only ran them to the end

@@ -36,8 +36,9 @@ class VLLMBenchConfig:
     methods: tuple[str, ...] = ("none", "ngram", "suffix", "das")
     """Methods, run in this order: none | ngram | suffix | das | das-static | das-fixed."""
     tasks: str = "enumerations"
-    """enumerations: dasrl.tasks' toy long-tail preset (number and list problems, rewarded; `long-tail`, its
-    old name, still works); questions: 12 open questions (no reward)."""
+    """math: dasrl.tasks' CHAMP preset (its prompts, reward and stop after the final-answer line, as the demo
+    runs it; set max_tokens to its 512 yourself); enumerations: the toy long-tail preset (number and list
+    problems, rewarded; `long-tail`, its old name, still works); questions: 12 open questions (no reward)."""
     prompts: int = 6
     """Distinct prompts."""
     samples: int = 4

@@ -26,7 +26,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                     help="Comma-separated: none, ngram, suffix, das, das-static, das-fixed."),
         model: str = typer.Option("smollm2-135m", help="Embedded model name or a local HF folder.",
                                   callback=model_source),
-        tasks: str = typer.Option("enumerations", help="Task set: enumerations (dasrl.tasks, rewarded) | questions."),
+        tasks: str = typer.Option("enumerations", help="Task set: math (CHAMP, the demo's prompts and final-line "
+                                                        "stop) | enumerations (dasrl.tasks, rewarded) | questions."),
         prompts: int = typer.Option(6, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
         samples: int = typer.Option(4, help="Samples per prompt per step.", callback=between(1, MAX_COUNT)),
         steps: int = typer.Option(3, help="RL steps (the same prompts re-sampled each step).",

@@ -17,6 +17,7 @@ token ids to OUT.json. The parent (vllm_bench.py) compares methods; this module 
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -43,7 +44,8 @@ QUESTIONS = [
 ]
 
 
-TASK_SETS = ("enumerations", "long-tail", "questions")  # long-tail: the old name of enumerations
+TASK_SETS = ("math", "enumerations", "long-tail", "questions")  # long-tail: the old name of enumerations
+"""math, enumerations: dasrl.tasks' presets (their prompts, answers and stop lines); questions: QUESTIONS."""
 
 
 def bench_questions(n: int) -> list[str]:
@@ -86,15 +88,54 @@ def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
     return ids
 
 
-def workload(tok, cfg: dict) -> tuple[list[list[int]], list]:
-    """Prompt token ids and answers (None: no reward) of the config's task set."""
+def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
+    """Prompt token ids, answers (None: no reward) and stop lines of the config's task set: a preset's are
+    built as the demo builds them (Preset.tasks, chat_ids, Preset.stop_lines)."""
     if cfg.get("tasks", "questions") == "questions":
         qs = bench_questions(cfg["prompts"])
-        return chat_prompts(tok, qs), [None] * len(qs)
+        return chat_prompts(tok, qs), [None] * len(qs), ()
     from dasrl.tasks import chat_ids, preset
 
-    tasks = preset(cfg["tasks"]).tasks(cfg["prompts"], seed=cfg["seed"])
-    return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks]
+    p = preset(cfg["tasks"])
+    tasks = p.tasks(cfg["prompts"], seed=cfg["seed"])
+    return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines
+
+
+def generate(llm, prompts: list[list[int]], params: list, stop) -> list[list[int]]:
+    """Every request's output token ids. stop (a LineStop, or None): a request ends with the newline that
+    closes a line holding a stop phrase, as in the engine (dasrl/engine/stops.py). vLLM's stop strings
+    cannot say "the end of the line holding X", so the requests are stepped here and such a request is
+    aborted the way vLLM's own stop strings end one (LLMEngine.step: abort_requests, the core possibly a
+    step further on), its output cut after that newline."""
+    if stop is None:
+        return [list(map(int, o.outputs[0].token_ids)) for o in llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)]
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    rids = [f"dasrl-{next(_REQUEST_IDS)}" for _ in prompts]
+    out: dict[str, list[int]] = {rid: [] for rid in rids}
+    for rid, ids, sp in zip(rids, prompts, params):
+        sp = sp.clone()
+        sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens (LLM.generate's FINAL_ONLY hides them)
+        engine.add_request(rid, {"prompt_token_ids": ids}, sp)
+    stopped: set[str] = set()
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.request_id in stopped:
+                continue
+            toks = out[o.request_id]
+            for t in o.outputs[0].token_ids:
+                toks.append(int(t))
+                if stop.hit(toks):
+                    stopped.add(o.request_id)
+                    if not o.finished:
+                        engine.abort_request([o.request_id])
+                    break
+    return [out[rid] for rid in rids]
+
+
+_REQUEST_IDS = itertools.count()
 
 
 class BenchWorkerExtension(DASWorkerExtension):
@@ -141,23 +182,25 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
     if llm is None:
         llm, tok, init_s = build(cfg, method)
     das = method.startswith("das")
-    prompts, answers = workload(tok, cfg)
+    prompts, answers, stop_lines = workload(tok, cfg)
+    from dasrl.engine.stops import LineStop
+
+    stop = LineStop(stop_lines, tok) if stop_lines else None
     steps = []
     for step in range(cfg["steps"]):
         reqs, params = [], []
         for p, ids in enumerate(prompts):
             for s in range(cfg["samples"]):
-                reqs.append({"prompt_token_ids": ids})
+                reqs.append(ids)
                 seed = cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s if cfg.get("seeded") else None
                 params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
                                              seed=seed))
         before = _counters(llm)
         pre = _preemptions(llm)
         t = time.perf_counter()
-        outs = llm.generate(reqs, params, use_tqdm=False)
+        tokens = generate(llm, reqs, params, stop)
         wall = time.perf_counter() - t
         after = _counters(llm)
-        tokens = [list(map(int, o.outputs[0].token_ids)) for o in outs]
         rewards = [None if answers[i // cfg["samples"]] is None else
                    _reward(tok.decode(t, skip_special_tokens=True), answers[i // cfg["samples"]])
                    for i, t in enumerate(tokens)]

@@ -157,3 +157,26 @@ def user_errors(option: str) -> Iterator[None]:
         yield
     except (ValueError, OSError) as e:
         raise typer.BadParameter(str(e), param_hint=f"'{option}'") from None
+
+
+def json_option(help: str = "Write the results as JSON here."):
+    """--json FILE, checked as output_file."""
+    return typer.Option(None, "--json", help=help, callback=output_file)
+
+
+def model_option(help: str = "Model: the embedded default, a local HF folder, or a hub id.",
+                 default: str = "smollm2-135m"):
+    """--model, checked as model_source."""
+    return typer.Option(default, help=help, callback=model_source)
+
+
+def rows_table(title: str, rows: list[dict], columns):
+    """A rich Table of dict rows; columns: (key, header, format) triples; a missing or None value shows as -."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for _, name, _ in columns:
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(*[fmt.format(r[k]) if r.get(k) is not None else "-" for k, _, fmt in columns])
+    return table

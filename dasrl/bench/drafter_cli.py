@@ -11,10 +11,9 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import between, output_file
+from dasrl.cli_args import between, json_option, rows_table
 from dasrl.drafter.base import MAX_DRAFT
 from dasrl.bench import drafter as B
 from dasrl.drafter.arctic import ArcticDrafter, arctic_status
@@ -85,22 +84,10 @@ COLUMNS = [("drafter", "drafter", "{}"), ("mutation", "mutation", "{}"), ("corpu
            ("bytes_per_token", "bytes/tok", "{:.0f}"), ("accepted_per_step", "accepted/step", "{:.2f}")]
 
 
-def print_table(rows: list[dict], console: Console) -> None:
-    table = Table(title="dasrl bench drafter")
-    for _, title, _ in COLUMNS:
-        table.add_column(title, justify="right")
-    for r in rows:
-        if "absent" in r:
-            continue
-        table.add_row(*[fmt.format(r[k]) if r.get(k) is not None else "-" for k, _, fmt in COLUMNS])
-    console.print(table)
-
-
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("drafter")
     def bench_drafter(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here.",
-                                                callback=output_file),
+        json_out: Optional[Path] = json_option("Write the rows as JSON here."),
         quick: bool = typer.Option(False, help="Only the 100k-token corpus (under a minute)."),
         budget: int = typer.Option(B.DrafterBenchConfig.budget, help="Draft budget per decoding step.",
                                    callback=between(1, MAX_DRAFT)),
@@ -115,7 +102,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             cfg = dataclasses.replace(cfg, corpus_sizes=(100_000,))
         console = Console(width=max(Console().width, 170))  # the table is wide; never truncate numbers
         rows = run_bench(cfg, console=console)
-        print_table(rows, console)
+        console.print(rows_table("dasrl bench drafter", [r for r in rows if "absent" not in r], COLUMNS))
         if json_out is not None:
             write_json(json_out, rows)
             console.print(f"wrote {json_out}")

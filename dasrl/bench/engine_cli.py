@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, between, model_source, output_file, user_errors
+from dasrl.cli_args import MAX_COUNT, between, json_option, model_option, output_file, rows_table, user_errors
 from dasrl.cli_args import device as device_opt, threads as threads_opt
 from dasrl.drafter.base import MAX_DRAFT
 from rich.console import Console
@@ -21,15 +21,6 @@ ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("new_tokens", "new tokens", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"),
                   ("accepted_per_batch_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
-
-
-def _table(title: str, rows: list[dict], columns) -> Table:
-    table = Table(title=title)
-    for _, name, _ in columns:
-        table.add_column(name, justify="right")
-    for r in rows:
-        table.add_row(*[fmt.format(r[k]) if r.get(k) is not None else "-" for k, _, fmt in columns])
-    return table
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -52,10 +43,9 @@ def goals(rows: list[dict]) -> list[str]:
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("engine")
     def bench_engine(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here.",
-                                                callback=output_file),
+        json_out: Optional[Path] = json_option("Write the rows as JSON here."),
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
+        model: str = model_option("Model name, local folder or hub id."),
         preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short."),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's)."),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
@@ -110,7 +100,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 return on_step
 
             rows = run_engine_bench(lm, tok, cfg, progress=progress)
-        console.print(_table("dasrl bench engine (epoch 2)", rows, ENGINE_COLUMNS))
+        console.print(rows_table("dasrl bench engine (epoch 2)", rows, ENGINE_COLUMNS))
         for line in goals(rows):
             console.print(line)
         if json_out is not None:
@@ -119,7 +109,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @app.command("calibrate")
     def calibrate_cmd(
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
+        model: str = model_option("Model name, local folder or hub id."),
         out: Path = typer.Option(Path("latency.json"), "--out", help="Where to save the fitted LatencyModel.",
                                  callback=output_file),
         quick: bool = typer.Option(False, help="A smaller grid (under a minute)."),
@@ -174,10 +164,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @bench.command("fidelity")
     def bench_fidelity(
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write one row per (variant, T) here.",
-                                                callback=output_file),
+        json_out: Optional[Path] = json_option("Write one row per (variant, T) here."),
         quick: bool = typer.Option(False, help="6 requests x 32 tokens, batch 1 and 4 (a few minutes)."),
-        model: str = typer.Option("smollm2-135m", help="Model name, local folder or hub id.", callback=model_source),
+        model: str = model_option("Model name, local folder or hub id."),
         dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights and logits)."),
         problems: Optional[int] = typer.Option(None, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
         group: Optional[int] = typer.Option(None, help="Requests per prompt.", callback=between(1, MAX_COUNT)),
@@ -245,7 +234,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             r_first = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
                        else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
             r["first"] = " ".join(r_first) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")
-        console.print(_table(f"dasrl bench fidelity ({model}, {dtype})", rows, cols))
+        console.print(rows_table(f"dasrl bench fidelity ({model}, {dtype})", rows, cols))
         t = totals([r for r in rows if "first_diffs" in r])
         console.print(f"{t['differing_tokens']} differing tokens and {t['differing_sequences']} differing sequences "
                       f"in {t['tokens']} tokens compared (flip rate {t['flip_rate']:.2e} per exposed token)")

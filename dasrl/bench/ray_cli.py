@@ -13,7 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file, user_errors
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, json_option, model_option, user_errors
 
 console = Console()
 
@@ -47,9 +47,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                   temperature: float = typer.Option(0.6, help="Sampling temperature."),
                   routers: str = typer.Option("length,round_robin,random", help="Routers to compare."),
                   speculate: bool = typer.Option(True, help="DAS speculation on each worker."),
-                  model: str = typer.Option("smollm2-135m", help="Model every worker loads.", callback=model_source),
-                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON.",
-                                                          callback=output_file)) -> None:
+                  model: str = model_option("Model every worker loads."),
+                  json_out: Optional[Path] = json_option("Write results as JSON.")) -> None:
         """Real Ray actors on localhost: the same long-tail steps (same seeds, shuffled problem order per
         step, as an RL data loader does) under each router; step makespan after the first step."""
         try:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_folder
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_option, output_folder
 from dasrl.demo.run import DemoConfig, run_demo
 
 _D = DemoConfig()
@@ -25,8 +25,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                               help="Samples per problem (GRPO group size) (default: the preset's)."),
         max_new_tokens: Optional[int] = typer.Option(None, help="Generation limit per sample (default: the preset's).",
                                                      callback=between(1, MAX_COUNT)),
-        model: str = typer.Option(_D.model, help="Model: the embedded default, a local HF folder, or a hub id.",
-                                  callback=model_source),
+        model: str = model_option(default=_D.model),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's)."),
         policy: str = typer.Option(_D.policy, help="Budget policy of the DAS session."),
         counting: bool = typer.Option(_D.counting, help="Counting drafts (numbered patterns) in the DAS session."),

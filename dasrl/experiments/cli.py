@@ -13,7 +13,7 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, input_file, model_source, output_file, output_folder
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, input_file, json_option, model_option, output_file, output_folder
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from dasrl.experiments.registry import EXPERIMENTS
@@ -29,7 +29,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         results: Optional[Path] = typer.Option(Path("docs/results.md"), "--results", callback=output_file,
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
-        model: str = typer.Option("smollm2-135m", help="Model of the real rollouts.", callback=model_source),
+        model: str = model_option("Model of the real rollouts."),
         preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short."),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
                                             callback=between(1, MAX_STEPS)),
@@ -108,8 +108,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         per_forward: float = typer.Option(0.0, help=_help("per_forward"), callback=between(0, 60)),
         per_row_forward: float = typer.Option(0.0, help=_help("per_row_forward"), callback=between(0, 60)),
         per_draft_token: float = typer.Option(0.0, help=_help("per_draft_token"), callback=between(0, 60)),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write rows and summary here.",
-                                                callback=output_file),
+        json_out: Optional[Path] = json_option("Write rows and summary here."),
         png: Optional[Path] = typer.Option(None, help="Write the predicted-vs-measured scatter here.",
                                            callback=output_file),
     ) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, between, input_file, output_file
+from dasrl.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, between, input_file, json_option, output_file
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -30,7 +30,6 @@ PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, ma
 SCALE = dict(callback=between(0, MAX_SCALE, above=True), help="Scale the workload's lengths.")
 STEPS = dict(callback=between(1, MAX_STEPS), help="Override the number of steps.")
 WARMUP = dict(callback=between(0, MAX_STEPS))
-JSON = dict(callback=output_file, help="Write results as JSON.")
 MAX_TOKENS = 100_000_000
 """Tokens a generated workload may hold (about 8 bytes each in memory; long-tail holds ~1.2M)."""
 
@@ -141,7 +140,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         warmup: int = typer.Option(0, help="Leading steps replayed but left out of the totals.", **WARMUP),
         scale: float = typer.Option(1.0, **SCALE),
         steps: Optional[int] = typer.Option(None, **STEPS),
-        json_out: Optional[Path] = typer.Option(None, "--json", **JSON),
+        json_out: Optional[Path] = json_option("Write results as JSON."),
     ) -> None:
         """Replay a trace (or a synthetic workload) with a drafter and policy, against no speculation and
         the oracle drafter under the same policy."""
@@ -201,7 +200,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                      scale: float = typer.Option(1.0, **SCALE),
                      steps: Optional[int] = typer.Option(None, **STEPS),
                      warmup: int = typer.Option(1, help="Leading steps that only fill the history.", **WARMUP),
-                     json_out: Optional[Path] = typer.Option(None, "--json", **JSON)) -> None:
+                     json_out: Optional[Path] = json_option("Write results as JSON.")) -> None:
         """Figure 12 of the paper: unbounded drafting vs the distribution-aware policy (and the closed-form
         optimum, fixed and no speculation) on a long-tail workload."""
         _check(drafter, DRAFTERS, "drafter")
@@ -231,7 +230,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                     seed: int = typer.Option(0, help="Seed of the random router."),
                     latency: str = typer.Option("workload", help="Forward cost: workload (its assumption) | cpu "
                                                                  "(this project's CPU engine) | a latency JSON."),
-                    json_out: Optional[Path] = typer.Option(None, "--json", **JSON),
+                    json_out: Optional[Path] = json_option("Write results as JSON."),
                     plot: Optional[Path] = typer.Option(None, help="Write a PNG of makespan vs workers.",
                                                         callback=output_file)) -> None:
         """Many rollout workers: length-aware routing (LPT on the predicted makespan) vs round-robin vs

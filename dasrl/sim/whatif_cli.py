@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dasrl.cli_args import between, output_file
+from dasrl.cli_args import between, json_option, output_file
 
 console = Console()
 
@@ -100,7 +100,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         latency: List[str] = typer.Option([], help="[NAME=]latency.json from `dasrl calibrate` / "
                                                    "`dasrl bench gpu` (repeatable)."),
         shipped: bool = typer.Option(True, help="Include the shipped (assumed) GPU profiles."),
-        json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file, help="Write JSON here."),
+        json_out: Optional[Path] = json_option("Write JSON here."),
         png: Optional[Path] = typer.Option(None, callback=output_file, help="Write the per-step time plot here."),
     ) -> None:
         """What would speculative decoding, and which drafter, do to these recorded rollouts?"""

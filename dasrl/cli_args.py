@@ -159,6 +159,25 @@ def user_errors(option: str) -> Iterator[None]:
         raise typer.BadParameter(str(e), param_hint=f"'{option}'") from None
 
 
+def preset_name(value: str | None) -> str | None:
+    """--preset: a task preset of dasrl/tasks.py (or an alias of one), given back as its name."""
+    if value is None:
+        return value
+    from dasrl.tasks import preset
+
+    try:
+        return preset(value).name
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def dtype_name(value: str) -> str:
+    """--dtype: fp32 | bf16."""
+    if value not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"must be fp32 or bf16, got {value!r}")
+    return value
+
+
 def json_option(help: str = "Write the results as JSON here."):
     """--json FILE, checked as output_file."""
     return typer.Option(None, "--json", help=help, callback=output_file)

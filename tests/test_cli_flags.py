@@ -183,6 +183,10 @@ CASES = (
        (["bench", "vllm", "--samples", "1000000000"], "'--samples': must be <= 100000"),
        (["demo", "--steps", "1000000000"], "'--steps': must be <= 10000, got 1000000000"),
        (["demo", "--prompts", "1000000000"], "'--prompts': must be <= 100000"),
+       (["bench", "engine", "--preset", "nope"], "unknown preset 'nope'"),
+       (["experiments", "--preset", "nope"], "unknown preset 'nope'"),
+       (["calibrate", "--dtype", "fp16"], "'--dtype': must be fp32 or bf16, got 'fp16'"),
+       (["bench", "fidelity", "--dtype", "fp16"], "'--dtype': must be fp32 or bf16, got 'fp16'"),
        (["experiments", "--steps", "1000000000"], "'--steps': must be <= 10000, got 1000000000"),
        # malformed inputs
        (["simulate", "--workload", "tiny", "--latency", "{DIR}"], "'--latency': {DIR}: is a folder, not a file"),

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, between, json_option, model_option, output_file, rows_table, user_errors
+from dasrl.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
+                             rows_table, user_errors)
 from dasrl.cli_args import device as device_opt, threads as threads_opt
 from dasrl.drafter.base import MAX_DRAFT
 from rich.console import Console
@@ -21,6 +22,19 @@ ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("new_tokens", "new tokens", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"),
                   ("accepted_per_batch_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
+
+
+def _token_bars(prog: Progress, *, hide_done: bool):
+    """progress(name, total tokens) -> an engine on_step callback driving a new bar of `prog` by new tokens."""
+    def progress(name: str, total: int):
+        task = prog.add_task(name, total=total, batch=0)
+
+        def on_step(info):
+            prog.update(task, advance=info.new_tokens, batch=info.batch_size)
+            if info.batch_size == info.finished:
+                prog.update(task, completed=total, visible=not hide_done)
+        return on_step
+    return progress
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -46,7 +60,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         json_out: Optional[Path] = json_option("Write the rows as JSON here."),
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
         model: str = model_option("Model name, local folder or hub id."),
-        preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short."),
+        preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short.",
+                                   callback=preset_name),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's)."),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
                                                "per-forward allowance) | fixed (--budget k)."),
@@ -70,17 +85,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         overrides = {k: v for k, v in dict(budget=budget, problems=problems, group=group,
                                            max_new_tokens=max_new_tokens, threads=threads).items()
                      if v is not None}
-        for k, v in overrides.items():
-            if v < 1:
-                raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
         if policy not in ("das", "fixed"):
             raise typer.BadParameter(f"--policy must be das or fixed, got {policy!r}")
         from dasrl.tasks import preset as task_preset
 
-        try:
-            p = task_preset(preset)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--preset") from None
+        p = task_preset(preset)
         cfg = dataclasses.replace(cfg, policy=policy, preset=p.name, top_p=p.top_p,
                                   temperature=p.temperature if temperature is None else temperature, **overrides)
         console = Console(width=max(Console().width, 140))
@@ -90,16 +99,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"tokens, T={cfg.temperature}, policy {cfg.policy}, threads {cfg.threads or 'all'}")
         with Progress(TextColumn("{task.description:>20}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("batch {task.fields[batch]:>3}"), TimeElapsedColumn(), console=console) as prog:
-            def progress(name: str, total: int):
-                task = prog.add_task(name, total=total, batch=0)
-
-                def on_step(info):
-                    prog.update(task, advance=info.new_tokens, batch=info.batch_size)
-                    if info.batch_size == info.finished:
-                        prog.update(task, completed=total)
-                return on_step
-
-            rows = run_engine_bench(lm, tok, cfg, progress=progress)
+            rows = run_engine_bench(lm, tok, cfg, progress=_token_bars(prog, hide_done=False))
         console.print(rows_table("dasrl bench engine (epoch 2)", rows, ENGINE_COLUMNS))
         for line in goals(rows):
             console.print(line)
@@ -117,7 +117,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                     callback=output_file),
         device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available).",
                                              callback=device_opt),
-        dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights)."),
+        dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights).", callback=dtype_name),
     ) -> None:
         """Profile the engine forward over batch x tokens-per-row x context, fit the latency model, save it."""
         import torch
@@ -129,8 +129,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         grid = CalibrationGrid.quick() if quick else CalibrationGrid()
         console = Console()
-        if dtype not in ("fp32", "bf16"):
-            raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
         with user_errors("--model"):
             lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, device=device)
         engine = SpecEngine(lm, tok, EngineConfig(num_threads=default_threads()))
@@ -167,7 +165,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         json_out: Optional[Path] = json_option("Write one row per (variant, T) here."),
         quick: bool = typer.Option(False, help="6 requests x 32 tokens, batch 1 and 4 (a few minutes)."),
         model: str = model_option("Model name, local folder or hub id."),
-        dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights and logits)."),
+        dtype: str = typer.Option("fp32", help="fp32 or bf16 (weights and logits).", callback=dtype_name),
         problems: Optional[int] = typer.Option(None, help="Distinct prompts.", callback=between(1, MAX_COUNT)),
         group: Optional[int] = typer.Option(None, help="Requests per prompt.", callback=between(1, MAX_COUNT)),
         max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length.",
@@ -188,8 +186,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                            totals)
         from dasrl.models import load_model
 
-        if dtype not in ("fp32", "bf16"):
-            raise typer.BadParameter(f"--dtype must be fp32 or bf16, got {dtype!r}")
         cfg = FidelityConfig.quick() if quick else FidelityConfig()
         overrides = {k: v for k, v in dict(problems=problems, group=group, max_new_tokens=max_new_tokens,
                                            threads=threads).items() if v is not None}
@@ -210,16 +206,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         with Progress(TextColumn("{task.description:>34}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("batch {task.fields[batch]:>3}"), TimeElapsedColumn(), console=console,
                       transient=True) as prog:
-            def progress(name: str, total: int):
-                task = prog.add_task(name, total=total, batch=0)
-
-                def on_step(info):
-                    prog.update(task, advance=info.new_tokens, batch=info.batch_size)
-                    if info.batch_size == info.finished:
-                        prog.update(task, completed=total, visible=False)
-                return on_step
-
-            rows = run_fidelity(lm, tok, cfg, progress=progress)
+            rows = run_fidelity(lm, tok, cfg, progress=_token_bars(prog, hide_done=True))
             if noise_seeds > 0:
                 task = prog.add_task("forward-shape flips", total=len(cfg.temperatures), batch=0)
                 rows += shape_flip_rows(lm, tok, cfg, seeds=noise_seeds, tick=lambda: prog.advance(task))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Sequence
@@ -269,8 +269,3 @@ def _final_table(rows: list[StepRow], console: Console) -> None:
         b, d = sum(r.baseline_s for r in later), sum(r.das_s for r in later)
         t.add_row("2nd+", f"{b:.1f}", f"{d:.1f}", f"{b / d:.2f}x", "", "", "", "")
     console.print(t)
-
-
-def rows_json(rows: list[StepRow]) -> list[dict]:
-    return [asdict(r) for r in rows]
-

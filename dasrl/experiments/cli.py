@@ -13,7 +13,8 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, input_file, json_option, model_option, output_file, output_folder
+from dasrl.cli_args import (MAX_COUNT, MAX_STEPS, between, input_file, json_option, model_option, output_file,
+                             output_folder, preset_name)
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from dasrl.experiments.registry import EXPERIMENTS
@@ -30,7 +31,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                help="Markdown to (re)generate from everything under --out."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = model_option("Model of the real rollouts."),
-        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short."),
+        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short.",
+                                             callback=preset_name),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
                                             callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3).",
@@ -55,17 +57,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         collect = tuple((k, v) for k, v in dict(steps=steps, prompts=prompts, samples=samples,
                                                  max_new_tokens=max_new_tokens, variant_every=variant_every).items()
                         if v is not None)
-        for k, v in collect:
-            if v < 1:
-                raise typer.BadParameter(f"--{k.replace('_', '-')} must be >= 1, got {v}")
         if preset is not None:
-            from dasrl.tasks import preset as task_preset
-
-            try:
-                p = task_preset(preset)
-            except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint="--preset") from None
-            collect += (("preset", p.name),)
+            collect += (("preset", preset),)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect), console)

@@ -35,9 +35,6 @@ from dasrl.rollout.session import speculation_policy
 from dasrl.rollout.trace import read_trace
 from dasrl.sim.simulator import Simulator, StepStats
 
-FIELDS = ("variant", "step", "predicted_s", "measured_s", "priced_s", "error")
-
-
 @dataclass(frozen=True)
 class StepOverhead:
     """What a rollout step costs beside its forwards (seconds)."""

@@ -66,11 +66,8 @@ PROBLEMS = [
 
 
 def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
-    out = []
-    for t in texts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
+    """Each text as a lone user turn under the model's chat template (no system message)."""
+    return [chat_ids(tokenizer, t, None) for t in texts]
 
 
 @dataclass(frozen=True)

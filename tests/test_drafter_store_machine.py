@@ -17,7 +17,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dasrl.drafter.base import DraftParams, observe_batch, propose_flat
+from dasrl.drafter.base import DraftParams
 from dasrl.drafter.reference import ReferenceIndex
 from dasrl.drafter.store import DraftStore, StoreConfig
 
@@ -128,7 +128,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(rid=REQS, toks=TOKENS, batch=st.booleans())
     def observe(self, rid, toks, batch):
-        call = (lambda: observe_batch(self.store, [rid], [toks])) if batch else (lambda: self.store.observe(rid, toks))
+        call = (lambda: self.store.observe_batch([rid], [toks])) if batch else (lambda: self.store.observe(rid, toks))
         if rid not in self.ref.live:
             with pytest.raises((KeyError, ValueError), match=repr(rid)):
                 call()
@@ -215,7 +215,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.num_shards == len(self.ref.shards())
         rids = sorted(self.ref.live)
         budgets = [(3 * r) % 7 for r in rids]
-        flat = propose_flat(self.store, rids, budgets)
+        flat = self.store.propose_flat(rids, budgets)
         per_request = self.store.propose(rids, budgets)
         for i, (rid, b) in enumerate(zip(rids, budgets)):
             want = self.ref.draft(rid, b)
@@ -359,8 +359,8 @@ def test_soak_thousand_steps_stays_bounded():
             store.start(rid, rid[1], base[rid[1]][:8])
         for t in range(4):
             live = [r for r in rids if hash(r) % 7 != 0 or t < 2]
-            propose_flat(store, live, [8] * len(live))
-            observe_batch(store, live, [base[r[1]][8 + 14 * t: 8 + 14 * (t + 1)] for r in live])
+            store.propose_flat(live, [8] * len(live))
+            store.observe_batch(live, [base[r[1]][8 + 14 * t: 8 + 14 * (t + 1)] for r in live])
         for i, rid in enumerate(rids):
             if i % 4 == 0:
                 continue  # never finished: dropped at end_step

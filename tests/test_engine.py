@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dasrl.drafter.base import Draft, DraftParams, check_budgets  # noqa: E402
+from dasrl.drafter.base import Draft, DrafterBase, DraftParams, check_budgets  # noqa: E402
 from dasrl.drafter.baselines import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, EngineStepError, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import filtered_probs  # noqa: E402
@@ -76,7 +76,7 @@ def perturb(tokens, every=5):
     return [(t + 1) % 49152 if i % every == every - 1 else t for i, t in enumerate(tokens)]
 
 
-class TreeOracle:
+class TreeOracle(DrafterBase):
     """Tree drafts whose first root child is always wrong and whose right path runs through second children,
     so the accepted path is never contiguous in the input (exercises the cache compaction)."""
 

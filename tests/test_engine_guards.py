@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
 import dasrl.engine.attention as attention  # noqa: E402
+from dasrl.drafter.base import DrafterBase  # noqa: E402
 from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, EngineStepError, SpecEngine, UnsupportedModel  # noqa: E402
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
@@ -106,7 +107,7 @@ def test_attention_raises_instead_of_falling_back():
 # ---------------------------------------------------------------------------- failed generates
 
 
-class Interrupting:
+class Interrupting(DrafterBase):
     """Fault injection: a DraftStore whose propose raises `error` on its `at`-th call (once)."""
 
     def __init__(self, store: DraftStore, at: int, error: BaseException) -> None:

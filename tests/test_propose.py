@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasrl.drafter.base import Draft
+from dasrl.drafter.base import Draft, DrafterBase
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase, RequestState
 from dasrl.policy.propose import propose
 
 
-class Fixed:
+class Fixed(DrafterBase):
     """A drafter that proposes a fixed chain per request, ignoring its budget (the path must cap it)."""
 
     def __init__(self, chains: dict) -> None:
@@ -96,3 +96,42 @@ def test_a_draft_prefix_by_hand():
     p = d.prefix(3)
     assert p.tokens.tolist() == [5, 6, 7] and p.parents.tolist() == [-1, 0, -1] and p.match_len == 3
     assert d.prefix(4) is d and d.prefix(9) is d and len(d.prefix(0)) == 0
+
+
+def test_drafter_base_derives_the_batch_calls_from_the_per_request_ones():
+    """A drafter with only propose/observe (NGramDrafter) gets propose_flat / observe_batch from DrafterBase:
+    the flat batch holds exactly its Drafts, and observe_batch is observe per request."""
+    from dasrl.drafter.base import Drafter, DraftBatch
+    from dasrl.drafter.baselines import NGramDrafter
+
+    a, b = NGramDrafter(), NGramDrafter()
+    assert isinstance(a, Drafter)
+    for d in (a, b):
+        d.start("x", None, [1, 2, 3, 1, 2])
+        d.start("y", None, [5, 6, 5])
+    a.observe_batch(["x", "y"], [[3], [6]])
+    b.observe("x", [3])
+    b.observe("y", [6])
+    flat = a.propose_flat(["x", "y"], [2, 2])
+    per = b.propose(["x", "y"], [2, 2])
+    assert isinstance(flat, DraftBatch) and flat.lengths.tolist() == [len(d) for d in per] == [2, 2]
+    assert [flat.draft(i).tokens.tolist() for i in range(2)] == [d.tokens.tolist() for d in per] == [[1, 2], [5, 6]]
+
+
+def test_engine_refuses_a_drafter_without_the_protocol():
+    """An object with only propose/observe (no batch calls) is refused with a TypeError naming its type,
+    before any work starts."""
+    import pytest
+
+    from dasrl.engine.engine import SpecEngine
+
+    class Partial:
+        def start(self, *a): ...
+        def propose(self, *a): ...
+        def observe(self, *a): ...
+        def finish(self, *a): ...
+        def abort(self, *a): ...
+        def end_step(self): ...
+
+    with pytest.raises(TypeError, match="Partial lacks the Drafter protocol"):
+        SpecEngine.generate(object.__new__(SpecEngine), [[1, 2]], drafter=Partial())

@@ -171,8 +171,6 @@ def test_bounds_at_the_boundary_name_the_value():
 
 
 def test_flat_and_batch_paths_equal_the_per_request_paths():
-    from dasrl.drafter.base import observe_batch, propose_flat
-
     rng = np.random.default_rng(5)
     a, b = DraftStore(), DraftStore()
     for store in (a, b):
@@ -189,11 +187,11 @@ def test_flat_and_batch_paths_equal_the_per_request_paths():
             store.start(r, r % 2, PROMPT_A)
     for step in range(12):
         toks = [rng.integers(0, 8, int(rng.integers(0, 4))) for _ in range(4)]
-        observe_batch(a, list(range(4)), [t.tolist() if step % 2 else t for t in toks])
+        a.observe_batch(list(range(4)), [t.tolist() if step % 2 else t for t in toks])
         for r, t in enumerate(toks):
             b.observe(r, t)
         budgets = rng.integers(0, 10, 4).tolist()
-        flat = propose_flat(a, list(range(4)), budgets)
+        flat = a.propose_flat(list(range(4)), budgets)
         per = b.propose(list(range(4)), budgets)
         assert flat.lengths.tolist() == [len(d) for d in per]
         for i, d in enumerate(per):

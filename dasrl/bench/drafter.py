@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dasrl.drafter.base import DraftParams, Drafter, observe_batch, propose_flat
+from dasrl.drafter.base import DraftParams, Drafter
 from dasrl.drafter.suffix import SuffixIndex, extend_batch
 from dasrl.drafter.suffix import propose_flat as propose_flat_core
 
@@ -128,9 +128,9 @@ def decode(drafter: Drafter, problems: list[Problem], *, budget: int, tokens: in
 def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budget: int,
                  observe_tokens: int = 5) -> dict[str, float]:
     """One propose call for `batch` requests spread over the problems, each 500 tokens into its fresh
-    rollout, through the protocol's flat path (base.propose_flat, what the engine calls) and its list
+    rollout, through the protocol's flat path (Drafter.propose_flat, what the engine calls) and its list
     of Drafts (propose); then each request observes its next `observe_tokens` true tokens in one
-    base.observe_batch call. Medians of 7 calls: µs per request, µs per observed token."""
+    Drafter.observe_batch call. Medians of 7 calls: µs per request, µs per observed token."""
     rids = [f"batch-{j}" for j in range(batch)]
     pos = [500 + j % 7 for j in range(batch)]
     for j, rid in enumerate(rids):
@@ -138,15 +138,15 @@ def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budge
         drafter.start(rid, j % len(problems), prob.prompt)
         drafter.observe(rid, prob.fresh[: pos[j]])
     budgets = [budget] * batch
-    propose_flat(drafter, rids, budgets)  # warm
-    flat, flat_cpu = _median(lambda: propose_flat(drafter, rids, budgets))
+    drafter.propose_flat(rids, budgets)  # warm
+    flat, flat_cpu = _median(lambda: drafter.propose_flat(rids, budgets))
     drafts, _ = _median(lambda: drafter.propose(rids, budgets))
     obs = []
     for _ in range(7):
         toks = [problems[j % len(problems)].fresh[pos[j]: pos[j] + observe_tokens] for j in range(batch)]
         pos = [p + observe_tokens for p in pos]
         n = sum(len(t) for t in toks)
-        obs.append([t / n for t in _timed2(lambda: observe_batch(drafter, rids, toks))])
+        obs.append([t / n for t in _timed2(lambda: drafter.observe_batch(rids, toks))])
     for rid in rids:
         drafter.finish(rid)
     obs_wall, obs_cpu = np.median(obs, axis=0)

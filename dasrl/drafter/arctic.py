@@ -11,7 +11,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, check_budgets
+from dasrl.drafter.base import Draft, DrafterBase, check_budgets
 
 
 def arctic_status() -> str | None:
@@ -41,7 +41,7 @@ class ArcticConfig:
     """Finished responses kept in the global tree (-1 = all)."""
 
 
-class ArcticDrafter:
+class ArcticDrafter(DrafterBase):
     def __init__(self, config: ArcticConfig = ArcticConfig()) -> None:
         try:
             from arctic_inference.suffix_decoding import SuffixDecodingCache

@@ -149,24 +149,6 @@ class DraftBatch:
         return DraftBatch(self.tokens[keep], self.parents[keep], self.probs[keep], offsets, self.match_len)
 
 
-def propose_flat(drafter: "Drafter", req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
-    """The batch's drafts as a DraftBatch: the drafter's own flat path if it has one, else its Drafts."""
-    fast = getattr(drafter, "propose_flat", None)
-    if fast is not None:
-        return fast(req_ids, budgets)
-    return DraftBatch.from_drafts(list(drafter.propose(req_ids, budgets)))
-
-
-def observe_batch(drafter: "Drafter", req_ids: Sequence[Hashable], tokens: Sequence[Sequence[int]]) -> None:
-    """Each request's newly emitted tokens, in one call where the drafter has a batch path."""
-    fast = getattr(drafter, "observe_batch", None)
-    if fast is not None:
-        fast(req_ids, tokens)
-        return
-    for rid, toks in zip(req_ids, tokens):
-        drafter.observe(rid, toks)
-
-
 @dataclass(frozen=True)
 class DraftParams:
     """How a suffix drafter turns a match into a draft."""
@@ -205,6 +187,12 @@ class Drafter(Protocol):
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         """Tokens just appended to the request's output (accepted drafts plus the target's own)."""
 
+    def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
+        """propose() as one DraftBatch (what the engine calls)."""
+
+    def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int]]) -> None:
+        """observe() for several requests at once (what the engine calls)."""
+
     def finish(self, req_id: Hashable) -> None:
         """The request is complete; its rollout may feed the history."""
 
@@ -213,6 +201,18 @@ class Drafter(Protocol):
 
     def end_step(self) -> None:
         """The RL step is over."""
+
+
+class DrafterBase:
+    """The protocol's batch calls derived from the per-request ones, for drafters without a faster batch path
+    (the DraftStore and the counting drafter have one: a single native call per forward)."""
+
+    def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
+        return DraftBatch.from_drafts(list(self.propose(req_ids, budgets)))
+
+    def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int]]) -> None:
+        for rid, toks in zip(req_ids, token_lists):
+            self.observe(rid, toks)
 
 
 def problem_key(prompt_ids: Sequence[int]) -> int:

@@ -10,10 +10,10 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, check_budgets
+from dasrl.drafter.base import Draft, DrafterBase, check_budgets
 
 
-class NGramDrafter:
+class NGramDrafter(DrafterBase):
     """Prompt lookup, as vLLM's `ngram` method: match the last n tokens (n from max_n down to min_n)
     against the request's own prompt and output, and propose what followed the most recent earlier
     occurrence."""
@@ -66,7 +66,7 @@ class NGramDrafter:
         pass
 
 
-class OracleDrafter:
+class OracleDrafter(DrafterBase):
     """Knows each request's true continuation: the upper bound of any drafter (for simulations and
     benchmarks). `futures[req_id]` is the full completion the target will emit."""
 

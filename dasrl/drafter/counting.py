@@ -26,7 +26,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch, observe_batch, propose_flat
+from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch
 
 NUM = -1
 """Structure key of a number item (non-digit items are keyed by their token id)."""
@@ -164,7 +164,7 @@ class CountingDrafter:
         return self.propose_flat(req_ids, budgets).drafts()
 
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
-        batch = propose_flat(self.inner, req_ids, budgets)  # checks ids and budgets
+        batch = self.inner.propose_flat(req_ids, budgets)  # checks ids and budgets
         drafts: list[Draft] | None = None
         for i, (rid, b) in enumerate(zip(req_ids, budgets)):
             if b <= 0:
@@ -181,7 +181,7 @@ class CountingDrafter:
         self._extend(req_id, tokens)
 
     def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int]]) -> None:
-        observe_batch(self.inner, req_ids, token_lists)
+        self.inner.observe_batch(req_ids, token_lists)
         for rid, toks in zip(req_ids, token_lists):
             self._extend(rid, toks)
 
@@ -201,8 +201,3 @@ class CountingDrafter:
     def end_step(self) -> None:
         self.inner.end_step()
         self._tail.clear()
-
-    def __getattr__(self, name):  # the wrapped drafter's own API (save, stats, ...)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

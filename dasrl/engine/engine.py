@@ -3,14 +3,14 @@
 One step, for the live batch (rows are the prefix [0, live) of the KV cache)::
 
     budgets  = policy.budgets(states)                  # draft cap per row (0 = plain decode)
-    drafts   = drafter.propose(req_ids, caps)          # chain or tree per row, <= cap tokens
+    drafts   = drafter.propose_flat(req_ids, caps)     # chain or tree per row, <= cap tokens
     drafts   = policy.trim(states, drafts)
     inputs   = pending token + draft nodes of every row, end to end   # [1, N], no padding (packing.py)
     logits   = one packed forward, one lm_head over its N tokens
     targets  = position-keyed samples at every input position
     verdicts = verify(draft, targets) per row           # accepted + one recovered/bonus token
     commit: tokens appended (stops applied token by token), cache lengths, stats
-    drafter.observe(...); finished rows leave the batch (swap-remove in the cache)
+    drafter.observe_batch(...); finished rows leave the batch (swap-remove in the cache)
 
 The *pending* token of a row is its last emitted token: its K/V are not in the cache yet, so each step
 feeds it first. A row's cache length is therefore prompt_len + generated - 1.
@@ -30,10 +30,10 @@ from typing import Callable, Hashable, Iterator, Sequence
 import numpy as np
 import torch
 
-from dasrl.drafter.base import DraftBatch, Drafter, observe_batch, problem_key
+from dasrl.drafter.base import DraftBatch, Drafter, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
-from dasrl.engine.gemm import INVARIANT_PADDING, RowPadding, padded_linears
+from dasrl.engine.gemm import HEAD_PADDING, INVARIANT_PADDING, RowPadding, padded, padded_linears
 from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
 from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
@@ -196,6 +196,9 @@ class SpecEngine:
                  stop_lines: Sequence[str] = (), problem_ids: Sequence[Hashable] | None = None,
                  on_step: Callable[[StepInfo], None] | None = None) -> list[Completion]:
         """Generate a completion per prompt. All input is validated before any work starts."""
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter {type(drafter).__name__} lacks the Drafter protocol's methods "
+                            f"(dasrl.drafter.base.Drafter; DrafterBase supplies the batch calls)")
         stops = set(stop_token_ids or ()) | (set() if ignore_eos else set(self.eos_ids))
         job = validate_job(prompts=prompts, seeds=seeds, sampling=sampling, max_new_tokens=max_new_tokens,
                            stop_ids=stops, stop_strings=stop_strings, req_ids=req_ids,
@@ -272,7 +275,7 @@ class SpecEngine:
         for r in live:
             r.state.forwards += 1
         if drafter is not None:
-            observe_batch(drafter, [r.req_id for r in live], [r.out[-1:] for r in live])
+            drafter.observe_batch([r.req_id for r in live], [r.out[-1:] for r in live])
         finished = self._retire(cache, live, done, drafter, policy)
         return StepInfo(step=0, batch_size=len(lens), tokens=int(lens.sum()), new_tokens=new, drafted=0, accepted=0,
                         finished=finished, elapsed_s=time.perf_counter() - t_start, draft_s=0.0,
@@ -298,7 +301,7 @@ class SpecEngine:
         t3 = time.perf_counter()
         new, acc = self._commit(job, cache, live, drafts, verdicts, logps, inputs.starts, lengths)
         if drafter is not None:
-            observe_batch(drafter, [r.req_id for r in live], [r.out[len(r.out) - r.last_kept:] for r in live])
+            drafter.observe_batch([r.req_id for r in live], [r.out[len(r.out) - r.last_kept:] for r in live])
         finished = self._retire(cache, live, done, drafter, policy)
         t4 = time.perf_counter()
         return StepInfo(step=step, batch_size=batch, tokens=inputs.layout.tokens, new_tokens=new,
@@ -358,14 +361,9 @@ class SpecEngine:
         return tokens, logps
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head over hidden [M, H] -> [M, V]. 2 or 3 rows are padded to 4: CPU GEMM takes a slow path
-        for them with a vocabulary-sized weight (1 thread: 26 / 40 ms against 23 ms for 4 rows). Batch-invariant:
-        fewer than 16 rows are padded to 16 (even if another library replaced the head's forward)."""
-        m = hidden.shape[0]
-        to = INVARIANT_PADDING.target(m) if self.row_padding == INVARIANT_PADDING else 4 if m in (2, 3) else m
-        if hidden.device.type == "cpu" and to > m:
-            return self.lm_head(torch.cat([hidden, hidden[:1].expand(to - m, -1)]))[:m]
-        return self.lm_head(hidden)
+        """lm_head over hidden [M, H] -> [M, V], its rows padded as HEAD_PADDING says (batch-invariant:
+        INVARIANT_PADDING), through the head module itself (even if another library replaced its forward)."""
+        return padded(self.lm_head, hidden, INVARIANT_PADDING if self.row_padding == INVARIANT_PADDING else HEAD_PADDING)
 
     def _draw_at(self, logits: torch.Tensor, at: np.ndarray, sampling: SamplingParams, *, seeds: np.ndarray,
                  positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

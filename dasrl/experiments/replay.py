@@ -14,7 +14,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, Drafter
+from dasrl.drafter.base import Draft, Drafter, DrafterBase
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.rollout.trace import Response
 from dasrl.sim.simulator import SimConfig, Simulator, group_steps
@@ -24,7 +24,7 @@ REPLAY_BUDGET = 16
 at equal budget, so acceptance differences are the drafter's)."""
 
 
-class _Wrapper:
+class _Wrapper(DrafterBase):
     """A Drafter that hands every call to `inner`; subclasses change what they wrap."""
 
     inner: Drafter

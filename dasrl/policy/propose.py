@@ -18,7 +18,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import DraftBatch, Drafter, propose_flat
+from dasrl.drafter.base import DraftBatch, Drafter
 from dasrl.policy.base import BudgetPolicy, RequestState
 
 
@@ -40,7 +40,7 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
     caps = np.minimum(np.asarray(budgets, np.int64), np.asarray(room, np.int64)).clip(min=0)  # [B]
     if not caps.any():
         return DraftBatch.empty(n)
-    drafts = propose_flat(drafter, req_ids, caps.tolist())
+    drafts = drafter.propose_flat(req_ids, caps.tolist())
     if policy.trims:
         drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
     if len(drafts) != n:

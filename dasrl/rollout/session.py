@@ -337,7 +337,7 @@ class RolloutSession:
         return {**tot,
                 "store_tokens": self.store.num_tokens if self.store else 0,
                 "store_bytes": self.store.bytes_used() if self.store else 0,
-                "counted_drafts": getattr(self.drafter, "counted", 0)}
+                "counted_drafts": self.drafter.counted if isinstance(self.drafter, CountingDrafter) else 0}
 
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:

@@ -16,8 +16,6 @@ from typing import Sequence
 import numpy as np
 
 from dasrl.drafter.base import DraftBatch
-from dasrl.drafter.counting import CountingDrafter
-from dasrl.drafter.store import DraftStore
 from dasrl.policy.base import RequestState
 from dasrl.policy.propose import propose
 from dasrl.rollout.trace import Response
@@ -56,7 +54,6 @@ def run_step(drafter, policy, step: int, responses: Sequence[Response], *, max_n
     np.cumsum(tlen[:-1], out=tstart[1:])
     flat_tgt = np.concatenate(targets) if n else np.zeros(0, np.int32)
     states = [RequestState(rid, r.problem_id, len(r.prompt_ids), max_new_tokens) for rid, r in zip(rids, responses)]
-    batched = isinstance(drafter, (DraftStore, CountingDrafter))  # their observe_batch: one native call
     st = StepStats(step=step)
     live = []
     for i in range(n):
@@ -94,11 +91,7 @@ def run_step(drafter, policy, step: int, responses: Sequence[Response], *, max_n
         st.proposed += int(lens.sum())
         st.accepted += int(acc.sum())
         if drafter is not None:
-            if batched:
-                drafter.observe_batch([rids[i] for i in live], emits)
-            else:
-                for i, e in zip(live, emits):
-                    drafter.observe(rids[i], e)
+            drafter.observe_batch([rids[i] for i in live], emits)
         st.shapes.append((len(live), n_tok, kv, dkv))
         st.forwards += 1
         st.row_forwards += len(live)

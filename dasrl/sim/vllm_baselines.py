@@ -17,7 +17,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter.arctic import ArcticConfig
-from dasrl.drafter.base import Draft, check_budgets
+from dasrl.drafter.base import Draft, DrafterBase, check_budgets
 
 VLLM_SUFFIX = ArcticConfig(max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1, max_cached_requests=10000)
 VLLM_SUFFIX_TOKENS = 24
@@ -37,7 +37,7 @@ def earliest_longest_match(ctx: np.ndarray, min_n: int, max_n: int) -> int | Non
     return None
 
 
-class VLLMNGramDrafter:
+class VLLMNGramDrafter(DrafterBase):
     """vLLM's `ngram` proposal rule behind our Drafter protocol (one request's own prompt and output).
 
     Incremental: per request and n, the first start of every n-gram seen (an earliest occurrence never

@@ -158,3 +158,53 @@ def test_quick_latency_end_to_end(tmp_path):
     text = md.read_text()
     assert "QUICK RUN" in text and "(Fig. 8)" in text and "results/latency.png" in text
     assert (md.parent / "results" / "latency.png").exists()
+
+
+def test_source_champ_replays_the_recorded_solutions_and_rejects_bad_input(tmp_path):
+    """`dasrl experiments --source champ`: the trace-replay experiments get CHAMP's recorded solutions
+    (the 18 variants as steps, tokenized as recorded) instead of the collection run; bad input is one
+    usage error before anything is written."""
+    pytest.importorskip("champ_dataset")
+    from rich.console import Console
+
+    from dasrl import champ
+    from dasrl.cli import app
+    from dasrl.experiments.base import Context, RunOptions
+    from dasrl.sim.sources import ChampSource, hf_tokenizer
+
+    ctx = Context(RunOptions(out=tmp_path, source="champ", champ=ChampSource(model="GPT-4", problems=2)),
+                  Console(quiet=True))
+    rs, sols, tok = ctx.responses(), champ.load_solutions("GPT-4"), hf_tokenizer(None)
+    assert len(rs) == 2 * 18 and ctx._collection is None  # no GRPO collection run behind it
+    for r in rs:
+        sol = sols[r.problem_id][champ.VARIANTS[r.step]]
+        assert r.problem_id in ("P_Combinatorics_1", "P_Combinatorics_2") and r.sample == 0
+        assert r.response_ids.tolist() == tok(sol.text, add_special_tokens=False)["input_ids"]
+    assert "not a training step" in ctx.replayed()[0]
+
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["experiments", "window", "--source", "champ", "--champ-model", "GPT-4",
+                                 "--problems", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "window" / "window.json").read_text())
+    assert "CHAMP's recorded GPT-4 solutions" in doc["source"] and doc["details"]["trace_steps"] == 18
+    assert "--source champ --champ-model GPT-4 --problems 2" in doc["rerun"]
+    assert doc["summary"]["accepted/round w=16"] > 0
+    for args, msg in ((["--champ-model", "GPT-5"], "unknown CHAMP model 'GPT-5'"),
+                      (["--source", str(tmp_path / "nope.jsonl")], "nope.jsonl: no such file"),
+                      (["batch"], "not in batch")):
+        bad = tmp_path / "bad"
+        r = CliRunner().invoke(app, ["experiments", *args, "--out", str(bad)] + (
+            [] if "--source" in args else ["--source", "champ"]), env={"COLUMNS": "400"})
+        assert r.exit_code == 2 and msg in " ".join(r.output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split()), r.output
+        assert not bad.exists() or not any(bad.iterdir())
+
+
+def test_results_regeneration_keeps_the_hand_written_sections(tmp_path):
+    from dasrl.experiments.report import KEPT, write_results
+
+    md = tmp_path / "results.md"
+    md.write_text(f"# old generated part\n\n{KEPT}\n\n## On real text (CHAMP)\n\nby hand\n")
+    write_results(tmp_path / "empty", md)
+    text = md.read_text()
+    assert "old generated part" not in text and text.endswith(f"{KEPT}\n\n## On real text (CHAMP)\n\nby hand\n")

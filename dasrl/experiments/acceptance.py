@@ -20,7 +20,8 @@ def drafters() -> dict[str, object]:
 
 
 def run(ctx: Context) -> Outcome:
-    responses = ctx.collection().trace().responses()
+    responses = ctx.responses()
+    what, step_name = ctx.replayed()
     n_steps = len({int(r.step) for r in responses})
     results = {}
     ds = drafters()
@@ -40,23 +41,25 @@ def run(ctx: Context) -> Outcome:
         fig, ax = plt.subplots(figsize=(7, 3.6))
         for k, v in results.items():
             ax.plot([s.step for s in v], [s.accepted_per_round for s in v], marker="o", ms=3, label=k)
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel(step_name)
         ax.set_ylabel("accepted draft tokens / verification round")
-        ax.set_title(f"Acceptance over training (trace replay, budget {REPLAY_BUDGET})")
+        ax.set_title(f"Acceptance over steps (trace replay, budget {REPLAY_BUDGET})")
         ax.legend()
         ax.grid(alpha=0.3)
         save_figure(fig, path)
 
     comparison = (
         f"Paper Fig. 4: a drafter built from the latest rollouts keeps its acceptance as the policy drifts, "
-        f"a static one decays. Here (replay of the recorded SmolLM2 GRPO trace, exact acceptance): over "
+        f"a static one decays. Here (replay of {what}, exact acceptance): over "
         f"steps 1+ the history drafter accepts {tot['history (window 16)']['accepted_per_round']:.2f} tokens "
         f"per round, the static one {tot['static (step 0 only)']['accepted_per_round']:.2f}; in the last "
         f"quarter of the run {late_h:.2f} vs {late_s:.2f}. "
         + ("The gap grows over the run, as in the paper. " if late_h - late_s > gap else
            "The gap does not grow over this run (little drift to track). ")
         + f"With live siblings and the request itself indexed too (problem+request, the DAS default) acceptance "
-          f"is {tot['DAS default (problem+request)']['accepted_per_round']:.2f}: samples of one step resemble each other.")
+          f"is {tot['DAS default (problem+request)']['accepted_per_round']:.2f}: "
+        + ("samples of one step resemble each other." if any(r.sample for r in responses) else
+           "a response repeats its own text (there are no siblings: one sample per problem per step)."))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()},
                    rows=rows, figure=figure, comparison=comparison,
                    details={"budget": REPLAY_BUDGET, "totals": tot, "last_quarter": {"history": late_h, "static": late_s}},

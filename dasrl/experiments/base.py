@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dasrl.atomic import atomic_write, pyplot, save_figure, write_json  # noqa: F401 (the experiments' figures)
 from dasrl.experiments.machine import load_avg
+from dasrl.sim.sources import ChampSource
 
 REAL = "real rollouts (SmolLM2-135M, this machine)"
 REAL_FORWARDS = "real engine forwards (SmolLM2-135M, this machine)"
@@ -36,6 +38,11 @@ class RunOptions:
     """The command line as given (recorded with every result)."""
     collect: tuple[tuple[str, int], ...] = ()
     """Overrides of the collection run's CollectConfig fields, as (name, value) pairs."""
+    source: str | None = None
+    """Recorded rollouts the trace-replay experiments replay instead of the collection run's trace:
+    'champ' or a path dasrl.sim.sources.load reads (None: the collection run)."""
+    champ: ChampSource = ChampSource(model="GPT-4 Turbo", problems=60)
+    """Which CHAMP solutions when source is 'champ' (GPT-4 Turbo: the most text of the four models)."""
 
 
 @dataclass
@@ -80,6 +87,7 @@ class Context:
         self.options, self.console = options, console
         self._model = None
         self._collection = None
+        self._responses = None
 
     def model(self):
         """(model, tokenizer), fp32, loaded on first use."""
@@ -101,6 +109,28 @@ class Context:
                 model=self.options.model)
             self._collection = ensure_collection(replace(cfg, **dict(self.options.collect)), self)
         return self._collection
+
+    def responses(self):
+        """The recorded rollouts the trace-replay experiments (Figs. 4, 6, 7) replay: --source's, tokenized
+        with the embedded SmolLM2's tokenizer, else the collection run's trace."""
+        if self.options.source is None:
+            return self.collection().trace().responses()
+        if self._responses is None:
+            from dasrl.sim import sources
+
+            tokenize = sources.tokenize_with(sources.hf_tokenizer(None))
+            self._responses = sources.load(self.options.source, tokenize, champ=self.options.champ)
+        return self._responses
+
+    def replayed(self) -> tuple[str, str]:
+        """(what the trace-replay experiments replay, what one of its steps is) in words."""
+        src, c = self.options.source, self.options.champ
+        if src is None:
+            return "the recorded SmolLM2 GRPO trace", "GRPO step"
+        if src == "champ":
+            return (f"CHAMP's recorded {c.model} solutions ({c.problems or 270} problems; a step is one of the 18 "
+                    f"prompt variants, not a training step)", "step = CHAMP prompt variant")
+        return f"the recorded rollouts of {src}", "step"
 
     @contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[..., None]]:
@@ -135,10 +165,15 @@ def run_experiment(exp: Experiment, ctx: Context) -> dict:
     outcome = exp.run(ctx)
     png = folder / f"{exp.name}.png"
     outcome.figure(png)
+    o = ctx.options
     doc = {"format": "dasrl-experiment/1", "name": exp.name, "title": exp.title, "paper": exp.paper,
-           "source": outcome.source, "quick": ctx.options.quick, "command": ctx.options.command,
-           "rerun": " ".join([f"dasrl experiments {exp.name} --out {ctx.options.out}"] + (["--quick"] if ctx.options.quick else [])
-                             + [f"--{k.replace('_', '-')} {v}" for k, v in ctx.options.collect]),
+           "source": outcome.source if o.source is None else f"replay of {ctx.replayed()[0]}, SmolLM2 tokenizer",
+           "quick": o.quick, "command": o.command,
+           "rerun": " ".join([f"dasrl experiments {exp.name} --out {o.out}"] + (["--quick"] if o.quick else [])
+                             + [f"--{k.replace('_', '-')} {v}" for k, v in o.collect]
+                             + ([] if o.source is None else [f"--source {shlex.quote(o.source)}"] + (
+                                 [f"--champ-model {shlex.quote(o.champ.model)} --problems {o.champ.problems}"]
+                                 if o.source == "champ" else []))),
            "collect": dict(ctx.options.collect),
            "collection": _collection_note(ctx),
            "summary": outcome.summary, "comparison": outcome.comparison, "table": outcome.table,

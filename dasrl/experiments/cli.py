@@ -16,6 +16,10 @@ from rich.table import Table
 from dasrl.cli_args import (MAX_COUNT, MAX_STEPS, between, input_file, json_option, model_option, output_file,
                              output_folder, preset_name)
 
+REPLAYS = ("acceptance", "scope", "window")
+"""The experiments that replay recorded rollouts (Figs. 4, 6, 7): --source can stand in for the collection run."""
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from dasrl.experiments.registry import EXPERIMENTS
 
@@ -24,11 +28,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         names: Optional[List[str]] = typer.Argument(None, help=f"Experiments to run (default: all): "
                                                                f"{', '.join(EXPERIMENTS)}."),
         quick: bool = typer.Option(False, help="Small sizes: the whole set in a few minutes (a smoke test)."),
-        out: Path = typer.Option(Path("runs/experiments"), "--out", help="Folder for figures, numbers and the "
-                                                                         "cached collection run.",
-                                 callback=output_folder),
-        results: Optional[Path] = typer.Option(Path("docs/results.md"), "--results", callback=output_file,
-                                               help="Markdown to (re)generate from everything under --out."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Folder for figures, numbers and the cached collection "
+                                                               "run (default: runs/experiments; with --source, "
+                                                               "runs/experiments-<its name>).", callback=output_folder),
+        results: Optional[Path] = typer.Option(None, "--results", callback=output_file,
+                                               help="Markdown to (re)generate from everything under --out "
+                                                    "(default: docs/results.md; none with --source)."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = model_option("Model of the real rollouts."),
         preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short.",
@@ -43,17 +48,30 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                 "quick 48).", callback=between(1, MAX_COUNT)),
         variant_every: Optional[int] = typer.Option(None, help="Collection run: engine variants every N steps "
                                                                "(default 8; quick 3).", callback=between(1, MAX_STEPS)),
+        source: Optional[str] = typer.Option(None, help=f"Replay these recorded rollouts instead of the collection "
+                                                        f"run's in {', '.join(REPLAYS)} (the only ones run then): "
+                                                        f"'champ', or a trace / JSONL / Parquet / VeRL folder as "
+                                                        f"`dasrl whatif` reads."),
+        champ_model: str = typer.Option("GPT-4 Turbo", help="--source champ: whose solutions (default: the most text)."),
+        problems: int = typer.Option(60, callback=between(0, 270), help="--source champ: the first N problems (0 = all)."),
     ) -> None:
         """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
         the simulator where a figure needs paper scale."""
         from dasrl.experiments.base import Context, RunOptions, run_experiment
         from dasrl.experiments.registry import select
         from dasrl.experiments.report import write_results
+        from dasrl.sim.sources import ChampSource, SourceError
 
         try:
-            chosen = select(list(names or []))
+            chosen = select(list(names or (REPLAYS if source else [])))
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="NAME") from None
+        if source is not None and any(e.name not in REPLAYS for e in chosen):
+            raise typer.BadParameter(f"--source replays recorded rollouts in {', '.join(REPLAYS)} only, not in "
+                                     f"{', '.join(e.name for e in chosen if e.name not in REPLAYS)}", param_hint="NAME")
+        # A --source run writes beside, not over, the collection run's figures and docs/results.md.
+        out = out or Path("runs/experiments" + (f"-{Path(source).name}" if source else ""))
+        results = results or (None if source else Path("docs/results.md"))
         collect = tuple((k, v) for k, v in dict(steps=steps, prompts=prompts, samples=samples,
                                                  max_new_tokens=max_new_tokens, variant_every=variant_every).items()
                         if v is not None)
@@ -61,7 +79,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             collect += (("preset", preset),)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect), console)
+        ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect, source=source,
+                                 champ=ChampSource(model=champ_model, problems=problems)), console)
+        if source is not None:  # bad input fails here, before anything is written
+            try:
+                with console.status(f"reading {source}"):
+                    ctx.responses()
+            except SourceError as e:
+                raise typer.BadParameter(str(e), param_hint="'--source'") from None
         done, t0 = [], time.perf_counter()
         # The latency fit (experiment 6) runs first: the others' modeled times use it.
         chosen.sort(key=lambda e: e.name != "latency")

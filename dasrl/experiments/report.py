@@ -13,6 +13,8 @@ from dasrl.experiments.ablation import sim_scale
 from dasrl.experiments.collect import CollectConfig
 from dasrl.experiments.registry import EXPERIMENTS
 
+KEPT = "<!-- written by hand from here on: kept when `dasrl experiments` regenerates this file -->"
+
 
 def _cell(v) -> str:
     if isinstance(v, float):
@@ -91,5 +93,8 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
         lines += ["Numbers: " + ", ".join(f"`{k}` = {_cell(v)}" for k, v in d["summary"].items()), "",
                   f"Command: `{d['rerun']}` (this run: `{d['command']}`)", "",
                   f"**Compared with the paper.** {d['comparison']}", ""]
+    # Sections written by hand (runs other than this out folder's, e.g. `--source champ`) survive regeneration.
+    old = results_md.read_text() if results_md.exists() else ""
+    lines += [old[old.index(KEPT):]] if KEPT in old else []
     atomic_write(results_md, lambda f: f.write("\n".join(lines).encode()))
     return results_md

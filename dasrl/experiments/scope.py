@@ -12,7 +12,7 @@ from dasrl.experiments.replay import REPLAY_BUDGET, replay, totals
 
 
 def run(ctx: Context) -> Outcome:
-    responses = ctx.collection().trace().responses()
+    responses = ctx.responses()
     n_steps = len({int(r.step) for r in responses})
     order = ("global", "problem", "problem+request")
     assert set(order) == set(MODES)
@@ -40,8 +40,6 @@ def run(ctx: Context) -> Outcome:
         save_figure(fig, path)
 
     g, p, pr = (tot[k] for k in order)
-    vs = ctx.collection().variant_steps()
-    fwd_ms = 1e3 * sum(r["baseline"]["rollout_s"] for r in vs) / max(sum(r["baseline"]["forwards"] for r in vs), 1)
     comparison = (
         f"Paper Fig. 6: per-problem indexes accept more than one global index and are faster to query; "
         f"adding the request itself and its siblings helps further. Here: accepted tokens per round "
@@ -50,15 +48,23 @@ def run(ctx: Context) -> Outcome:
         f"{p['propose_us_per_token']:.1f} / {pr['propose_us_per_token']:.1f} µs. "
         + ("The acceptance ordering matches the paper's. " if pr['accepted_per_round'] >= p['accepted_per_round'] >= g['accepted_per_round']
            else "The acceptance ordering differs from the paper's. ")
-        + (f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat template and "
-           f"arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of diverse problems. "
-           if g['accepted_per_round'] >= p['accepted_per_round'] else "")
-        + f"Drafting costs microseconds per token against ~{fwd_ms:.0f} ms per measured forward here: on a CPU "
-          f"speculation latency is not what limits the rollout.")
+        + "(The global index holds the live requests too, as problem+request does; problem holds history only.) "
+        + (_collection_note(ctx, g, p) if ctx.options.source is None else f"(Replay of {ctx.replayed()[0]}.)"))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()}
                    | {f"µs/token {k}": v["propose_us_per_token"] for k, v in tot.items()},
                    rows=rows, figure=figure, comparison=comparison, details={"budget": REPLAY_BUDGET, "totals": tot},
                    table=[{"scope": k, **v} for k, v in tot.items()])
+
+
+def _collection_note(ctx: Context, g: dict, p: dict) -> str:
+    """Why the GRPO collection run's numbers look as they do (its problem count, its forward time)."""
+    vs = ctx.collection().variant_steps()
+    fwd_ms = 1e3 * sum(r["baseline"]["rollout_s"] for r in vs) / max(sum(r["baseline"]["forwards"] for r in vs), 1)
+    return ((f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat template and "
+             f"arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of diverse problems. "
+             if g['accepted_per_round'] >= p['accepted_per_round'] else "")
+            + f"Drafting costs microseconds per token against ~{fwd_ms:.0f} ms per measured forward here: on a CPU "
+              f"speculation latency is not what limits the rollout.")
 
 
 EXPERIMENT = Experiment("scope", "Scope of the history: global vs problem vs problem+request indexes", "Fig. 6", run)

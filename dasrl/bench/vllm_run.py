@@ -212,7 +212,7 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
         print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "
               f"accepted {row['accepted']}", file=sys.stderr, flush=True)
     result = {"method": method, "init_s": init_s, "speculative_config": speculative_config(method, cfg["k"]),
-              "steps": steps}
+              "steps": steps, "prompts": prompts, "samples": cfg["samples"]}  # request i = prompt i // samples
     if das:
         result["dasrl_stats"] = llm.collective_rpc("dasrl_stats")[0]
     return result

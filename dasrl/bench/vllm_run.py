@@ -101,12 +101,14 @@ def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
     return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines
 
 
-def generate(llm, prompts: list[list[int]], params: list, stop) -> list[list[int]]:
+def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[float] | None = None) -> list[list[int]]:
     """Every request's output token ids. stop (a LineStop, or None): a request ends with the newline that
     closes a line holding a stop phrase, as in the engine (dasrl/engine/stops.py). vLLM's stop strings
     cannot say "the end of the line holding X", so the requests are stepped here and such a request is
     aborted the way vLLM's own stop strings end one (LLMEngine.step: abort_requests, the core possibly a
-    step further on), its output cut after that newline."""
+    step further on), its output cut after that newline. `step_s` (stop given): the wall seconds
+    up to each engine step's output are appended (the first holds the prefill; what `dasrl whatif`'s
+    prediction is checked against)."""
     if stop is None:
         return [list(map(int, o.outputs[0].token_ids)) for o in llm.generate(
             [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)]
@@ -120,8 +122,13 @@ def generate(llm, prompts: list[list[int]], params: list, stop) -> list[list[int
         sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens (LLM.generate's FINAL_ONLY hides them)
         engine.add_request(rid, {"prompt_token_ids": ids}, sp)
     stopped: set[str] = set()
+    t = time.perf_counter()
     while engine.has_unfinished_requests():
-        for o in engine.step():
+        outputs = engine.step()
+        if outputs and step_s is not None:  # a step() with no output yet (the engine core runs apart) is not one
+            step_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+        for o in outputs:
             if o.request_id in stopped:
                 continue
             toks = out[o.request_id]
@@ -197,8 +204,9 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
                                              seed=seed))
         before = _counters(llm)
         pre = _preemptions(llm)
+        engine_s: list[float] = []
         t = time.perf_counter()
-        tokens = generate(llm, reqs, params, stop)
+        tokens = generate(llm, reqs, params, stop, engine_s)
         wall = time.perf_counter() - t
         after = _counters(llm)
         rewards = [None if answers[i // cfg["samples"]] is None else
@@ -206,7 +214,7 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
                    for i, t in enumerate(tokens)]
         row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
                **{k: after[k] - before[k] for k in after}, "preemptions": _preemptions(llm) - pre,
-               "outputs": tokens, "rewards": rewards}
+               "outputs": tokens, "rewards": rewards, "engine_steps_s": engine_s}
         row["tokens_per_s"] = row["gen_tokens"] / wall if wall > 0 else 0.0
         steps.append(row)
         print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "

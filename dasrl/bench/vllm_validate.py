@@ -12,7 +12,8 @@ Each (method, temperature, repeat)'s recorded rollouts are replayed through what
 iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
 (arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
 priced policy within k), pricing with the profile. Each step's forwards are priced with the profile and
-set against that step's measured wall seconds.
+set against that step's measured wall seconds; where the bench timed its engine steps, also the rest of
+the step after the first engine step (the prefill) against the replay's forwards after its prefill.
 """
 
 from __future__ import annotations
@@ -122,11 +123,18 @@ def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
         for r, measured in enumerate(row["per_step"]):
             for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, latency, latency_path),
                                   strict=True):
-                steps.append({"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
-                              "measured_accepted": meas["accepted"], "ratio": pred["predicted_s"] / meas["s"]})
+                row_ = {"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
+                        "measured_accepted": meas["accepted"], "measured_engine_steps": meas.get("engine_steps"),
+                        "measured_prefill_s": meas.get("first_engine_step_s"), "ratio": pred["predicted_s"] / meas["s"]}
+                if row_["measured_prefill_s"] is not None:  # the rest of the step: decoding (and verification)
+                    row_["decode_ratio"] = ((pred["predicted_s"] - pred["predicted_prefill_s"])
+                                            / (meas["s"] - row_["measured_prefill_s"]))
+                steps.append(row_)
         ratio = statistics.median(s["ratio"] for s in steps)
+        decode = [s["decode_ratio"] for s in steps if "decode_ratio" in s]
         rows.append({"method": m, "temperature": temp, "median_ratio": round(ratio, 3),
                      "within_15pct": abs(ratio - 1) <= TOLERANCE,
+                     "median_decode_ratio": round(statistics.median(decode), 3) if decode else None,
                      "measured_s_median": round(statistics.median(s["measured_s"] for s in steps), 3),
                      "predicted_s_median": round(statistics.median(s["predicted_s"] for s in steps), 3),
                      "steps": steps})
@@ -139,10 +147,11 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m dasrl.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json")
     doc = validate(json.loads(Path(argv[0]).read_text()), Path(argv[1]), Path(argv[2]))
     write_json(Path(argv[3]), doc)
-    print(f"{'method':8} {'T':>4} {'measured':>9} {'predicted':>9} {'ratio':>6}")
+    print(f"{'method':8} {'T':>4} {'measured':>9} {'predicted':>9} {'ratio':>6} {'decode':>6}")
     for r in doc["rows"]:
+        dec = "-" if r["median_decode_ratio"] is None else f"{r['median_decode_ratio']:.2f}"
         print(f"{r['method']:8} {r['temperature']:>4g} {r['measured_s_median']:>9.2f} {r['predicted_s_median']:>9.2f} "
-              f"{r['median_ratio']:>6.2f}{'' if r['within_15pct'] else '  outside 15%'}")
+              f"{r['median_ratio']:>6.2f} {dec:>6}{'' if r['within_15pct'] else '  outside 15%'}")
 
 
 if __name__ == "__main__":

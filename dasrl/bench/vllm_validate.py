@@ -30,7 +30,7 @@ from dasrl.bench.vllm_bench import trace_name
 from dasrl.drafter.arctic import ArcticDrafter
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import make_policy
+from dasrl.integrations.vllm.tracker import make_policy, match_capped
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import read_trace
@@ -82,8 +82,7 @@ class _ProposerStore(DraftStore):
         self.factor = config.max_spec_factor
 
     def propose_flat(self, req_ids, budgets):
-        batch = super().propose_flat(req_ids, budgets)
-        return batch if self.factor <= 0 else batch.capped((self.factor * batch.match_len).astype(np.int64))
+        return match_capped(super().propose_flat(req_ids, budgets), self.factor)
 
 
 def drafter_and_policy(method: str, cfg: dict, latency_path: Path):

@@ -53,7 +53,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import problem_key
+from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
@@ -117,6 +117,11 @@ def _accepted(draft: list[int], new: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
+    """Each draft cut to `factor` x its match length (vLLM's max_spec_factor rule); factor <= 0: uncut."""
+    return batch if factor <= 0 else batch.capped((factor * batch.match_len).astype(np.int64))
 
 
 def make_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
@@ -281,9 +286,8 @@ class BatchDrafter:
         drafting = [i for i, c in zip(rows, caps) if c > 0]
         if drafting:
             ids = [req_ids[i] for i in drafting]
-            out = self.store.propose(ids, [c for c in caps if c > 0])
-            if self.config.max_spec_factor > 0:
-                out = [d.prefix(int(self.config.max_spec_factor * d.match_len)) for d in out]
+            out = match_capped(self.store.propose_flat(ids, [c for c in caps if c > 0]),
+                               self.config.max_spec_factor).drafts()
             if self.policy.trims:
                 out = self.policy.trim([self._reqs[rid].state for rid in ids], out)
             for i, rid, d in zip(drafting, ids, out):

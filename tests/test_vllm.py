@@ -212,8 +212,12 @@ for ids in plain:
     lines = tok.decode(ids).split("\n")
     phrases.append(next((l.strip() for l in lines[1:-1] if len(l.strip()) > 3), None))
 stop = LineStop([p for p in phrases if p], tok)
-cut = generate(llm, prompts, greedy, stop)
-json.dump({"plain": plain, "again": again, "cut": cut, "phrases": phrases}, open(out, "w"))
+import time
+steps, t0 = [], time.perf_counter()
+cut = generate(llm, prompts, greedy, stop, steps)
+wall = time.perf_counter() - t0
+json.dump({"plain": plain, "again": again, "cut": cut, "phrases": phrases, "steps": steps, "wall": wall},
+          open(out, "w"))
 '''
 
 
@@ -244,6 +248,8 @@ def test_line_stop_cuts_after_the_newline_of_the_stop_line(tmp_path):
         assert cut == plain[:end]
         cuts += end < len(plain)
     assert cuts >= 2, res["phrases"]  # the stop did cut outputs short, not only ran them to the end
+    # each engine step's seconds (what the whatif validation reads): positive, and together within the call
+    assert res["steps"] and all(x > 0 for x in res["steps"]) and sum(res["steps"]) <= res["wall"], res["steps"]
 
 
 VLLM_CLI = r'''

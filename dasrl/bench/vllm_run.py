@@ -132,8 +132,8 @@ def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[flo
             if o.request_id in stopped:
                 continue
             toks = out[o.request_id]
-            for t in o.outputs[0].token_ids:
-                toks.append(int(t))
+            for tid in o.outputs[0].token_ids:  # not `t`: that is the step timer
+                toks.append(int(tid))
                 if stop.hit(toks):
                     stopped.add(o.request_id)
                     if not o.finished:

@@ -1,5 +1,16 @@
-"""Atomic file writes: write to a temporary file in the same folder, flush it to disk, then rename it over
-the target, so a reader never sees a half-written file and a crash leaves the old one (or none).
+"""Safe file I/O, the one place every loader and writer goes through.
+
+Reading (open_regular, read_regular): a file a loader reads must be a regular file of bounded size. A FIFO
+would block the open (or the read) forever, a device such as /dev/zero never ends, a huge file eats memory
+before any check: all are refused with a ValueError naming the path, before anything is read. Symlinks are
+refused too unless the caller asks to follow them (a path the user typed may be one; a file inside a folder
+we wrote, such as a session save, never is).
+
+Writing (atomic_write): write to a temporary file in the same folder, flush it to disk, then rename it over
+the target, so a reader never sees a half-written file and a crash leaves the old one (or none). A target
+that is a symlink is written through (the file it points to is replaced, the link stays); a target that is
+not a regular file (a device such as /dev/stdout, a FIFO, a socket), directly or behind a link, is refused:
+renaming over it would replace the node itself, for root even a system one.
 
 Durability: the temporary file is fsync'ed before the rename (else a crash soon after could leave the
 new name pointing at an empty or partial file on some filesystems) and the folder after it (else the
@@ -9,6 +20,7 @@ applies it, as for open()); a file that already exists keeps its mode.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -50,10 +62,74 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"cannot create a temporary file next to {path}")
 
 
+def open_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> BinaryIO:
+    """`path` opened for binary reading, after checking that it is a regular file of at most `limit` bytes
+    (not a symlink unless follow_symlinks); else ValueError naming it. A file that cannot be opened at all
+    (missing, unreadable) raises its OSError as it is."""
+    path = Path(path)
+    # O_NONBLOCK: opening a FIFO returns at once (refused below) instead of waiting for a writer; it has
+    # no effect on the reads of a regular file.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_symlinks:
+            raise ValueError(f"{path}: is a symbolic link; refused (this file must be a regular file)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (mode {stat.filemode(st.st_mode)}: a FIFO, a device "
+                             f"or a socket would block or never end); refused")
+        if st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} this file may hold; refused unread")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> bytes:
+    """The bytes of `path`, opened by open_regular (same checks, same errors)."""
+    with open_regular(path, limit, follow_symlinks=follow_symlinks) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:  # grew while we read
+        raise ValueError(f"{path}: more than the {limit} bytes this file may hold; refused")
+    return data
+
+
+def read_json(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> object:
+    """JSON from a file read by read_regular; anything that is not UTF-8 JSON (deep nesting included, which
+    raises RecursionError in the parser) is one ValueError naming the path."""
+    data = read_regular(path, limit, follow_symlinks=follow_symlinks)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
+
+
+def write_target(path: str | os.PathLike) -> Path:
+    """Where a write to `path` lands: `path`, or the file a symlink at `path` points to (written through,
+    the link kept). A path that is, or points to, something other than a regular file is refused
+    (ValueError): a device, a FIFO or a socket would be replaced by a regular file."""
+    path = Path(path)
+    try:
+        st = os.stat(path)  # follows links, the kernel's magic ones (/dev/stdout -> /proc/self/fd/1) too
+    except FileNotFoundError:
+        return path.resolve() if path.is_symlink() else path  # new (a dangling link: made where it points)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be written ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else f"not a regular file (mode {stat.filemode(st.st_mode)})"
+        raise ValueError(f"{path} is {kind}; an output must be a regular file (writing would replace it, "
+                         f"not write into it)")
+    return path.resolve() if path.is_symlink() else path
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call write(f) on a temporary binary file next to `path`, fsync it, os.replace it onto `path`, and
-    fsync the folder."""
-    path = Path(path)
+    fsync the folder. A symlink is written through; a device, FIFO or socket is refused (write_target)."""
+    path = write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path)
     try:

@@ -261,3 +261,64 @@ def test_huge_budgets_are_served_up_to_max_draft():
     counting = CountingDrafter(DraftStore(), np.arange(10, 20))
     counting.start("r", 1, tail)
     assert len(counting.propose(["r"], [2**31 - 1])[0]) == MAX_DRAFT
+
+
+# ------------------------------------------------------------------------- issue 37 item 6
+LOAD_PEAK = """
+import sys
+with open("/proc/self/clear_refs", "w") as f:  # reset the peak RSS (a forked child starts with its parent's)
+    f.write("5")
+from dasrl.drafter.store import DraftStore
+try:
+    DraftStore.load(sys.argv[1])
+    print("LOADED")
+except ValueError as e:
+    print("REFUSED", e)
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+print("PEAK_MB", int(hwm.split()[1]) // 1024)
+"""
+
+
+def test_an_npz_larger_than_its_json_declares_is_refused_before_it_is_read(tmp_path):
+    """A crafted save: store.json declares one sequence of 4 tokens (and carries the npz's true sha256, an
+    unkeyed checksum anyone can compute), the npz holds 100M tokens (400 MB). The load must refuse it from
+    the zip directory, without reading the tokens: the child's peak RSS stays far below the member's size
+    (it read the whole file, then the array, before any check on the old code: > 800 MB)."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / "store.json").read_text())
+    n = 100_000_000
+    buf = io.BytesIO()
+    np.savez(buf, tokens=np.zeros(n, np.int32), offsets=np.array([0, 4], np.int64))
+    data = buf.getvalue()
+    del buf
+    os.unlink(_data(folder))
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"store-{digest[:16]}.npz"
+    (folder / name).write_bytes(data)
+    del data
+    doc.update(data=name, sha256=digest, num_steps=1, sequences=[[0, 1, 0.5]])
+    (folder / "store.json").write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-c", LOAD_PEAK, str(folder)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert "REFUSED" in out.stdout and "tokens.npy is 400000128 bytes, more than the" in out.stdout, out
+    peak = int(out.stdout.split("PEAK_MB")[1])
+    assert peak < 200, f"peak RSS {peak} MB: the tokens were read before the check"
+
+
+def test_big_endian_tokens_are_a_value_error(tmp_path):
+    """Tokens stored big-endian (a hand-made npz): the documented ValueError, not a TypeError from the
+    native index's checks."""
+    folder = _saved(tmp_path)
+    doc = json.loads((folder / "store.json").read_text())
+    with np.load(_data(folder)) as z:
+        tokens, offsets = z["tokens"], z["offsets"]
+    buf = io.BytesIO()
+    np.savez(buf, tokens=tokens.astype(">i4"), offsets=offsets)
+    data = buf.getvalue()
+    os.unlink(_data(folder))
+    digest = hashlib.sha256(data).hexdigest()
+    (folder / f"store-{digest[:16]}.npz").write_bytes(data)
+    doc.update(data=f"store-{digest[:16]}.npz", sha256=digest)
+    (folder / "store.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"'tokens' must be a 1-D integer array in this machine's byte order, got >i4"):
+        DraftStore.load(folder)

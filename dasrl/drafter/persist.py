@@ -12,15 +12,15 @@ sees a data file deleted under it. The cleanup deletes only what saves write: ot
 files (older saves, a killed save's orphan) and atomic_write's temporary files of those names; any other
 file in the folder is the user's and stays.
 
-Untrusted folders: `store.json` and the npz must be regular files, not symlinks (opened with O_NOFOLLOW;
+Untrusted folders: `store.json` and the npz must be regular files, not symlinks (dasrl.atomic.open_regular;
 a FIFO or a device is refused, not read), of bounded size; the npz members must be the two arrays, stored
 uncompressed as save writes them (a compressed member could expand far past the file's size), their
-sizes read from the zip directory before anything is loaded.
+sizes read from the zip directory and checked against what store.json declares (its sequence count, the
+offsets' token count) before the tokens are read: memory is bounded by the declared window, not the file.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import io
@@ -28,7 +28,6 @@ import json
 import math
 import os
 import re
-import stat
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Hashable
 
 import numpy as np
 
-from dasrl.atomic import atomic_write, temp_pattern, write_json
+from dasrl.atomic import atomic_write, open_regular, temp_pattern, write_json
 from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
 
@@ -116,8 +115,10 @@ def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
     def bad(what: str) -> ValueError:
         return ValueError(f"{where}: not a valid draft store: {what}")
 
+    with _opened(where, MAX_JSON_BYTES) as f:
+        text = f.read(MAX_JSON_BYTES + 1)
     try:
-        doc = json.loads(_read_regular(where, MAX_JSON_BYTES))
+        doc = json.loads(text)
     except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError; deep nesting is not)
         raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
     if not isinstance(doc, dict):
@@ -152,11 +153,7 @@ def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
         if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
                 and 0 < weight <= 1e300):
             raise bad(f"sequence {i}: weight must be positive and finite, got {weight!r}")
-    tokens, offsets = _read_data(folder, doc, bad)
-    if len(offsets) != len(seqs) + 1:
-        raise bad(f"{len(seqs)} sequences but {len(offsets)} offsets (expected {len(seqs) + 1})")
-    if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) < 0).any()):
-        raise bad(f"offsets must rise from 0 to {len(tokens)} (the token count) without decreasing")
+    tokens, offsets = _read_data(folder, doc, len(seqs), bad)
     pos = first_bad(tokens, cfg.token_limit)
     if pos >= 0:
         raise bad(f"token id {int(tokens[pos])} at position {pos} is outside [0, {cfg.token_limit})")
@@ -165,63 +162,86 @@ def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
     return SavedStore(cfg, int(step), int(num_steps), out)
 
 
-def _read_data(folder: Path, doc: dict, bad) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, offsets) from the npz the JSON names, checked against its sha256."""
+def _read_data(folder: Path, doc: dict, n_seqs: int, bad) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets) from the npz the JSON names, checked against its sha256. Read in the order that
+    bounds memory by what the JSON declares: the zip directory, then offsets (n_seqs + 1 of them), then the
+    tokens member's declared size against the offsets' token count, then the checksum (streamed), and only
+    then the tokens: a crafted multi-GB npz is refused before it is read."""
     if doc["format"] == LEGACY:
         name, digest = "store.npz", None
     else:
         name, digest = doc.get("data"), doc.get("sha256")
         if not (isinstance(name, str) and _DATA_NAME.fullmatch(name)) or not isinstance(digest, str):
             raise bad(f"'data' must name a store-<hash>.npz file and 'sha256' its digest, got {name!r}, {digest!r}")
-    data = _read_regular(folder / name, MAX_DATA_BYTES)
-    if digest is not None and hashlib.sha256(data).hexdigest() != digest:
-        raise ValueError(f"{folder / name}: does not match {folder / 'store.json'} (checksum differs: a damaged "
-                         f"file, or files from different saves)")
-    _check_members(folder / name, data)
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            tokens, offsets = z["tokens"], z["offsets"]
-    except Exception as e:  # zipfile.BadZipFile, EOFError, zlib.error, KeyError, ValueError (pickled): all one error
-        raise ValueError(f"cannot read a draft store from {folder}: {name}: {type(e).__name__}: {e}") from None
-    for key, arr in (("tokens", tokens), ("offsets", offsets)):
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise bad(f"{name}: '{key}' must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+    path = folder / name
+    with _opened(path, MAX_DATA_BYTES) as f:
+        members = _check_members(path, f)
+        if members["offsets.npy"] > 8 * (n_seqs + 1) + _NPY_HEADER:
+            raise bad(f"{name}: offsets.npy is {members['offsets.npy']} bytes, more than {n_seqs + 1} offsets")
+        offsets = _array(f, path, "offsets", bad)
+        if len(offsets) != n_seqs + 1:
+            raise bad(f"{n_seqs} sequences but {len(offsets)} offsets (expected {n_seqs + 1})")
+        offsets = offsets.astype(np.int64)
+        total = int(offsets[-1])
+        if offsets[0] != 0 or (np.diff(offsets) < 0).any() or total > MAX_TOKENS:
+            raise bad(f"offsets must rise from 0 to the token count (at most {MAX_TOKENS}) without decreasing")
+        if members["tokens.npy"] > 8 * total + _NPY_HEADER:
+            raise bad(f"{name}: tokens.npy is {members['tokens.npy']} bytes, more than the {total} tokens "
+                      f"the offsets declare")
+        if digest is not None:
+            f.seek(0)
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            if h.hexdigest() != digest:
+                raise ValueError(f"{path}: does not match {folder / 'store.json'} (checksum differs: a damaged "
+                                 f"file, or files from different saves)")
+        tokens = _array(f, path, "tokens", bad)
+    if len(tokens) != total:
+        raise bad(f"offsets must rise from 0 to {len(tokens)} (the token count) without decreasing")
     tokens = np.ascontiguousarray(tokens)
     if tokens.size == 0:
         tokens = np.zeros(0, np.int32)
-    return tokens, offsets.astype(np.int64)
+    return tokens, offsets
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, not through a symlink; else ValueError."""
+_NPY_HEADER = 4096
+"""Most bytes of an npy member's header (numpy writes 64-128)."""
+
+
+def _array(f, path: Path, key: str, bad) -> np.ndarray:
+    """One member of the npz open in `f`: a 1-D integer array in native byte order."""
     try:
-        # O_NONBLOCK: opening a FIFO returns at once (refused below) instead of waiting for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as z:
+            arr = z[key]
+    except Exception as e:  # zipfile.BadZipFile, EOFError, zlib.error, KeyError, ValueError (pickled): all one error
+        raise ValueError(f"cannot read a draft store from {path.parent}: {path.name}: {type(e).__name__}: {e}") from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu") or not arr.dtype.isnative:
+        raise bad(f"{path.name}: {key!r} must be a 1-D integer array in this machine's byte order, got "
+                  f"{arr.dtype.str} of shape {arr.shape}")
+    return arr
+
+
+@contextmanager
+def _opened(path: Path, limit: int):
+    """open_regular with the store's error messages (every failure a ValueError naming the folder)."""
+    try:
+        f = open_regular(path, limit)
+    except ValueError as e:
+        raise ValueError(f"cannot read a draft store from {path.parent}: {e}") from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ValueError(f"{_where(path)}is a symbolic link; a draft store's files must be regular files") from None
         raise ValueError(f"{_where(path)}{e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{_where(path)}not a regular file (mode {stat.filemode(st.st_mode)}); refused")
-        if st.st_size > limit:
-            raise ValueError(f"{_where(path)}{st.st_size} bytes, more than the {limit} a draft store file may hold")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:  # grew while we read
-        raise ValueError(f"{_where(path)}more than the {limit} bytes a draft store file may hold")
-    return data
+    with f:
+        yield f
 
 
-def _check_members(path: Path, data: bytes) -> None:
+def _check_members(path: Path, f) -> dict[str, int]:
     """The npz's zip directory, before numpy reads it: the two arrays save writes, stored uncompressed
-    (so no member is larger than the file), with at most MAX_TOKENS tokens."""
+    (so no member is larger than the file), with at most MAX_TOKENS tokens. Returns each member's size."""
     try:
-        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as e:
+        members = zipfile.ZipFile(f).infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
         raise ValueError(f"{_where(path)}not a readable npz ({type(e).__name__}: {e})") from None
     names = sorted(m.filename for m in members)
     if names != ["offsets.npy", "tokens.npy"]:
@@ -230,8 +250,9 @@ def _check_members(path: Path, data: bytes) -> None:
         if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size:
             raise ValueError(f"{_where(path)}member {m.filename} is compressed ({m.compress_size} bytes declared to "
                              f"expand to {m.file_size}); draft stores are saved uncompressed")
-        if m.filename == "tokens.npy" and m.file_size > 8 * MAX_TOKENS + 4096:  # int64 tokens + npy header
+        if m.filename == "tokens.npy" and m.file_size > 8 * MAX_TOKENS + _NPY_HEADER:  # int64 tokens + header
             raise ValueError(f"{_where(path)}tokens.npy is {m.file_size} bytes, more than {MAX_TOKENS} tokens")
+    return {m.filename: m.file_size for m in members}
 
 
 def _where(path: Path) -> str:

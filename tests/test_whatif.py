@@ -5,6 +5,8 @@ end on a CHAMP slice."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +268,135 @@ def test_cli_end_to_end_on_a_champ_slice(tmp_path):
     out2 = tmp_path / "w2.json"
     res = CliRunner().invoke(app, ["whatif", str(bad), "--methods", "none", "--json", str(out2)])
     assert res.exit_code == 2 and "bad.jsonl:2: field 'step'" in res.output and not out2.exists()
+
+
+# ------------------------------------------------------------------------- issue 37: junk sources
+def _in_thread(fn, timeout: float = 30):
+    """fn() in a daemon thread: what it returned or raised; a call that hangs (a FIFO with no writer) fails
+    the test instead of the run."""
+    import threading
+
+    out: list = []
+
+    def go():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            out.append(("raised", e))
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert out, f"{fn} hangs"
+    return out[0]
+
+
+def test_cli_whatif_on_a_prompt_less_jsonl_prints_its_table(tmp_path):
+    """docs/whatif.md: prompt optional beside a problem_id. Each of these crashed with "empty prompt for
+    request (0, 0)" on b46648a: no prompt, an empty id list, empty text, and a VeRL line with an empty input."""
+    from typer.testing import CliRunner
+
+    from dasrl.cli import app
+
+    lines = {"none.jsonl": ['{"step": 0, "problem_id": "a", "response": "The answer is 4."}',
+                            '{"step": 0, "problem_id": "a", "response": "The answer is 5."}',
+                            '{"step": 1, "problem_id": "a", "response": "The answer is 4."}'],
+             "ids.jsonl": ['{"step": 0, "problem_id": "a", "prompt": [], "response": "The answer is 4."}',
+                           '{"step": 1, "problem_id": "a", "prompt": [], "response": "The answer is 4."}'],
+             "text.jsonl": ['{"step": 0, "problem_id": "a", "prompt": "", "response": "The answer is 4."}',
+                            '{"step": 1, "problem_id": "a", "prompt": "", "response": "The answer is 4."}']}
+    for name, rows in lines.items():
+        (tmp_path / name).write_text("\n".join(rows) + "\n")
+    verl = tmp_path / "verl"
+    verl.mkdir()
+    for step in (1, 2):
+        (verl / f"{step}.jsonl").write_text(json.dumps({"input": "", "output": "The answer is 4.", "step": step}) + "\n")
+    for src in [*(tmp_path / n for n in lines), verl]:
+        out = tmp_path / f"{src.stem}.json"
+        res = CliRunner().invoke(app, ["whatif", str(src), "--methods", "das,none", "--json", str(out)])
+        assert res.exit_code == 0, (src, res.output, res.exception)
+        assert "tok/fwd" in res.output
+        doc = json.loads(out.read_text())
+        assert {r["drafter"] for r in doc["rows"]} == {"das", "none"}
+    rs = sources.load(tmp_path / "none.jsonl", _tokenize)
+    assert [r.prompt_ids.tolist() for r in rs] == [list(sources.STAND_IN_PROMPT)] * 3
+
+
+def test_fifos_devices_and_folders_are_refused_not_read(tmp_path):
+    """A FIFO hung every loader but the store's on b46648a; /dev/zero read until memory ran out; a folder
+    named like a step file gave IsADirectoryError."""
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    kind, e = _in_thread(lambda: sources.load(fifo, _tokenize))
+    assert kind == "raised" and isinstance(e, sources.SourceError) and "not a regular file" in str(e), e
+    zero = tmp_path / "zero.jsonl"
+    os.symlink("/dev/zero", zero)
+    kind, e = _in_thread(lambda: sources.load(zero, _tokenize))
+    assert kind == "raised" and isinstance(e, sources.SourceError) and "not a regular file" in str(e), e
+    verl = tmp_path / "verl"
+    verl.mkdir()
+    (verl / "1.jsonl").write_text(json.dumps({"input": "q", "output": "a", "step": 1}) + "\n")
+    os.mkfifo(verl / "2.jsonl")
+    kind, e = _in_thread(lambda: sources.load(verl, _tokenize))
+    assert kind == "raised" and isinstance(e, sources.SourceError) and "2.jsonl: not a regular file" in str(e), e
+    os.unlink(verl / "2.jsonl")
+    (verl / "3.jsonl").mkdir()
+    with pytest.raises(sources.SourceError, match="3.jsonl: not a regular file"):
+        sources.load(verl, _tokenize)
+    parquet = tmp_path / "fifo.parquet"
+    os.mkfifo(parquet)
+    kind, e = _in_thread(lambda: sources.load(parquet, _tokenize))
+    assert kind == "raised" and isinstance(e, sources.SourceError) and "not a regular file" in str(e), e
+
+
+@pytest.mark.parametrize("line, where", [
+    ("[" * 100_000 + "]" * 100_000, "r.jsonl:2: not valid JSON (RecursionError"),
+    ('{"step": 0, "prompt": "a", "response": "x\\ud800y"}', "r.jsonl:2: field 'response': text is not valid Unicode"),
+    ('{"step": 0, "prompt": "\\udfff", "response": "b"}', "r.jsonl:2: field 'prompt': text is not valid Unicode"),
+])
+def test_junk_lines_are_file_line_errors(tmp_path, tok, line, where):
+    """Deep nesting (RecursionError) and a lone surrogate (TypeError in the tokenizer) were tracebacks."""
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"step": 0, "prompt": "a", "response": "b"}\n' + line + "\n")
+    with pytest.raises(sources.SourceError, match=re.escape(where)):
+        sources.load(p, sources.tokenize_with(tok))
+
+
+def test_verl_file_names_must_be_ascii_digits(tmp_path):
+    (tmp_path / "1.jsonl").write_text(json.dumps({"input": "q", "output": "a", "step": 1}) + "\n")
+    (tmp_path / "².jsonl").write_text(json.dumps({"input": "q", "output": "a", "step": 2}) + "\n")
+    with pytest.raises(sources.SourceError, match="found ².jsonl"):  # int('²') raised ValueError
+        sources.load(tmp_path, _tokenize)
+
+
+def test_token_ids_outside_the_tokenizer_are_refused(tmp_path, tok):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"step": 0, "problem_id": 1, "response": [1, 2]}\n'
+                 f'{{"step": 0, "problem_id": 1, "response": [3, {len(tok)}]}}\n')
+    with pytest.raises(sources.SourceError, match=rf"r.jsonl:2: field 'response': token id {len(tok)} is outside "
+                                                   rf"the tokenizer's vocabulary \(size {len(tok)}\)"):
+        sources.load(p, sources.tokenize_with(tok), vocab_size=len(tok))
+    write_trace(tmp_path / "t.parquet", [_resp(0, 3, [1], [4, len(tok) + 5])])
+    with pytest.raises(sources.SourceError, match="outside the vocabulary"):
+        sources.load(tmp_path / "t.parquet", _tokenize, vocab_size=len(tok))
+
+
+@pytest.mark.parametrize("what, msg", [("missing", "no such folder"), ("file", "not a folder"),
+                                       ("empty", "holds no tokenizer files"), ("bad", "cannot load it")])
+def test_cli_whatif_tokenizer_that_is_not_one(tmp_path, what, msg):
+    from typer.testing import CliRunner
+
+    from dasrl.cli import app
+
+    src = tmp_path / "r.jsonl"
+    src.write_text('{"step": 0, "problem_id": "a", "response": "b"}\n')
+    folder = tmp_path / "tok"
+    if what == "file":
+        folder.write_text("x")
+    elif what in ("empty", "bad"):
+        folder.mkdir()
+        if what == "bad":
+            (folder / "tokenizer.json").write_text('{"model": 3}')
+    res = CliRunner().invoke(app, ["whatif", str(src), "--tokenizer", str(folder), "--methods", "none"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"tokenizer {folder}: {msg}" in text, (text, res.exception)
+    assert "Traceback" not in text

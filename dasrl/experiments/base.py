@@ -118,8 +118,9 @@ class Context:
         if self._responses is None:
             from dasrl.sim import sources
 
-            tokenize = sources.tokenize_with(sources.hf_tokenizer(None))
-            self._responses = sources.load(self.options.source, tokenize, champ=self.options.champ)
+            tok = sources.hf_tokenizer(None)
+            self._responses = sources.load(self.options.source, sources.tokenize_with(tok), champ=self.options.champ,
+                                           vocab_size=len(tok))
         return self._responses
 
     def replayed(self) -> tuple[str, str]:

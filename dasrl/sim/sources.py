@@ -12,19 +12,27 @@ Sources:
 - our own traces (dasrl.rollout.trace, Parquet with format metadata): token ids as recorded.
 
 Bad input raises SourceError naming the file, the line (1-based; a Parquet row index) and the field,
-before anything is replayed or written.
+before anything is replayed or written. Files are opened by dasrl.atomic.open_regular: a FIFO, a device or
+a folder where a file should be is refused, not read.
+
+A row without a prompt (none given, empty text, no ids; a VeRL line whose `input` is empty) replays with a
+one-token stand-in prompt (token 0): its problem id keys its history, and the one token is all the prefill
+the replay prices for it. The drafters index prompt and response alike, so a made-up prompt of more tokens
+would feed them text nobody generated.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from dasrl.atomic import open_regular
 from dasrl.rollout.trace import FORMAT as TRACE_FORMAT
 from dasrl.rollout.trace import Response, TraceError, read_trace
 
@@ -33,6 +41,22 @@ Tokenize = Callable[[list[str]], list[list[int]]]
 
 class SourceError(ValueError):
     """A recorded-rollouts source that cannot be used: file, line and field at fault."""
+
+
+MAX_SOURCE_BYTES = 2**33
+"""Largest source file read (8 GiB of JSONL or Parquet: far more rollouts than a replay holds in memory)."""
+STAND_IN_PROMPT = (0,)
+"""The prompt of a row recorded without one (module docstring)."""
+_STEP_FILE = re.compile(r"[0-9]+\.jsonl")
+"""A VeRL step file's name: ASCII digits only (str.isdigit() also takes '²', which int() refuses)."""
+
+
+def _open(path: Path):
+    """open_regular for a source file (a symlink the user made is followed); its refusals as SourceError."""
+    try:
+        return open_regular(path, MAX_SOURCE_BYTES, follow_symlinks=True)
+    except (ValueError, OSError) as e:
+        raise SourceError(f"{path}: cannot read it ({e})" if isinstance(e, OSError) else str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -56,6 +80,8 @@ class _Row:
     key: object  # problem id, or the prompt text when no id is given
     prompt: object  # str | list[int] | None
     response: object  # str | list[int]
+    where: str = ""  # "file:line", for errors found after parsing (token ids outside the vocabulary)
+    fields: tuple[str, str] = ("prompt", "response")  # the names of the prompt and response fields there
 
 
 def _bad(file, line, field, msg) -> SourceError:
@@ -66,6 +92,10 @@ def _ids_or_text(v, file, line, field, *, optional=False):
     if v is None and optional:
         return None
     if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ("\\ud800" in the JSON): no tokenizer takes it
+            raise _bad(file, line, field, f"text is not valid Unicode ({e.reason} at character {e.start})") from None
         return v
     if isinstance(v, (list, np.ndarray)) and all(
             isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < 2**31 for t in v):
@@ -91,19 +121,19 @@ def _row(d, file, line, *, step_field="step", pid_field="problem_id", prompt_fie
         pid = prompt if isinstance(prompt, str) else tuple(prompt)
     elif isinstance(pid, bool) or not isinstance(pid, (str, int, np.integer)):
         raise _bad(file, line, pid_field, f"must be a string or an integer, got {pid!r}")
-    return _Row(int(step), pid, prompt, resp)
+    return _Row(int(step), pid, prompt, resp, f"{file}:{line}", (prompt_field, resp_field))
 
 
 def _jsonl(path: Path, **fields) -> list[_Row]:
     rows = []
-    with path.open("rb") as f:
+    with _open(path) as f:
         for i, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
                 d = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise SourceError(f"{path}:{i}: not valid JSON ({e})") from None
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; deep nesting
+                raise SourceError(f"{path}:{i}: not valid JSON ({type(e).__name__}: {e})") from None
             rows.append(_row(d, path, i, **fields))
     if not rows:
         raise SourceError(f"{path}: no rows")
@@ -114,7 +144,10 @@ def _parquet(path: Path) -> list[_Row]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        with _open(path) as f:
+            table = pq.read_table(f)
+    except SourceError:
+        raise
     except Exception as e:  # pyarrow raises several types for a file that is not Parquet
         raise SourceError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     return [_row(d, path, i) for i, d in enumerate(table.to_pylist())]
@@ -123,22 +156,30 @@ def _parquet(path: Path) -> list[_Row]:
 def _is_trace(path: Path) -> bool:
     import pyarrow.parquet as pq
 
-    files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
+    files = [path] if not path.is_dir() else sorted(path.glob("*.parquet"))
     if not files:
         return False
     try:
-        meta = pq.read_schema(files[0]).metadata or {}
+        with open_regular(files[0], MAX_SOURCE_BYTES, follow_symlinks=True) as f:
+            meta = pq.read_schema(f).metadata or {}
     except Exception:
         return False  # not Parquet at all: the generic reader names the problem
     return meta.get(b"format") == TRACE_FORMAT.encode()
 
 
-def _tokenized(rows: list[_Row], tokenize: Tokenize, source: str) -> list[Response]:
+def _tokenized(rows: list[_Row], tokenize: Tokenize, source: str, vocab_size: int | None) -> list[Response]:
+    if vocab_size is not None:  # ids given as such must be the tokenizer's (text tokenizes into it)
+        for r in rows:
+            for field, v in zip(r.fields, (r.prompt, r.response)):
+                if isinstance(v, list) and v and max(v) >= vocab_size:
+                    raise SourceError(f"{r.where}: field {field!r}: token id {max(v)} is outside the tokenizer's "
+                                      f"vocabulary (size {vocab_size})")
     texts = [r.response for r in rows if isinstance(r.response, str)]
     texts += [r.prompt for r in rows if isinstance(r.prompt, str)]
     ids = iter(tokenize(texts) if texts else [])
     resp = [next(ids) if isinstance(r.response, str) else r.response for r in rows]
-    prompts = [next(ids) if isinstance(r.prompt, str) else (r.prompt or []) for r in rows]
+    prompts = [next(ids) if isinstance(r.prompt, str) else r.prompt for r in rows]
+    prompts = [p if p else list(STAND_IN_PROMPT) for p in prompts]  # none, "" or []: module docstring
     out, seen = [], {}
     for r, p, a in zip(rows, prompts, resp):
         k = (r.step, r.key)
@@ -178,45 +219,58 @@ def champ_rows(src: ChampSource) -> list[_Row]:
     return rows
 
 
-def load(source: str | Path, tokenize: Tokenize, *, champ: ChampSource = ChampSource()) -> list[Response]:
+def load(source: str | Path, tokenize: Tokenize, *, champ: ChampSource = ChampSource(),
+         vocab_size: int | None = None) -> list[Response]:
     """Responses of `source` ('champ', a VeRL rollout_data_dir, a JSONL / Parquet file, or a dasrl trace),
-    text tokenized by `tokenize`."""
+    text tokenized by `tokenize`; token ids given as such must be below `vocab_size` (the tokenizer's)."""
     if str(source) == "champ":
-        return _tokenized(champ_rows(champ), tokenize, "champ")
+        return _tokenized(champ_rows(champ), tokenize, "champ", vocab_size)
     path = Path(source)
     if not path.exists():
         raise SourceError(f"{path}: no such file or folder (or use 'champ')")
     if _is_trace(path):
         try:
-            return read_trace(path).responses()
+            return read_trace(path, vocab_size=vocab_size).responses()
         except TraceError as e:
             raise SourceError(str(e)) from None
     if path.is_dir():
         files = sorted(path.glob("*.jsonl"))
-        bad = [f.name for f in files if not f.stem.isdigit()]
+        bad = [f.name for f in files if not _STEP_FILE.fullmatch(f.name)]
         if not files or bad:
             raise SourceError(f"{path}: a VeRL rollout_data_dir holds <step>.jsonl files only; "
                               + (f"found {', '.join(bad[:3])}" if bad else "found none"))
         rows = [r for f in sorted(files, key=lambda f: int(f.stem))
                 for r in _jsonl(f, pid_field=None, prompt_field="input", resp_field="output")]
-        return _tokenized(rows, tokenize, str(path))
+        return _tokenized(rows, tokenize, str(path), vocab_size)
     if path.suffix == ".jsonl":
-        return _tokenized(_jsonl(path), tokenize, str(path))
+        return _tokenized(_jsonl(path), tokenize, str(path), vocab_size)
     if path.suffix == ".parquet":
-        return _tokenized(_parquet(path), tokenize, str(path))
+        return _tokenized(_parquet(path), tokenize, str(path), vocab_size)
     raise SourceError(f"{path}: expected 'champ', a folder (VeRL rollout_data_dir or a dasrl trace), "
                       f"a .jsonl or a .parquet file")
 
 
 def hf_tokenizer(folder: str | Path | None):
-    """A local HF tokenizer folder (None: the embedded SmolLM2's)."""
+    """A local HF tokenizer folder (None: the embedded SmolLM2's). A path that is not a folder, a folder
+    without tokenizer files, or files transformers cannot load: SourceError naming the folder."""
     from transformers import AutoTokenizer
 
     if folder is None:
         from dasrl.models import ensure_hf_folder
 
-        folder = ensure_hf_folder()
-    return AutoTokenizer.from_pretrained(str(folder))
+        return AutoTokenizer.from_pretrained(str(ensure_hf_folder()))
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SourceError(f"tokenizer {folder}: " + ("no such folder" if not folder.exists() else
+                                                      "not a folder (give the folder that holds tokenizer.json)"))
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
+                                                 "tokenizer.model")):
+        raise SourceError(f"tokenizer {folder}: holds no tokenizer files (tokenizer.json, tokenizer_config.json, "
+                          f"vocab.json or tokenizer.model)")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, JSON and tokenizers' own errors
+        raise SourceError(f"tokenizer {folder}: cannot load it ({type(e).__name__}: {str(e)[:300]})") from None
 
 
 def tokenize_with(tok) -> Tokenize:

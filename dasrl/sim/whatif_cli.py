@@ -119,14 +119,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         models = list(champ.MODELS) if champ_model == ["all"] else champ_model
         if source != "champ" and champ_model != ["GPT-4"]:
             raise typer.BadParameter("--champ-model applies to the 'champ' source only")
-        tok = sources.hf_tokenizer(tokenizer)
-        tokenize = sources.tokenize_with(tok)
         vs = tuple(v.strip() for v in variants.split(",")) if variants else ()
         loaded = []
         try:  # every source is read and checked before anything is replayed or written
+            tok = sources.hf_tokenizer(tokenizer)
+            tokenize = sources.tokenize_with(tok)
             for m in (models if source == "champ" else [Path(source).name]):
                 spec = sources.ChampSource(model=m, variants=vs, samples=samples, problems=problems, copies=copies)
-                loaded.append((m, sources.load(source, tokenize, champ=spec)))
+                loaded.append((m, sources.load(source, tokenize, champ=spec, vocab_size=len(tok))))
         except sources.SourceError as e:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None

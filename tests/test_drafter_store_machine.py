@@ -18,7 +18,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dasrl.drafter.base import DraftParams
-from dasrl.drafter.reference import ReferenceIndex
+from dasrl.drafter.reference import ReferenceIndex, best_of
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 VOCAB = 12
@@ -58,7 +58,13 @@ class ReferenceStore:
         for k, (shard, toks, w) in enumerate(self.sequences()):
             if shard == self.live[rid]["shard"]:
                 ix.add(k, toks, w)
-        return ix.propose(self.live[rid]["ctx"], budget, self.c.params)
+        own = ix.propose(self.live[rid]["ctx"], budget, self.c.params)
+        if not self.c.cross_problem or self.c.mode == "global":
+            return own
+        cross = ReferenceIndex()  # every problem's finished rollouts (the window and this step's)
+        for k, (_, toks, w) in enumerate([s for step in self.steps for s in step] + self.current):
+            cross.add(k, toks, w)
+        return best_of([own, cross.propose(self.live[rid]["ctx"], budget, self.c.params)])
 
     def start(self, rid, problem, prompt) -> None:
         seq = [self.shard(problem), list(prompt), self.c.live_weight] if self.c.mode != "problem" else None
@@ -107,10 +113,10 @@ class ReferenceStore:
 
 class StoreMachine(RuleBasedStateMachine):
     @initialize(mode=st.sampled_from(["problem", "problem+request", "global"]), window=st.integers(0, 3),
-                live_weight=st.sampled_from([1.0, 0.5]), branching=st.integers(1, 3))
-    def setup(self, mode, window, live_weight, branching):
+                live_weight=st.sampled_from([1.0, 0.5]), branching=st.integers(1, 3), cross=st.booleans())
+    def setup(self, mode, window, live_weight, branching, cross):
         cfg = StoreConfig(mode=mode, window=window, decay=0.5, live_weight=live_weight, vocab_size=VOCAB,
-                          params=DraftParams(max_match=6, branching=branching))
+                          params=DraftParams(max_match=6, branching=branching), cross_problem=cross)
         self.store, self.ref = DraftStore(cfg), ReferenceStore(cfg)
         self.tmp = Path(tempfile.mkdtemp(prefix="dasrl-store-machine-"))
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import Drafter, DraftParams, problem_key
-from dasrl.drafter.reference import ReferenceIndex
+from dasrl.drafter.reference import ReferenceIndex, best_of
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 PROMPT_A, PROMPT_B = [1, 2, 3], [7, 8, 9]
@@ -230,28 +230,123 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 @settings(max_examples=60, deadline=None)
 @given(steps=st.lists(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 3), max_size=20)), max_size=5),
                       min_size=1, max_size=7),
-       window=st.integers(1, 4), query=st.lists(st.integers(0, 3), max_size=8), problem=st.integers(0, 2))
-def test_window_rolls_match_a_reference_of_the_window(steps, window, query, problem):
+       window=st.integers(1, 4), query=st.lists(st.integers(0, 3), max_size=8), problem=st.integers(0, 3),
+       cross=st.booleans())
+def test_window_rolls_match_a_reference_of_the_window(steps, window, query, problem, cross):
     """After any sequence of steps, a problem's drafts are the reference's over exactly the rollouts of
-    that problem in the last `window` steps, weighted decay**age."""
+    that problem in the last `window` steps, weighted decay**age; with the cross-problem source, the
+    reference's best of that and every problem's rollouts in the window (problem 3 never has history:
+    a first visit)."""
     params = DraftParams(max_match=6, branching=2)
-    store = DraftStore(StoreConfig(mode="problem", window=window, decay=0.5, params=params))
+    store = DraftStore(StoreConfig(mode="problem", window=window, decay=0.5, params=params, cross_problem=cross))
     for rollouts in steps:
         for pid, resp in rollouts:
             store.add_rollout(pid, PROMPT_A, resp)
         store.end_step()
         store.check_integrity()
-    ref = ReferenceIndex()
-    for age, rollouts in enumerate(reversed(steps[-window:]), start=1):
+    ref, everyone = ReferenceIndex(), ReferenceIndex()
+    for age, rollouts in reversed(list(enumerate(reversed(steps[-window:]), start=1))):  # oldest first
         for k, (pid, resp) in enumerate(rollouts):
+            everyone.add(age * 100 + k, PROMPT_A + resp, 0.5**age)
             if pid == problem:
                 ref.add(age * 100 + k, PROMPT_A + resp, 0.5**age)
     store.start("q", problem, PROMPT_A)
     store.observe("q", query)
     got = store.propose(["q"], [10])[0]
-    want = ref.propose(PROMPT_A + query, 10, params)
+    ctx = PROMPT_A + query
+    want = ref.propose(ctx, 10, params)
+    if cross:
+        want = best_of([want, everyone.propose(ctx, 10, params)])
     assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == (want.match_len, want.tokens, want.parents)
     np.testing.assert_allclose(got.probs, want.probs, atol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=st.lists(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 3), max_size=16)), max_size=4),
+                        max_size=4),
+       live=st.lists(st.tuples(st.integers(0, 3), st.lists(st.lists(st.integers(0, 3), max_size=4), max_size=5)),
+                     min_size=1, max_size=4),
+       window=st.integers(1, 3), branching=st.integers(1, 2))
+def test_live_siblings_and_cross_problem_history_match_the_reference(history, live, window, branching):
+    """problem+request mode with the cross-problem source, requests of several problems in flight
+    (siblings among them) and fed chunk by chunk in turn: every request's draft is the reference's best of
+    (its problem's window plus every live sequence of that problem, growing) and (every problem's finished
+    rollouts in the window), after every chunk; finished requests join both at end_step."""
+    params = DraftParams(max_match=6, branching=branching)
+    cfg = StoreConfig(window=window, decay=0.5, params=params)
+    store = DraftStore(cfg)
+    finished: list[list[tuple[int, list[int]]]] = []  # per step: (problem, tokens), in indexing order
+    for step in history:
+        for pid, resp in step:
+            store.add_rollout(pid, PROMPT_A, resp)
+        finished.append([(pid, PROMPT_A + resp) for pid, resp in step])
+        store.end_step()
+
+    def references():
+        shard: dict[int, ReferenceIndex] = {}
+        everyone = ReferenceIndex()
+        kept = finished[-window:]
+        for age, step in zip(range(len(kept), 0, -1), kept):  # oldest first: the native indexing order
+            for k, (pid, seq) in enumerate(step):
+                everyone.add(age * 100 + k, seq, 0.5**age)
+                shard.setdefault(pid, ReferenceIndex()).add(age * 100 + k, seq, 0.5**age)
+        return shard, everyone
+
+    shard, everyone = references()
+    ctx = {}
+    for r, (pid, _) in enumerate(live):
+        store.start(r, pid, PROMPT_A)
+        ctx[r] = list(PROMPT_A)
+        shard.setdefault(pid, ReferenceIndex()).add(10_000 + r, PROMPT_A, 1.0)
+    for turn in range(max(len(chunks) for _, chunks in live)):
+        for r, (pid, chunks) in enumerate(live):
+            if turn < len(chunks):
+                store.observe(r, chunks[turn])
+                ctx[r] += chunks[turn]
+                shard[pid].append(10_000 + r, chunks[turn])
+            got = store.propose([r], [6])[0]
+            want = best_of([shard[pid].propose(ctx[r], 6, params), everyone.propose(ctx[r], 6, params)])
+            assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == \
+                (want.match_len, want.tokens, want.parents), (r, ctx[r])
+            np.testing.assert_allclose(got.probs, want.probs, atol=1e-9)
+    for r in range(len(live)):
+        store.finish(r)
+    store.end_step()
+    store.check_integrity()
+    finished.append([(pid, ctx[r]) for r, (pid, _) in enumerate(live)])
+    shard, everyone = references()
+    for pid in range(4):
+        q = ("next", pid)
+        store.start(q, pid, PROMPT_A)
+        got = store.propose([q], [6])[0]
+        want = best_of([shard.get(pid, ReferenceIndex()).propose(PROMPT_A, 6, params),
+                        everyone.propose(PROMPT_A, 6, params)])
+        assert (got.match_len, got.tokens.tolist()) == (want.match_len, want.tokens)
+
+
+def test_first_visit_drafts_from_other_problems_history():
+    """A problem never seen drafts from the cross-problem index; without it, from its own prompt only."""
+    for cross, expect in [(True, RESP_A[:4]), (False, [])]:
+        store = DraftStore(StoreConfig(cross_problem=cross))
+        store.add_rollout("a", [5, 6, 1], RESP_A)
+        store.end_step()
+        store.start("r", "new", [9, 9, 5, 6, 1])
+        assert store.propose(["r"], [4])[0].tokens.tolist() == expect, cross
+        store.check_integrity()
+
+
+def test_cross_problem_index_evicts_with_the_window():
+    store = DraftStore(StoreConfig(window=2))
+    sizes = []
+    for step in range(12):
+        for p in range(5):
+            store.start((step, p), f"p{p}-{step}", [1, 2, step % 7, p])
+            store.observe((step, p), list(range(50)))
+            store.finish((step, p))
+        store.end_step()
+        store.check_integrity()  # the cross-problem index holds exactly the window's sequences
+        sizes.append(store.bytes_used())
+    assert store.num_shards == 10 and max(sizes[4:]) <= 1.5 * min(sizes[4:])
 
 
 def test_save_load_round_trip_keeps_the_window(tmp_path):

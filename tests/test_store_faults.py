@@ -224,7 +224,8 @@ def test_unbounded_window_never_underflows(tmp_path, mode, decay, steps):
             assert len(d) and np.isfinite(d.probs).all() and (d.probs > 0).all(), (k, d)
     kept = math.floor(math.log(MIN_STEP_WEIGHT) / math.log(decay))
     assert len(store._steps) == min(steps, kept)  # the older steps were evicted, not kept at weight 0
-    weights = [store._shards[sh].weight(sid) for step in store._steps for sh, sid in step]
+    weights = [store._shards[sh].weight(sid) for step in store._steps for sh, sid in step
+               if sh in store._shards]  # (the cross-problem index's copies carry the same weights)
     assert min(weights) >= MIN_STEP_WEIGHT and all(math.isfinite(w) for w in weights)
     store.save(tmp_path / "s")
     assert _content(DraftStore.load(tmp_path / "s")) == _content(store)

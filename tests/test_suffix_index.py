@@ -314,3 +314,80 @@ def test_drafts_stop_at_max_draft_whatever_the_budget():
         cursor.extend([0])
         assert len(propose_flat([cursor], np.array([budget], np.int64))) == 1
         assert len(propose_flat([cursor], np.array([budget], np.int64)).tokens) == min(budget, MAX_DRAFT)
+
+
+@settings(max_examples=120, deadline=None)
+@given(own=st.lists(st.tuples(SMALL_SEQ, WEIGHTS), max_size=4), others=st.lists(st.lists(st.tuples(SMALL_SEQ, WEIGHTS),
+       max_size=4), min_size=1, max_size=2), stream=st.lists(TOKEN, max_size=40),
+       chunks=st.lists(st.integers(0, 6), min_size=1, max_size=12), budget=st.integers(0, 20),
+       max_match=st.integers(1, 10), branching=st.integers(1, 3), min_prob=st.sampled_from([0.0, 0.2]))
+def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget, max_match, branching, min_prob):
+    """A cursor with added sources (its own index growing a live sequence, read-only further indexes)
+    drafts what the reference's best_of gives over each source's own draft, as the context grows; the
+    best continuation is the reference's largest over the sources."""
+    from dasrl.drafter.reference import best_of
+    from dasrl.drafter.suffix import best_continuation_batch
+
+    def build(seqs):
+        native, ref = SuffixIndex(), ReferenceIndex()
+        for i, (seq, w) in enumerate(seqs):
+            native.add(i, seq, w)
+            ref.add(i, seq, w)
+        return native, ref
+
+    first, first_ref = build(own)
+    live = len(own)
+    first.add(live, [])
+    first_ref.add(live, [])
+    extra = [build(seqs) for seqs in others]
+    cur = first.cursor(max_match, seq_id=live)
+    for native, _ in extra:
+        cur.add_source(native)
+    params = DraftParams(max_match=max_match, branching=branching, min_prob=min_prob)
+    ctx: list[int] = []
+    pos = 0
+    for n in chunks:
+        piece = stream[pos:pos + n]
+        pos += n
+        cur.extend(piece)
+        first_ref.append(live, piece)
+        ctx += piece
+        want = best_of([first_ref.propose(ctx, budget, params)] + [r.propose(ctx, budget, params) for _, r in extra])
+        got = propose_flat([cur], np.array([budget], np.int64), min_prob=min_prob, branching=branching).draft(0)
+        assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == (want.match_len, want.tokens, want.parents)
+        np.testing.assert_allclose(got.probs, want.probs, rtol=0, atol=1e-9)
+        target = stream[pos:pos + 8]
+        oracle = best_continuation_batch([cur], np.array(target, np.int64), np.array([0, len(target)]))
+        assert oracle.tolist() == [max(r.best_continuation(ctx, target, max_match)
+                                       for r in [first_ref] + [r for _, r in extra])]
+
+
+def test_a_source_wins_on_score_and_ties_go_to_the_first():
+    own, other = SuffixIndex(), SuffixIndex()
+    own.add(0, [1, 2, 3, 9])  # after [.., 3]: 9, one occurrence: score 1 at budget 1
+    own.add(1, [1, 2, 3, 8])  # ... and 8: each 1/2
+    other.add(0, [5, 3, 7, 7, 7])  # after 3: 7 7 7, probability 1 each
+    cur = own.cursor(8)
+    cur.add_source(other)
+    cur.extend([4, 3])
+    d = propose_batch([cur], [3])[0]
+    assert d.tokens.tolist() == [7, 7, 7] and d.match_len == 1  # 3.0 beats 0.5 + 0.5
+    one, tie = SuffixIndex(), SuffixIndex()
+    one.add(0, [1, 2, 3, 9])
+    tie.add(0, [4, 3, 6])
+    solo = one.cursor(8)
+    solo.add_source(tie)
+    solo.extend([1, 2, 3])
+    d = propose_batch([solo], [1])[0]
+    assert d.tokens.tolist() == [9] and d.match_len == 3  # 1.0 each: the tie goes to the cursor's own index
+    with pytest.raises(ValueError, match="already a source"):
+        solo.add_source(tie)
+    with pytest.raises(TypeError, match="must be a SuffixIndex"):
+        solo.add_source([1, 2])
+
+
+def test_score_tie_is_shared_with_the_core():
+    from dasrl import _core
+    from dasrl.drafter import reference
+
+    assert _core.SCORE_TIE == reference.SCORE_TIE

@@ -26,6 +26,9 @@ class StoreConfig:
     """Weight factor per step of age: a rollout k steps old weighs decay**k."""
     live_weight: float = 1.0
     """Weight of live sequences (the request itself and its in-flight siblings), in [1e-100, 1e100]."""
+    cross_problem: bool = True
+    """Also draft from one index of every problem's finished rollouts in the window (evicted with it); the
+    draft with the higher expected accepted length wins, so a problem's first visit drafts from the others'."""
     params: DraftParams = DraftParams()
     """Match length, minimum path probability and branching of drafts."""
     vocab_size: int | None = None
@@ -42,6 +45,8 @@ class StoreConfig:
         # (store.MIN_STEP_WEIGHT): the weights of a draft's ratios never underflow to 0.
         if not (_is_real(self.live_weight) and 1e-100 <= self.live_weight <= 1e100):
             raise ValueError(f"live_weight must be in [1e-100, 1e100], got {self.live_weight!r}")
+        if not isinstance(self.cross_problem, bool):
+            raise ValueError(f"cross_problem must be a bool, got {self.cross_problem!r}")
         if not isinstance(self.params, DraftParams):
             raise ValueError(f"params must be a DraftParams, got {self.params!r}")
         if self.vocab_size is not None and (not _is_int(self.vocab_size) or not 1 <= self.vocab_size <= MAX_TOKEN + 1):

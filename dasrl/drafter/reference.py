@@ -15,6 +15,12 @@ Semantics (the native index in src/core must agree draft for draft):
   (ties: the one pushed first) becomes the next node, until `budget` nodes are taken or no candidate
   with probability >= min_prob is left, or MAX_DRAFT nodes whatever the budget. With branching = 1
   this is a chain of the most frequent continuation.
+* several sources (a cursor's index plus its added sources, each matched on its own): every source drafts
+  and the draft with the highest score wins, score = the sum of its path probabilities (its expected
+  accepted length); a later source must beat the best so far by a relative SCORE_TIE, ties go to the
+  earlier source (`best_of`).
+* best continuation (the lab's oracle bound): the longest common prefix of a target and the tokens after
+  one of the match's occurrences (`best_continuation`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ ORDER = 4
 """Length of the context tail that picks a match's candidates (the native index's 4-gram chains)."""
 MAX_OCCURRENCES = 1024
 """Candidates of a match, newest first (the native index's kMaxOccurrences)."""
+SCORE_TIE = 1e-9
+"""A later source's draft wins only if its score exceeds the best by this relative margin (kScoreTie): two
+sums of the same probabilities, added in another order, must not flip the choice."""
 
 
 @dataclass
@@ -107,6 +116,18 @@ class ReferenceIndex:
         ranked = sorted(weight_of.items(), key=lambda tw: (-tw[1], tw[0]))
         return ranked, total
 
+    def best_continuation(self, context: Sequence[int], target: Sequence[int], max_match: int) -> int:
+        """The longest prefix of `target` that follows an occurrence of the context's longest match."""
+        _, occ = self.match(context, max_match)
+        best = 0
+        for sid, end in occ:
+            cont = self.seqs[sid][end + 1:end + 1 + len(target)]
+            j = 0
+            while j < len(cont) and cont[j] == target[j]:
+                j += 1
+            best = max(best, j)
+        return best
+
     def propose(self, context: Sequence[int], budget: int, params: DraftParams = DraftParams()) -> ReferenceDraft:
         m, occ = self.match(context, params.max_match)
         out = ReferenceDraft([], [], [], m)
@@ -139,3 +160,12 @@ class ReferenceIndex:
             if len(out.tokens) < budget:
                 expand(child_occ, len(out.tokens) - 1, prob)
         return out
+
+
+def best_of(drafts: Sequence[ReferenceDraft]) -> ReferenceDraft:
+    """The draft of several sources that wins (see the module docstring): drafts[0] is the first source's."""
+    best, score = drafts[0], sum(drafts[0].probs)
+    for d in drafts[1:]:
+        if d.probs and sum(d.probs) > score * (1.0 + SCORE_TIE):
+            best, score = d, sum(d.probs)
+    return best

@@ -7,6 +7,12 @@ Modes (the scope of the history, as in the paper's Figure 6):
   global           one index over every problem's history and every live request (the ArcticInference /
                    vLLM `suffix` behaviour), for comparison.
 
+Cross-problem source (config.cross_problem, problem modes): one more index holds every problem's
+finished rollouts in the window (the same weights, evicted with the window like the shards). A request's
+cursor drafts from its shard and from it; the draft with the higher score (the sum of its path
+probabilities, its expected accepted length) wins, ties to the shard. A problem's first visit, whose shard
+holds nothing but its own prompt, so drafts from what other problems' rollouts say.
+
 Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
 whose weight decay**k falls below MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
 leaves the window whatever `window` says: against anything newer it weighs nothing, and kept longer its
@@ -37,6 +43,8 @@ from dasrl.drafter.suffix import (Cursor, SuffixIndex, extend_batch, first_bad, 
 
 
 GLOBAL = "__global__"
+_CROSS = object()
+"""The key of the cross-problem index's entries in the window's bookkeeping (never a problem id)."""
 MIN_STEP_WEIGHT = 1e-200
 """A finished step whose decay**age is below this is evicted (see the module docstring). With live_weight
 in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
@@ -70,8 +78,11 @@ class DraftStore:
         self.config = config
         self._limit = config.token_limit
         self._shards: dict[Hashable, SuffixIndex] = {}
+        self._cross: SuffixIndex | None = (SuffixIndex() if config.cross_problem and config.mode != "global"
+                                           else None)
+        """Every problem's finished rollouts in the window (see the module docstring)."""
         self._users: dict[Hashable, int] = {}  # live requests per shard
-        self._steps: deque[list[tuple[Hashable, int]]] = deque()  # finished steps: (shard, seq id)
+        self._steps: deque[list[tuple[Hashable, int]]] = deque()  # finished steps: (shard or _CROSS, seq id)
         self._current: list[tuple[Hashable, int]] = []  # this step's finished rollouts, already indexed
         self._pending: list[tuple[Hashable, np.ndarray]] = []  # "problem" mode: indexed at end_step
         self._live: dict[Hashable, _Live] = {}
@@ -106,8 +117,19 @@ class DraftStore:
         ix.add_unchecked(sid, tokens, weight)
         return sid
 
+    def _cross_copy(self, tokens: np.ndarray, weight: float) -> None:
+        """A finished rollout (valid tokens) joins the cross-problem index, in this step's window."""
+        if self._cross is not None:
+            sid = self._next_seq
+            self._next_seq += 1
+            self._cross.add_unchecked(sid, tokens, weight)
+            self._current.append((_CROSS, sid))
+
     def _drop(self, shard: Hashable, sid: int | None = None, *, user: bool = False) -> None:
         """Remove a sequence and/or a user of a shard; the shard goes when its last of both goes."""
+        if shard is _CROSS:
+            self._cross.remove(sid)
+            return
         ix = self._shards[shard]
         if sid is not None:
             ix.remove(sid)
@@ -148,6 +170,8 @@ class DraftStore:
         self._users[shard] = self._users.get(shard, 0) + 1
         self._done.discard(req_id)  # an id may be reused once its request is finished
         cursor = ix.cursor(self.config.params.max_match, seq_id)
+        if self._cross is not None:
+            cursor.add_source(self._cross)
         cursor.feed(prompt)  # the context and, when live-indexed, the live sequence
         self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id)
 
@@ -205,6 +229,7 @@ class DraftStore:
         self._done.add(req_id)
         if live.seq_id is not None:
             self._current.append((live.shard, live.seq_id))
+            self._cross_copy(live.cursor.context(), self.config.live_weight)
         else:
             self._pending.append((live.shard, live.cursor.context()))
         self._drop(live.shard, user=True)
@@ -225,6 +250,7 @@ class DraftStore:
         shard = self._shard_key(problem_id, prompt)
         seq = np.concatenate([prompt, self._tokens(response_ids, "response_ids")]).astype(np.int32, copy=False)
         self._current.append((shard, self._index(shard, seq, 1.0)))
+        self._cross_copy(seq, 1.0)
 
     def _drop_unfinished(self) -> None:
         for live in self._live.values():  # requests never finished this step are dropped, not history
@@ -237,8 +263,9 @@ class DraftStore:
         self._drop_unfinished()
         for shard, seq in self._pending:
             self._current.append((shard, self._index(shard, seq, 1.0)))
+            self._cross_copy(seq, 1.0)
         self._pending = []
-        for ix in self._shards.values():
+        for ix in self._indexes():
             ix.scale_weights(self.config.decay)
         self._steps.append(self._current)
         self._current = []
@@ -265,6 +292,8 @@ class DraftStore:
         seqs = []
         for age, step in enumerate(reversed(self._steps)):
             for shard, sid in step:
+                if shard is _CROSS:
+                    continue  # a copy of a shard's sequence: load() makes it again
                 if not isinstance(shard, (int, str)) or isinstance(shard, bool):
                     raise TypeError(f"problem id {shard!r} cannot be saved: use int or str problem ids")
                 ix = self._shards[shard]
@@ -280,17 +309,25 @@ class DraftStore:
         store = cls(saved.config)
         steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(saved.num_steps)]
         for age, shard, weight, seq in saved.sequences:
-            steps[saved.num_steps - 1 - age].append((shard, store._index(shard, seq, weight)))
+            store._current = steps[saved.num_steps - 1 - age]
+            store._current.append((shard, store._index(shard, seq, weight)))
+            store._cross_copy(seq, weight)
+        store._current = []
         store._steps = deque(steps)
         store.step = saved.step
         return store
 
     # -------------------------------------------------------------------- stats
+    def _indexes(self) -> list[SuffixIndex]:
+        return list(self._shards.values()) + ([self._cross] if self._cross is not None else [])
+
     def bytes_used(self) -> int:
-        return sum(ix.bytes_used() for ix in self._shards.values())
+        return sum(ix.bytes_used() for ix in self._indexes())
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the window and the live requests (the cross-problem index holds copies of the finished
+        ones: bytes_used counts them)."""
         return sum(ix.num_tokens for ix in self._shards.values())
 
     @property
@@ -314,9 +351,18 @@ class DraftStore:
                 raise AssertionError(f"live sequence {live.seq_id} missing from shard {live.shard!r}")
         if users != self._users:
             raise AssertionError(f"shard users {self._users} do not match the live requests {users}")
+        cross = 0
         for shard, sid in chain(chain.from_iterable(self._steps), self._current):
-            if sid not in self._shards[shard]:
+            if shard is _CROSS:
+                cross += 1
+                if self._cross is None or sid not in self._cross:
+                    raise AssertionError(f"sequence {sid} of the window missing from the cross-problem index")
+            elif sid not in self._shards[shard]:
                 raise AssertionError(f"sequence {sid} of the window missing from shard {shard!r}")
+        if self._cross is not None:
+            self._cross.check_integrity()
+            if len(self._cross) != cross:  # nothing outside the window: it evicts with the window
+                raise AssertionError(f"cross-problem index holds {len(self._cross)} sequences, the window {cross}")
 
 
 

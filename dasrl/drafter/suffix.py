@@ -176,6 +176,16 @@ class Cursor:
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         self._c.extend(as_tokens(tokens))
 
+    def add_source(self, index: SuffixIndex) -> None:
+        """Draft also from `index` (read-only: the context is not added to it). Every source drafts from the
+        same context; the draft with the highest score (the sum of its path probabilities: its expected
+        accepted length) wins, ties to the earlier source (the cursor's own index first)."""
+        if not isinstance(index, SuffixIndex):
+            raise TypeError(f"a source must be a SuffixIndex, got {type(index).__name__}")
+        if index is self.index or any(index._ix is s for s in self._c.sources):
+            raise ValueError("this index is already a source of the cursor")
+        self._c.add_source(index._ix)
+
     def context(self) -> np.ndarray:
         """[n] int32: everything this cursor was extended with."""
         return self._c.context()
@@ -201,6 +211,14 @@ def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob
     p = DraftParams(min_prob=min_prob, branching=branching)
     return propose_flat(cursors, budget_array(range(len(cursors)), budgets), min_prob=p.min_prob,
                         branching=p.branching).drafts()
+
+
+def best_continuation_batch(cursors: Sequence[Cursor], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """[n] int64: for cursors[i], the longest prefix of targets[offsets[i]:offsets[i+1]] that follows an
+    occurrence of the cursor's longest match in one of its sources (its index and its added sources, each
+    matched on its own): the best continuation any draft from those matches could hold. The lab's oracle
+    bound (dasrl.sim.oracle), not a drafter."""
+    return _core.best_continuation_batch([c._c for c in cursors], as_tokens(targets, what="targets"), offsets)
 
 
 def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:

@@ -74,6 +74,7 @@ NB_MODULE(_core, m) {
   m.attr("ORDER") = kOrder;
   m.attr("MAX_OCCURRENCES") = kMaxOccurrences;
   m.attr("MAX_DRAFT") = kMaxDraft;
+  m.attr("SCORE_TIE") = kScoreTie;
 
   nb::class_<SuffixIndex>(m, "SuffixIndex")
       .def(nb::init<>())
@@ -130,9 +131,11 @@ NB_MODULE(_core, m) {
             if (bad < 0) c.extend(p, t.shape(0));
             return bad;
           }, nb::arg("tokens"), nb::arg("limit") = kTokenLimit)
+      .def("add_source", &Cursor::add_source, nb::arg("source"))
       .def("context", [](const Cursor& c) { return to_numpy(std::vector<Token>(c.context())); })
       .def_prop_ro("context_len", [](const Cursor& c) { return c.context().size(); })
       .def_prop_ro("index", &Cursor::index)
+      .def_prop_ro("sources", &Cursor::sources)
       .def_prop_ro("max_match", &Cursor::max_match)
       .def_prop_ro("seq_id", &Cursor::seq_id);
 
@@ -162,6 +165,26 @@ NB_MODULE(_core, m) {
         }
         return batch_tuple(std::move(out));
       }, nb::arg("cursors"), nb::arg("budgets"), nb::arg("min_prob") = 0.0, nb::arg("branching") = 1);
+
+  // The lab's oracle: out[i] = the longest prefix of targets[offsets[i]:offsets[i+1]] that follows an
+  // occurrence of cursors[i]'s longest match in one of its sources (the best continuation any draft from
+  // those matches could hold).
+  m.def("best_continuation_batch", [](const std::vector<Cursor*>& cursors, AnyArray targets, I64Array offsets) {
+        size_t n = cursors.size();
+        const int64_t* o = offsets.data();
+        if (offsets.shape(0) != n + 1 || o[0] != 0 || o[n] != int64_t(targets.shape(0)))
+          throw nb::value_error("offsets must have one entry per cursor plus one, from 0 to len(targets)");
+        for (size_t i = 0; i < n; ++i)
+          if (!cursors[i] || o[i + 1] < o[i]) throw nb::value_error("offsets must not decrease; cursors not None");
+        std::vector<Token> buf;
+        const Token* p = checked_tokens(targets, buf);
+        std::vector<int64_t> out(n);
+        {
+          nb::gil_scoped_release release;
+          best_continuation_batch(cursors.data(), n, p, o, out.data());
+        }
+        return to_numpy(std::move(out));
+      }, nb::arg("cursors"), nb::arg("targets"), nb::arg("offsets"));
 
   // cursors[i] takes tokens[offsets[i]:offsets[i+1]]. -1 when all tokens are in [0, limit) and were
   // appended; else the first bad position in `tokens`, and nothing changed.

@@ -360,6 +360,19 @@ void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftO
   out.match_len.push_back(m.len);
 }
 
+int SuffixIndex::best_continuation(const Match& m, const Token* target, size_t k) const {
+  int best = 0;
+  for (Ref r : m.occ) {
+    const Sequence& q = slots_[r >> 32];
+    if (!q.alive) continue;
+    size_t off = uint32_t(r) + 1, n = std::min(k, q.tokens.size() - std::min(off, q.tokens.size()));
+    size_t j = 0;
+    while (j < n && q.tokens[off + j] == target[j]) ++j;
+    best = std::max(best, int(j));
+  }
+  return best;
+}
+
 // -------------------------------------------------------------------------------------- integrity
 
 void SuffixIndex::check_integrity() const {
@@ -419,9 +432,55 @@ void Cursor::extend(const Token* toks, size_t n) {
   ctx_.insert(ctx_.end(), toks, toks + n);
 }
 
+void Cursor::add_source(std::shared_ptr<SuffixIndex> source) {
+  if (!source) throw std::invalid_argument("a source needs an index");
+  sources_.push_back(std::move(source));
+}
+
+static double score_of(const DraftOut& d, size_t from) {
+  double s = 0.0;
+  for (size_t i = from; i < d.probs.size(); ++i) s += d.probs[i];
+  return s;
+}
+
 void Cursor::propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s) const {
-  const SuffixIndex& idx = *index_;
-  idx.draft(idx.match(ctx_.data(), ctx_.size(), max_match_), budget, p, out, s);
+  const size_t base = out.tokens.size();
+  {
+    std::shared_lock lock(index_->mutex);
+    index_->draft(index_->match(ctx_.data(), ctx_.size(), max_match_), budget, p, out, s);
+  }
+  if (sources_.empty() || budget <= 0) return;
+  double best = score_of(out, base);
+  for (const auto& src : sources_) {
+    DraftOut& alt = s.alt;
+    alt.tokens.clear(), alt.parents.clear(), alt.probs.clear(), alt.match_len.clear();
+    alt.offsets.assign(1, 0);
+    {
+      std::shared_lock lock(src->mutex);
+      src->draft(src->match(ctx_.data(), ctx_.size(), max_match_), budget, p, alt, s);
+    }
+    double score = score_of(alt, 0);
+    if (score > best * (1.0 + kScoreTie)) {  // replace the best so far (this request's tail of out)
+      best = score;
+      out.tokens.resize(base), out.parents.resize(base), out.probs.resize(base);
+      out.tokens.insert(out.tokens.end(), alt.tokens.begin(), alt.tokens.end());
+      out.parents.insert(out.parents.end(), alt.parents.begin(), alt.parents.end());
+      out.probs.insert(out.probs.end(), alt.probs.begin(), alt.probs.end());
+      out.offsets.back() = int64_t(out.tokens.size());
+      out.match_len.back() = alt.match_len[0];
+    }
+  }
+}
+
+int Cursor::best_continuation(const Token* target, size_t k) const {
+  int best = 0;
+  auto one = [&](const SuffixIndex& idx) {
+    std::shared_lock lock(idx.mutex);
+    best = std::max(best, idx.best_continuation(idx.match(ctx_.data(), ctx_.size(), max_match_), target, k));
+  };
+  one(*index_);
+  for (const auto& src : sources_) one(*src);
+  return best;
 }
 
 void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, double min_prob, int branching,
@@ -431,9 +490,14 @@ void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, dou
     const Cursor& c = *cursors[i];
     DraftParams p{c.max_match(), min_prob, std::max(branching, 1)};
     int budget = int(std::clamp<int64_t>(budgets[i], 0, kMaxDraft));
-    std::shared_lock lock(c.index()->mutex);
     c.propose(budget, p, out, s);
   }
+}
+
+void best_continuation_batch(Cursor* const* cursors, size_t n, const Token* targets, const int64_t* offsets,
+                             int64_t* out) {
+  for (size_t i = 0; i < n; ++i)
+    out[i] = cursors[i]->best_continuation(targets + offsets[i], size_t(offsets[i + 1] - offsets[i]));
 }
 
 void extend_batch(Cursor* const* cursors, size_t n, const Token* toks, const int64_t* offsets) {

@@ -110,6 +110,7 @@ struct Scratch {
   std::vector<std::pair<Ref, Token>> cont;  // continued occurrences: (next position, its token)
   std::vector<Group> groups;
   std::unordered_map<Token, uint32_t> group_of;  // token -> group, used past kLinearGroups groups
+  DraftOut alt;  // a later source's draft, before it is scored against the best so far
 };
 
 class SuffixIndex {
@@ -137,6 +138,9 @@ class SuffixIndex {
   // The continuations of occ grouped by next token, weights summed; the top k groups ranked first by
   // (weight desc, token asc). Fills s.cont and s.groups; returns the total weight (0: none continues).
   double children(const std::vector<Ref>& occ, size_t k, Scratch& s) const;
+  // The longest common prefix, at most k, of target[0..k) and the tokens after an occurrence of m: the
+  // best continuation any draft from this match could hold (the lab's oracle bound, not a drafter).
+  int best_continuation(const Match& m, const Token* target, size_t k) const;
 
   mutable std::shared_mutex mutex;  // proposals hold it shared, mutations exclusive
 
@@ -155,28 +159,43 @@ class SuffixIndex {
 };
 
 // A request's context and (optionally) its live sequence in the index, which extend() grows with it.
+// Further sources (read-only indexes: cross-problem history) draft from the same context; every source
+// drafts and the draft with the highest score wins (score = the sum of its nodes' path probabilities,
+// its expected accepted length; a later source must beat the best by a relative kScoreTie, so that two
+// sums of the same probabilities added in another order do not flip the choice).
 class Cursor {
  public:
   Cursor(std::shared_ptr<SuffixIndex> index, int max_match, int64_t seq_id = -1);
   // Appends to the live sequence (if any; exclusive lock), then to the context.
   void extend(const Token* toks, size_t n);
+  // One more source, after the index and those added before it (ties go to the earlier).
+  void add_source(std::shared_ptr<SuffixIndex> source);
   const std::vector<Token>& context() const { return ctx_; }
   const std::shared_ptr<SuffixIndex>& index() const { return index_; }
+  const std::vector<std::shared_ptr<SuffixIndex>>& sources() const { return sources_; }
   int max_match() const { return max_match_; }
   int64_t seq_id() const { return seq_id_; }
-  // Caller holds the index's mutex (shared).
+  // Takes each source's shared lock while it drafts.
   void propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s) const;
+  // The longest continuation agreeing with target[0..k) over every source's longest match (shared locks).
+  int best_continuation(const Token* target, size_t k) const;
 
  private:
   std::shared_ptr<SuffixIndex> index_;
+  std::vector<std::shared_ptr<SuffixIndex>> sources_;  // the further sources, read-only
   int max_match_;
   int64_t seq_id_;
   std::vector<Token> ctx_;
 };
 
-// One draft per cursor, cursors[i] capped at budgets[i], each under its index's shared lock.
+constexpr double kScoreTie = 1e-9;
+
+// One draft per cursor, cursors[i] capped at budgets[i], each source under its shared lock.
 void propose_batch(Cursor* const* cursors, size_t n, const int64_t* budgets, double min_prob, int branching,
                    DraftOut& out);
+// out[i] = cursors[i]->best_continuation(targets + offsets[i], offsets[i+1] - offsets[i]).
+void best_continuation_batch(Cursor* const* cursors, size_t n, const Token* targets, const int64_t* offsets,
+                             int64_t* out);
 // cursors[i] takes toks[offsets[i]..offsets[i+1]) (tokens already checked by the caller).
 void extend_batch(Cursor* const* cursors, size_t n, const Token* toks, const int64_t* offsets);
 

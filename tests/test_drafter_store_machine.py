@@ -61,8 +61,8 @@ class ReferenceStore:
         own = ix.propose(self.live[rid]["ctx"], budget, self.c.params)
         if not self.c.cross_problem or self.c.mode == "global":
             return own
-        cross = ReferenceIndex()  # every problem's finished rollouts (the window and this step's)
-        for k, (_, toks, w) in enumerate([s for step in self.steps for s in step] + self.current):
+        cross = ReferenceIndex()  # every problem's rollouts: the window's, this step's and the live ones
+        for k, (_, toks, w) in enumerate(self.sequences()):
             cross.add(k, toks, w)
         return best_of([own, cross.propose(self.live[rid]["ctx"], budget, self.c.params)])
 

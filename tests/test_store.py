@@ -271,7 +271,7 @@ def test_live_siblings_and_cross_problem_history_match_the_reference(history, li
     """problem+request mode with the cross-problem source, requests of several problems in flight
     (siblings among them) and fed chunk by chunk in turn: every request's draft is the reference's best of
     (its problem's window plus every live sequence of that problem, growing) and (every problem's finished
-    rollouts in the window), after every chunk; finished requests join both at end_step."""
+    rollouts in the window and every live request), after every chunk; finished requests stay in both."""
     params = DraftParams(max_match=6, branching=branching)
     cfg = StoreConfig(window=window, decay=0.5, params=params)
     store = DraftStore(cfg)
@@ -298,12 +298,14 @@ def test_live_siblings_and_cross_problem_history_match_the_reference(history, li
         store.start(r, pid, PROMPT_A)
         ctx[r] = list(PROMPT_A)
         shard.setdefault(pid, ReferenceIndex()).add(10_000 + r, PROMPT_A, 1.0)
+        everyone.add(10_000 + r, PROMPT_A, 1.0)
     for turn in range(max(len(chunks) for _, chunks in live)):
         for r, (pid, chunks) in enumerate(live):
             if turn < len(chunks):
                 store.observe(r, chunks[turn])
                 ctx[r] += chunks[turn]
                 shard[pid].append(10_000 + r, chunks[turn])
+                everyone.append(10_000 + r, chunks[turn])
             got = store.propose([r], [6])[0]
             want = best_of([shard[pid].propose(ctx[r], 6, params), everyone.propose(ctx[r], 6, params)])
             assert (got.match_len, got.tokens.tolist(), got.parents.tolist()) == \

@@ -320,11 +320,14 @@ def test_drafts_stop_at_max_draft_whatever_the_budget():
 @given(own=st.lists(st.tuples(SMALL_SEQ, WEIGHTS), max_size=4), others=st.lists(st.lists(st.tuples(SMALL_SEQ, WEIGHTS),
        max_size=4), min_size=1, max_size=2), stream=st.lists(TOKEN, max_size=40),
        chunks=st.lists(st.integers(0, 6), min_size=1, max_size=12), budget=st.integers(0, 20),
-       max_match=st.integers(1, 10), branching=st.integers(1, 3), min_prob=st.sampled_from([0.0, 0.2]))
-def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget, max_match, branching, min_prob):
-    """A cursor with added sources (its own index growing a live sequence, read-only further indexes)
-    drafts what the reference's best_of gives over each source's own draft, as the context grows; the
-    best continuation is the reference's largest over the sources."""
+       max_match=st.integers(1, 10), branching=st.integers(1, 3), min_prob=st.sampled_from([0.0, 0.2]),
+       live_source=st.booleans())
+def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget, max_match, branching, min_prob,
+                                             live_source):
+    """A cursor with added sources (its own index growing a live sequence; further indexes, the first of
+    them growing a live sequence too when live_source) drafts what the reference's best_of gives over each
+    source's own draft, as the context grows; the best continuation is the reference's largest over the
+    sources."""
     from dasrl.drafter.reference import best_of
     from dasrl.drafter.suffix import best_continuation_batch
 
@@ -341,8 +344,13 @@ def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget
     first_ref.add(live, [])
     extra = [build(seqs) for seqs in others]
     cur = first.cursor(max_match, seq_id=live)
-    for native, _ in extra:
-        cur.add_source(native)
+    for k, (native, ref) in enumerate(extra):
+        if k == 0 and live_source:
+            native.add(99, [])
+            ref.add(99, [])
+            cur.add_source(native, 99)
+        else:
+            cur.add_source(native)
     params = DraftParams(max_match=max_match, branching=branching, min_prob=min_prob)
     ctx: list[int] = []
     pos = 0
@@ -351,6 +359,8 @@ def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget
         pos += n
         cur.extend(piece)
         first_ref.append(live, piece)
+        if live_source:
+            extra[0][1].append(99, piece)
         ctx += piece
         want = best_of([first_ref.propose(ctx, budget, params)] + [r.propose(ctx, budget, params) for _, r in extra])
         got = propose_flat([cur], np.array([budget], np.int64), min_prob=min_prob, branching=branching).draft(0)
@@ -360,6 +370,8 @@ def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget
         oracle = best_continuation_batch([cur], np.array(target, np.int64), np.array([0, len(target)]))
         assert oracle.tolist() == [max(r.best_continuation(ctx, target, max_match)
                                        for r in [first_ref] + [r for _, r in extra])]
+    if live_source:
+        assert extra[0][0].tokens(99).tolist() == ctx
 
 
 def test_a_source_wins_on_score_and_ties_go_to_the_first():
@@ -384,6 +396,14 @@ def test_a_source_wins_on_score_and_ties_go_to_the_first():
         solo.add_source(tie)
     with pytest.raises(TypeError, match="must be a SuffixIndex"):
         solo.add_source([1, 2])
+    with pytest.raises(ValueError, match="already a source"):
+        solo.add_source(one)
+    fresh = SuffixIndex()
+    fresh.add(5, [1])
+    with pytest.raises(ValueError, match="sequence 5 holds 1 tokens, the cursor's context 3"):
+        solo.add_source(fresh, 5)
+    with pytest.raises(KeyError, match="unknown sequence id 6"):
+        solo.add_source(fresh, 6)
 
 
 def test_score_tie_is_shared_with_the_core():

@@ -8,10 +8,12 @@ Modes (the scope of the history, as in the paper's Figure 6):
                    vLLM `suffix` behaviour), for comparison.
 
 Cross-problem source (config.cross_problem, problem modes): one more index holds every problem's
-finished rollouts in the window (the same weights, evicted with the window like the shards). A request's
-cursor drafts from its shard and from it; the draft with the higher score (the sum of its path
-probabilities, its expected accepted length) wins, ties to the shard. A problem's first visit, whose shard
-holds nothing but its own prompt, so drafts from what other problems' rollouts say.
+finished rollouts in the window (the same weights, evicted with the window like the shards) and, in
+problem+request mode, every live request (as the global mode's index does). A request's cursor drafts
+from its shard and from it; the draft with the higher score (the sum of its path probabilities, its
+expected accepted length) wins, ties to the shard. A problem's first visit, whose shard holds nothing but
+its own prompt and its siblings, so drafts from what other problems' rollouts say, in flight included:
+at a run's first step nothing has finished yet.
 
 Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
 whose weight decay**k falls below MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
@@ -62,6 +64,8 @@ class _Live:
     """Tokens of the prompt at the start of the context."""
     seq_id: int | None = None
     """Its sequence in the shard while live (problem+request and global modes)."""
+    cross_id: int | None = None
+    """Its sequence in the cross-problem index while live (problem+request mode with cross_problem)."""
 
     @property
     def output(self) -> list[int]:
@@ -117,13 +121,16 @@ class DraftStore:
         ix.add_unchecked(sid, tokens, weight)
         return sid
 
+    def _cross_add(self, tokens: np.ndarray, weight: float) -> int:
+        sid = self._next_seq
+        self._next_seq += 1
+        self._cross.add_unchecked(sid, tokens, weight)
+        return sid
+
     def _cross_copy(self, tokens: np.ndarray, weight: float) -> None:
         """A finished rollout (valid tokens) joins the cross-problem index, in this step's window."""
         if self._cross is not None:
-            sid = self._next_seq
-            self._next_seq += 1
-            self._cross.add_unchecked(sid, tokens, weight)
-            self._current.append((_CROSS, sid))
+            self._current.append((_CROSS, self._cross_add(tokens, weight)))
 
     def _drop(self, shard: Hashable, sid: int | None = None, *, user: bool = False) -> None:
         """Remove a sequence and/or a user of a shard; the shard goes when its last of both goes."""
@@ -170,10 +177,12 @@ class DraftStore:
         self._users[shard] = self._users.get(shard, 0) + 1
         self._done.discard(req_id)  # an id may be reused once its request is finished
         cursor = ix.cursor(self.config.params.max_match, seq_id)
+        cross_id = None
         if self._cross is not None:
-            cursor.add_source(self._cross)
-        cursor.feed(prompt)  # the context and, when live-indexed, the live sequence
-        self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id)
+            cross_id = self._cross_add(_EMPTY, self.config.live_weight) if self.indexes_live else None
+            cursor.add_source(self._cross, cross_id)
+        cursor.feed(prompt)  # the context and, when live-indexed, the live sequences
+        self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id, cross_id)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
         return self.propose_flat(req_ids, budgets).drafts()
@@ -229,7 +238,8 @@ class DraftStore:
         self._done.add(req_id)
         if live.seq_id is not None:
             self._current.append((live.shard, live.seq_id))
-            self._cross_copy(live.cursor.context(), self.config.live_weight)
+            if live.cross_id is not None:
+                self._current.append((_CROSS, live.cross_id))
         else:
             self._pending.append((live.shard, live.cursor.context()))
         self._drop(live.shard, user=True)
@@ -240,6 +250,8 @@ class DraftStore:
         del self._live[req_id]
         self._done.add(req_id)
         self._drop(live.shard, live.seq_id, user=True)
+        if live.cross_id is not None:
+            self._cross.remove(live.cross_id)
 
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         """Feed a finished rollout of this step (indexed at once, whatever the mode)."""
@@ -255,6 +267,8 @@ class DraftStore:
     def _drop_unfinished(self) -> None:
         for live in self._live.values():  # requests never finished this step are dropped, not history
             self._drop(live.shard, live.seq_id, user=True)
+            if live.cross_id is not None:
+                self._cross.remove(live.cross_id)
         self._live.clear()
         self._done.clear()
 
@@ -351,7 +365,10 @@ class DraftStore:
                 raise AssertionError(f"live sequence {live.seq_id} missing from shard {live.shard!r}")
         if users != self._users:
             raise AssertionError(f"shard users {self._users} do not match the live requests {users}")
-        cross = 0
+        cross = sum(live.cross_id is not None for live in self._live.values())
+        for live in self._live.values():
+            if live.cross_id is not None and live.cross_id not in self._cross:
+                raise AssertionError(f"live sequence {live.cross_id} missing from the cross-problem index")
         for shard, sid in chain(chain.from_iterable(self._steps), self._current):
             if shard is _CROSS:
                 cross += 1
@@ -362,7 +379,8 @@ class DraftStore:
         if self._cross is not None:
             self._cross.check_integrity()
             if len(self._cross) != cross:  # nothing outside the window: it evicts with the window
-                raise AssertionError(f"cross-problem index holds {len(self._cross)} sequences, the window {cross}")
+                raise AssertionError(f"cross-problem index holds {len(self._cross)} sequences, the window and "
+                                     f"the live requests {cross}")
 
 
 

@@ -176,15 +176,21 @@ class Cursor:
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         self._c.extend(as_tokens(tokens))
 
-    def add_source(self, index: SuffixIndex) -> None:
-        """Draft also from `index` (read-only: the context is not added to it). Every source drafts from the
-        same context; the draft with the highest score (the sum of its path probabilities: its expected
-        accepted length) wins, ties to the earlier source (the cursor's own index first)."""
+    def add_source(self, index: SuffixIndex, seq_id: int | None = None) -> None:
+        """Draft also from `index`; with `seq_id` (a sequence of `index` holding this cursor's context so
+        far), extending the cursor appends to it too. Every source drafts from the same context; the draft
+        with the highest score (the sum of its path probabilities: its expected accepted length) wins, ties
+        to the earlier source (the cursor's own index first)."""
         if not isinstance(index, SuffixIndex):
             raise TypeError(f"a source must be a SuffixIndex, got {type(index).__name__}")
         if index is self.index or any(index._ix is s for s in self._c.sources):
             raise ValueError("this index is already a source of the cursor")
-        self._c.add_source(index._ix)
+        if seq_id is not None:
+            index._known(seq_id)
+            if index._ix.seq_len(seq_id) != self.context_len:
+                raise ValueError(f"sequence {seq_id} holds {index._ix.seq_len(seq_id)} tokens, the cursor's "
+                                 f"context {self.context_len}: a source's live sequence must hold the context")
+        self._c.add_source(index._ix, -1 if seq_id is None else int(seq_id))
 
     def context(self) -> np.ndarray:
         """[n] int32: everything this cursor was extended with."""

@@ -131,11 +131,15 @@ NB_MODULE(_core, m) {
             if (bad < 0) c.extend(p, t.shape(0));
             return bad;
           }, nb::arg("tokens"), nb::arg("limit") = kTokenLimit)
-      .def("add_source", &Cursor::add_source, nb::arg("source"))
+      .def("add_source", &Cursor::add_source, nb::arg("index"), nb::arg("seq_id") = -1)
       .def("context", [](const Cursor& c) { return to_numpy(std::vector<Token>(c.context())); })
       .def_prop_ro("context_len", [](const Cursor& c) { return c.context().size(); })
       .def_prop_ro("index", &Cursor::index)
-      .def_prop_ro("sources", &Cursor::sources)
+      .def_prop_ro("sources", [](const Cursor& c) {
+            std::vector<std::shared_ptr<SuffixIndex>> out;
+            for (const auto& src : c.sources()) out.push_back(src.index);
+            return out;
+          })
       .def_prop_ro("max_match", &Cursor::max_match)
       .def_prop_ro("seq_id", &Cursor::seq_id);
 

@@ -429,12 +429,26 @@ void Cursor::extend(const Token* toks, size_t n) {
     std::unique_lock lock(index_->mutex);
     index_->append(seq_id_, toks, n);
   }
+  for (const Source& src : sources_)
+    if (src.seq_id >= 0) {
+      std::unique_lock lock(src.index->mutex);
+      src.index->append(src.seq_id, toks, n);
+    }
   ctx_.insert(ctx_.end(), toks, toks + n);
 }
 
-void Cursor::add_source(std::shared_ptr<SuffixIndex> source) {
-  if (!source) throw std::invalid_argument("a source needs an index");
-  sources_.push_back(std::move(source));
+void Cursor::add_source(std::shared_ptr<SuffixIndex> index, int64_t seq_id) {
+  if (!index) throw std::invalid_argument("a source needs an index");
+  if (index == index_) throw std::invalid_argument("the cursor's own index cannot be a source of it");
+  for (const Source& src : sources_)
+    if (src.index == index) throw std::invalid_argument("this index is already a source of the cursor");
+  if (seq_id >= 0) {
+    std::shared_lock lock(index->mutex);
+    if (!index->contains(seq_id)) throw std::out_of_range("unknown sequence id " + id_str(seq_id));
+    if (index->seq_len(seq_id) != ctx_.size())
+      throw std::invalid_argument("a source's live sequence must hold the cursor's context so far");
+  }
+  sources_.push_back({std::move(index), seq_id});
 }
 
 static double score_of(const DraftOut& d, size_t from) {
@@ -451,13 +465,13 @@ void Cursor::propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s
   }
   if (sources_.empty() || budget <= 0) return;
   double best = score_of(out, base);
-  for (const auto& src : sources_) {
+  for (const Source& src : sources_) {
     DraftOut& alt = s.alt;
     alt.tokens.clear(), alt.parents.clear(), alt.probs.clear(), alt.match_len.clear();
     alt.offsets.assign(1, 0);
     {
-      std::shared_lock lock(src->mutex);
-      src->draft(src->match(ctx_.data(), ctx_.size(), max_match_), budget, p, alt, s);
+      std::shared_lock lock(src.index->mutex);
+      src.index->draft(src.index->match(ctx_.data(), ctx_.size(), max_match_), budget, p, alt, s);
     }
     double score = score_of(alt, 0);
     if (score > best * (1.0 + kScoreTie)) {  // replace the best so far (this request's tail of out)
@@ -479,7 +493,7 @@ int Cursor::best_continuation(const Token* target, size_t k) const {
     best = std::max(best, idx.best_continuation(idx.match(ctx_.data(), ctx_.size(), max_match_), target, k));
   };
   one(*index_);
-  for (const auto& src : sources_) one(*src);
+  for (const Source& src : sources_) one(*src.index);
   return best;
 }
 

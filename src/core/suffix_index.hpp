@@ -159,20 +159,26 @@ class SuffixIndex {
 };
 
 // A request's context and (optionally) its live sequence in the index, which extend() grows with it.
-// Further sources (read-only indexes: cross-problem history) draft from the same context; every source
-// drafts and the draft with the highest score wins (score = the sum of its nodes' path probabilities,
-// its expected accepted length; a later source must beat the best by a relative kScoreTie, so that two
-// sums of the same probabilities added in another order do not flip the choice).
+// Further sources (other indexes: cross-problem history) draft from the same context, each optionally
+// with a live sequence of its own that extend() grows too; every source drafts and the draft with the
+// highest score wins (score = the sum of its nodes' path probabilities, its expected accepted length; a
+// later source must beat the best by a relative kScoreTie, so that two sums of the same probabilities
+// added in another order do not flip the choice).
 class Cursor {
  public:
+  struct Source {
+    std::shared_ptr<SuffixIndex> index;
+    int64_t seq_id;  // its live sequence, -1: none
+  };
   Cursor(std::shared_ptr<SuffixIndex> index, int max_match, int64_t seq_id = -1);
-  // Appends to the live sequence (if any; exclusive lock), then to the context.
+  // Appends to the live sequences (if any; exclusive locks), then to the context.
   void extend(const Token* toks, size_t n);
-  // One more source, after the index and those added before it (ties go to the earlier).
-  void add_source(std::shared_ptr<SuffixIndex> source);
+  // One more source, after the index and those added before it (ties go to the earlier); a live
+  // sequence of it (seq_id >= 0) must hold the context so far.
+  void add_source(std::shared_ptr<SuffixIndex> index, int64_t seq_id = -1);
   const std::vector<Token>& context() const { return ctx_; }
   const std::shared_ptr<SuffixIndex>& index() const { return index_; }
-  const std::vector<std::shared_ptr<SuffixIndex>>& sources() const { return sources_; }
+  const std::vector<Source>& sources() const { return sources_; }
   int max_match() const { return max_match_; }
   int64_t seq_id() const { return seq_id_; }
   // Takes each source's shared lock while it drafts.
@@ -182,7 +188,7 @@ class Cursor {
 
  private:
   std::shared_ptr<SuffixIndex> index_;
-  std::vector<std::shared_ptr<SuffixIndex>> sources_;  // the further sources, read-only
+  std::vector<Source> sources_;
   int max_match_;
   int64_t seq_id_;
   std::vector<Token> ctx_;

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dasrl.drafter.baselines import NGramDrafter
-from dasrl.drafter.counting import CountingDrafter, counting_draft, digit_tokens
+from dasrl.drafter.counting import NUM, CountingDrafter, _items, counting_draft, digit_tokens
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
 DIGITS = np.arange(10, 20)
@@ -193,3 +193,33 @@ def test_session_drafter_counting_on_off_and_without_digits(smollm):
             return "x"
     with pytest.warns(UserWarning, match="counting drafts are off"):
         assert isinstance(history_drafter(SessionConfig(), NotDigits()), DraftStore)
+
+
+def _items_spec(tail, digits):
+    """The items of a tail, token by token (the vectorised counting._items must agree)."""
+    digit_of = {int(t): str(d) for d, t in enumerate(digits.tolist())}
+    keys, texts, run = [], [], ""
+    for t in tail.tolist():
+        d = digit_of.get(t)
+        if d is not None:
+            run += d
+            continue
+        if run:
+            keys.append(NUM)
+            texts.append(run)
+            run = ""
+        keys.append(t)
+        texts.append(None)
+    if keys and keys[0] == NUM and tail.size and digit_of.get(int(tail[0])) is not None:
+        keys, texts = keys[1:], texts[1:]
+    return keys, texts, run
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(DIGITS.tolist()), st.integers(0, 5)), max_size=40))
+def test_vectorised_items_equal_the_token_by_token_spec(tokens):
+    tail = np.array(tokens, np.int64)
+    keys, text, partial = _items(tail, DIGITS)
+    want_keys, want_texts, want_partial = _items_spec(tail, DIGITS)
+    assert (keys, partial) == (want_keys, want_partial)
+    assert [text(k) if key == NUM else None for k, key in enumerate(keys)] == want_texts

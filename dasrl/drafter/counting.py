@@ -22,7 +22,7 @@ unchanged; only the time is.
 from __future__ import annotations
 
 import warnings
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -47,27 +47,23 @@ def digit_tokens(tokenizer) -> np.ndarray:
     return np.asarray(out, np.int64)
 
 
-def _items(tail: np.ndarray, digit_of: dict[int, str]) -> tuple[list[int], list[str | None], str]:
-    """(keys, texts, partial): the tail as items (keys: token id or NUM; texts: a number's digits or None)
-    and the digits the tail ends in (a number still being written; '' if none). A leading number, which
-    the window may have cut, is dropped."""
-    keys: list[int] = []
-    texts: list[str | None] = []
-    run = ""
-    for t in tail.tolist():
-        d = digit_of.get(t)
-        if d is not None:
-            run += d
-            continue
-        if run:
-            keys.append(NUM)
-            texts.append(run)
-            run = ""
-        keys.append(t)
-        texts.append(None)
-    if keys and keys[0] == NUM and tail.size and digit_of.get(int(tail[0])) is not None:
-        keys, texts = keys[1:], texts[1:]
-    return keys, texts, run
+def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[int], str], str]:
+    """(keys, text, partial): the tail as items (keys: token id or NUM; text(k): item k's digits, for a
+    number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
+    which the window may have cut, is dropped. Vectorised: this runs for every row of every proposal."""
+    isd = np.isin(tail, digits)  # [n] bool: a digit token
+    last = np.flatnonzero(~isd)
+    body = int(last[-1]) + 1 if last.size else 0  # tokens before the trailing digit run
+    value = {int(t): str(d) for d, t in enumerate(digits.tolist())}
+    partial = "".join(value[t] for t in tail[body:].tolist())
+    b = isd[:body]
+    pos = np.flatnonzero(~b | (b & ~np.concatenate(([False], b[:-1]))))  # [k] first token of each item
+    if pos.size and b[0]:  # a leading number: the window may have cut it
+        pos = pos[1:]
+    keys = np.where(b[pos], NUM, tail[pos]).tolist()
+    ends = np.concatenate((pos[1:], [body])).tolist()  # a number runs up to the next item
+    first = pos.tolist()
+    return keys, lambda k: "".join(value[t] for t in tail[first[k]:ends[k]].tolist()), partial
 
 
 def _period(keys: list[int], max_period: int) -> int:
@@ -97,8 +93,7 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
     budget = min(budget, MAX_DRAFT)  # a pattern never runs out: the cap bounds this loop
     if budget <= 0 or tail.size == 0:
         return np.zeros(0, np.int64)
-    digit_of = {int(t): str(d) for d, t in enumerate(digits.tolist())}
-    keys, texts, partial = _items(np.asarray(tail, np.int64), digit_of)
+    keys, text, partial = _items(np.asarray(tail, np.int64), digits)
     p = _period(keys, max_period)
     if p == 0:
         return np.zeros(0, np.int64)
@@ -106,7 +101,7 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
     slots: dict[int, tuple[list[str], int | None]] = {}  # slot -> (its texts in the last three periods, step)
     for i in range(p):
         if keys[n - p + i] == NUM:
-            seen = [texts[n - (3 - c) * p + i] for c in range(3)]
+            seen = [text(n - (3 - c) * p + i) for c in range(3)]
             v = [int(t) for t in seen]
             slots[i] = seen, (v[2] - v[1] if v[2] - v[1] == v[1] - v[0] else None)  # None: no constant step
     out: list[int] = []

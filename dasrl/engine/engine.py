@@ -33,7 +33,8 @@ import torch
 from dasrl.drafter.base import DraftBatch, Drafter, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
-from dasrl.engine.gemm import HEAD_PADDING, INVARIANT_PADDING, RowPadding, padded, padded_linears
+from dasrl.engine.gemm import (HEAD_PADDING, INVARIANT_PADDING, NO_PADDING, LinearKernels, RowPadding, onednn_available,
+                               padded, padded_linears)
 from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
 from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pack_prompts
 from dasrl.engine.sampling import SamplingParams, draw
@@ -60,6 +61,9 @@ class EngineConfig:
     row_padding: RowPadding = RowPadding()
     """CPU linear layers: row counts in [low, to) are computed padded to `to` (BLAS's slow small-M band;
     gemm.py). RowPadding(low=0) turns it off."""
+    linear_kernels: bool = True
+    """CPU float32: time oneDNN against MKL per weight shape and row count once, and compute each linear by
+    the faster (gemm.LinearKernels; keeps a reordered copy of the linear weights). Off in batch-invariant mode."""
     batch_invariant: bool = False
     """A row's logits bit-identical whatever the other rows (CPU, fp32): linears padded to >= 16 rows,
     attention shapes from the row alone (docs/sampling.md "Batch invariance"); overrides row_padding."""
@@ -70,6 +74,8 @@ class EngineConfig:
         _check_int("initial_capacity", self.initial_capacity, 0)
         if not isinstance(self.row_padding, RowPadding):
             raise TypeError(f"EngineConfig: row_padding must be a RowPadding, got {self.row_padding!r}")
+        if not isinstance(self.linear_kernels, bool):
+            raise TypeError(f"EngineConfig: linear_kernels must be a bool, got {self.linear_kernels!r}")
         if not isinstance(self.batch_invariant, bool):
             raise TypeError(f"EngineConfig: batch_invariant must be a bool, got {self.batch_invariant!r}")
 
@@ -176,8 +182,14 @@ class SpecEngine:
         if reason is not None:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
         self.attn_name = register()
-        self.row_padding = INVARIANT_PADDING if config.batch_invariant else config.row_padding
-        """Row padding of the linear layers in every forward."""
+        cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
+        self.kernels = LinearKernels(model) if config.linear_kernels and not config.batch_invariant and cpu_fp32 \
+            and onednn_available() else None
+        """The linear layers' kernel per row count (CPU float32), or None: F.linear throughout."""
+        self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
+            NO_PADDING if self.kernels is not None else config.row_padding
+        """Row padding of the linear layers in every forward: MKL's band only (with the tuned kernels padding
+        costs: 10-14 rows padded to 16 took 107-111 ms against 92-101 unpadded, SmolLM2, one thread)."""
         self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
         """Packed layouts' first-token view bucket (0: the batch's longest row; packing.pack)."""
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -255,7 +267,7 @@ class SpecEngine:
     def forward_context(self) -> Iterator[None]:
         """What every engine forward runs in: inference mode, the engine's attention, padded linears."""
         with torch.inference_mode(), attention_implementation(self.model, self.attn_name), \
-                padded_linears(self.model, self.row_padding):
+                padded_linears(self.model, self.row_padding, self.kernels):
             yield
 
     # ------------------------------------------------------------------ the steps
@@ -361,9 +373,11 @@ class SpecEngine:
         return tokens, logps
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head over hidden [M, H] -> [M, V], its rows padded as HEAD_PADDING says (batch-invariant:
+        """lm_head over hidden [M, H] -> [M, V], its rows padded as HEAD_PADDING says when MKL computes it (batch-invariant:
         INVARIANT_PADDING), through the head module itself (even if another library replaced its forward)."""
-        return padded(self.lm_head, hidden, INVARIANT_PADDING if self.row_padding == INVARIANT_PADDING else HEAD_PADDING)
+        head = INVARIANT_PADDING if self.row_padding == INVARIANT_PADDING else \
+            NO_PADDING if self.kernels is not None else HEAD_PADDING
+        return padded(self.lm_head, hidden, head)
 
     def _draw_at(self, logits: torch.Tensor, at: np.ndarray, sampling: SamplingParams, *, seeds: np.ndarray,
                  positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

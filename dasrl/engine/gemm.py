@@ -1,7 +1,15 @@
-"""Row padding for CPU matrix products: keep the engine's linear layers out of BLAS's slow small-M path.
+"""CPU matrix products of the engine's linear layers: the faster kernel per row count, and row padding.
 
-A packed forward multiplies M = (live rows + draft tokens) activations by each weight. On a CPU, the
-float32 GEMM torch calls takes a slow path for a band of small M: with SmolLM2's shapes at one thread,
+A packed forward multiplies M = (live rows + draft tokens) activations by each weight. torch's float32
+F.linear (MKL, weight [N, K] read transposed) is fast at M = 1-3 and at large M, but 2-3x slower than
+it needs to be at M = 4-16 on these CPUs: SmolLM2's MLP at one thread costs 124 us at M = 1-3, 243 us at
+M = 4 and 363 us at M = 8, where a oneDNN product over a weight reordered once costs 148 and 188 us
+(docs/benchmarks.md "Engine: the kernel per row count"). That band is where drafting lives (a few rows,
+each with a draft), so MKL's band looked like a fixed tax on every forward in which a row drafts.
+`LinearKernels` keeps a oneDNN-reordered copy of each linear weight and, per weight shape and row count,
+the kernel measured faster on this machine; every product goes through it inside the engine's forwards.
+
+Row padding: the float32 GEMM torch calls takes a slow path for a band of small M: with SmolLM2's shapes at one thread,
 a forward of 10-15 tokens costs more than one of 16 (docs/benchmarks.md, "Engine: row padding"), and that band is exactly where
 a collapsed batch with drafts lives (a few rows, each with a draft). Padding such an M with zero rows up
 to the fast shape computes the same products for the real rows, only faster. Rows are independent in a
@@ -12,9 +20,12 @@ GEMM, so padding changes no row's result beyond the last-bit differences any cha
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -67,16 +78,110 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return padded(lambda t: F.linear(t, weight, bias), x, padding)
 
 
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+"""Row counts at which LinearKernels times both kernels; a row count uses the choice of the largest bucket
+at or below it (the kernels' costs change in steps: MKL at 1-3 / 4-7 / 8-15 / 16+ rows here)."""
+
+_CHOICES: dict[tuple, np.ndarray] = {}
+"""Per (in, out, bias, threads, buckets): which kernel wins at each bucket (True = oneDNN), measured once
+per process (an engine is built per session; tests build many on the same shapes)."""
+
+
+def onednn_available() -> bool:
+    """torch's oneDNN linear over a reordered weight (CPU builds with mkldnn; the ops inductor uses)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    """The oneDNN-blocked copy of weight [N, K] (any row count may use it; 16 is only the layout's hint)."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+
+
+def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [M, K] -> [M, N]
+
+
+def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+    f()  # warm-up: first-touch allocations, oneDNN primitive creation
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class LinearKernels:
+    """A model's float32 CPU linear layers, each computed by the kernel measured faster at its row count.
+
+    Holds a oneDNN-reordered copy of every weight (memory: the linear weights once more) and re-reorders a
+    weight whose tensor changed (a trainer's in-place update bumps its version) at `refresh()`, which the
+    engine calls as each forward context opens. Per weight shape, both kernels are timed at ROW_BUCKETS
+    (medians of `repeats`, interleaved) the first time this process sees that shape at that thread count.
+    The two kernels differ in the last bits of a row, as any change of M already does with MKL; plain and
+    speculative decoding use the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
+
+    def __init__(self, model: torch.nn.Module, *, repeats: int = 3, buckets: tuple[int, ...] = ROW_BUCKETS) -> None:
+        self.buckets = np.asarray(buckets, np.int64)  # [K] ascending
+        self.modules = [m for m in model.modules() if type(m) is torch.nn.Linear
+                        and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # id(module) -> (weight, version, copy)
+        self.refresh()
+        self.choice = {id(m): self._choice(m, repeats) for m in self.modules}  # id(module) -> [K] bool
+
+    def refresh(self) -> None:
+        """Re-reorder the weights that changed since their copy was made (new tensor or in-place update)."""
+        for m in self.modules:
+            held = self._packed.get(id(m))
+            w = m.weight
+            if held is None or held[0] is not w or held[1] != w._version:
+                self._packed[id(m)] = (w, w._version, _reorder(w))
+
+    def _choice(self, m: torch.nn.Linear, repeats: int) -> np.ndarray:
+        n, k = m.weight.shape
+        key = (k, n, m.bias is not None, torch.get_num_threads(), tuple(self.buckets.tolist()))
+        if key not in _CHOICES:
+            packed, bias = self._packed[id(m)][2], None if m.bias is None else m.bias.detach()
+            w = m.weight.detach()
+            wins = []
+            with torch.no_grad():
+                for rows in self.buckets.tolist():
+                    x = torch.randn(rows, k)
+                    mkl = _median_seconds(lambda: F.linear(x, w, bias), repeats)
+                    dnn = _median_seconds(lambda: _onednn(x, packed, bias), repeats)
+                    wins.append(dnn < 0.95 * mkl)  # a clear win only: measurement noise must not flip kernels
+            _CHOICES[key] = np.array(wins)
+        return _CHOICES[key]
+
+    def linear(self, m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """m(x) for x [..., K]: [..., N], by the kernel chosen for x's row count."""
+        rows = x.numel() // x.shape[-1]
+        at = int(np.searchsorted(self.buckets, rows, side="right")) - 1
+        if at < 0 or not self.choice[id(m)][at]:
+            return F.linear(x, m.weight, m.bias)
+        out = _onednn(x.reshape(rows, x.shape[-1]), self._packed[id(m)][2], m.bias)  # [M, N]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 @contextlib.contextmanager
-def padded_linears(model: torch.nn.Module, padding: RowPadding) -> Iterator[None]:
-    """Inside the block, every plain nn.Linear of `model` pads its rows as `padding` says; restored after.
-    Linears whose forward is already replaced on the instance (hooks of other libraries) are left alone."""
-    if not padding.low:
+def padded_linears(model: torch.nn.Module, padding: RowPadding,
+                   kernels: LinearKernels | None = None) -> Iterator[None]:
+    """Inside the block, every plain nn.Linear of `model` pads its rows as `padding` says and computes by
+    `kernels`' choice (None: F.linear); restored after. Linears whose forward is already replaced on the
+    instance (hooks of other libraries) are left alone."""
+    if not padding.low and kernels is None:
         yield
         return
+    if kernels is not None:
+        kernels.refresh()
     patched = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
     for m in patched:
-        m.forward = lambda x, m=m: linear(x, m.weight, m.bias, padding)
+        if kernels is not None and id(m) in kernels.choice:
+            m.forward = lambda x, m=m: padded(lambda t: kernels.linear(m, t), x, padding)
+        else:
+            m.forward = lambda x, m=m: linear(x, m.weight, m.bias, padding)
     try:
         yield
     finally:

@@ -40,8 +40,8 @@ import numpy as np
 from dasrl.drafter.base import Draft, DraftBatch, budget_array, problem_key
 from dasrl.drafter.config import MODES, StoreConfig  # noqa: F401 (re-exported: callers import them from here)
 from dasrl.drafter.persist import load_store, save_store
-from dasrl.drafter.suffix import (Cursor, SuffixIndex, extend_batch, first_bad, propose_flat, token_array,
-                                  token_error)
+from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_batch, first_bad,
+                                  propose_flat, token_array, token_error)
 
 
 GLOBAL = "__global__"
@@ -197,6 +197,14 @@ class DraftStore:
         b = budget_array(req_ids, budgets)
         p = self.config.params
         return propose_flat(cursors, b, min_prob=p.min_prob, branching=p.branching)
+
+    def best_continuation(self, req_ids: Sequence[Hashable], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """[n] int64: for request i, the longest prefix of targets[offsets[i]:offsets[i+1]] (its true next
+        tokens) that follows an occurrence of its context's longest match in one of its sources. Not a
+        drafter's call: the lab's oracle bound (dasrl.sim.oracle) asks what the history held."""
+        live = self._live
+        cursors = [live[r].cursor if r in live else self._request(r).cursor for r in req_ids]
+        return best_continuation_batch(cursors, targets, np.asarray(offsets, np.int64))
 
     def observe(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
         live = self._live.get(req_id)

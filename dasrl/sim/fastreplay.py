@@ -45,9 +45,14 @@ def _accepted(batch, rows_tgt_start: np.ndarray, gen: np.ndarray, tlen: np.ndarr
     return out
 
 
+def request_ids(step: int, n: int) -> list[tuple[int, int]]:
+    """The request ids run_step gives a step's n responses, in order."""
+    return [(step, i) for i in range(n)]
+
+
 def run_step(drafter, policy, step: int, responses: Sequence[Response], *, max_new_tokens: int) -> StepStats:
     n = len(responses)
-    rids = [(step, i) for i in range(n)]
+    rids = request_ids(step, n)
     targets = [np.asarray(r.response_ids, np.int32) for r in responses]
     tlen = np.array([t.size for t in targets], np.int64)
     tstart = np.zeros(n, np.int64)

@@ -34,11 +34,12 @@ from dasrl.rollout.session import SessionConfig, history_drafter
 from dasrl.rollout.trace import Response
 from dasrl.sim.profiles import Profile
 from dasrl.sim import fastreplay
+from dasrl.sim.oracle import HistoryOracle
 from dasrl.sim.simulator import StepStats, group_steps
 from dasrl.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
 
 FORMAT = "dasrl.whatif/1"
-METHODS = ("das", "das-suffix", "global", "suffix", "ngram", "none")
+METHODS = ("das", "das-suffix", "global", "suffix", "ngram", "oracle", "none")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
         return ArcticDrafter(VLLM_SUFFIX)
     if method == "ngram":
         return VLLMNGramDrafter()
+    if method == "oracle":  # the headroom: the best continuation the same history holds (dasrl.sim.oracle)
+        return HistoryOracle(cfg.store)
     return None
 
 
@@ -113,6 +116,8 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
     drafter = make_drafter(method, cfg, tokenizer)
     out = []
     for i, (step, rs) in enumerate(steps):
+        if isinstance(drafter, HistoryOracle):
+            drafter.expect(dict(zip(fastreplay.request_ids(step, len(rs)), (r.response_ids for r in rs))))
         out.append(fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new))
         if progress:
             progress(i)
@@ -161,6 +166,7 @@ OWN_DEFAULTS = {
     "suffix": f"vLLM suffix defaults (arctic-inference, depth 24, {VLLM_SUFFIX_TOKENS} tokens, factor 1.0, "
               "p >= 0.1, 10000 cached)",
     "ngram": "vLLM ngram defaults (n = 5, earliest match), {cap} tokens",
+    "oracle": "the history oracle (best continuation of each source's longest match, das's window), cap {cap}",
     "none": "plain decoding",
 }
 

@@ -97,7 +97,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         copies: bool = typer.Option(False, "--champ-copies/--no-champ-copies",
                                     help="CHAMP: keep solutions that repeat an earlier variant's verbatim."),
         cap: int = typer.Option(16, "--cap", "-k", callback=between(1, 256), help="The equal draft cap K."),
-        methods: str = typer.Option(",".join(("das", "das-suffix", "global", "suffix", "ngram", "none")),
+        methods: str = typer.Option(",".join(("das", "das-suffix", "global", "suffix", "ngram", "oracle", "none")),
                                     help="Comma-separated methods."),
         latency: List[str] = typer.Option([], help="[NAME=]latency.json from `dasrl calibrate` / "
                                                    "`dasrl bench gpu` (repeatable)."),

@@ -215,9 +215,13 @@ def test_champ_source_and_its_errors():
     assert [(r.step, r.problem_id) for r in sources.load("champ", _tokenize, champ=sources.ChampSource(**pair))] == [
         (0, "P_Combinatorics_1"), (0, "P_Combinatorics_2"), (2, "P_Combinatorics_1"), (2, "P_Combinatorics_2")]
     assert len(sources.load("champ", _tokenize, champ=sources.ChampSource(**pair, copies=True))) == 6
+    # G = 4 siblings per step over 18 variants: steps of 4, 4, 4, 4 and the 2 left (copies kept here)
+    g4 = sources.load("champ", _tokenize, champ=sources.ChampSource(problems=1, samples=4, copies=True))
+    assert [sum(r.step == k for r in g4) for k in range(5)] == [4, 4, 4, 4, 2]
     for bad, msg in ((sources.ChampSource(model="GPT-5"), "unknown CHAMP model"),
                      (sources.ChampSource(variants=("7-Shot",)), "unknown variant"),
-                     (sources.ChampSource(samples=5), "must divide")):
+                     (sources.ChampSource(samples=19), r"must be in \[1, 18\]"),
+                     (sources.ChampSource(samples=0), "got 0")):
         with pytest.raises(sources.SourceError, match=msg):
             sources.load("champ", _tokenize, champ=bad)
 

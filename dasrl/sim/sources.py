@@ -2,7 +2,8 @@
 
 Sources:
 - `champ`: CHAMP's recorded solutions of one model (dasrl.champ); variants play the RL steps,
-  `samples` variants per problem form one step (the step's G siblings).
+  `samples` variants per problem form one step (the step's G in-flight siblings; the last step takes what is
+  left when G does not divide the variants).
 - a VeRL `trainer.rollout_data_dir`: VeRL 0.9.1 writes `{global_step}.jsonl` per step
   (RayPPOTrainer._write_generations), one JSON object a line with "input" (the prompt, decoded with
   skip_special_tokens), "output" (the response, decoded the same way), "gts", "score", "step", plus
@@ -200,8 +201,8 @@ def champ_rows(src: ChampSource) -> list[_Row]:
     unknown = [v for v in variants if v not in champ.VARIANTS]
     if unknown:
         raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; valid: {', '.join(champ.VARIANTS)}")
-    if src.samples < 1 or len(variants) % src.samples:
-        raise SourceError(f"champ: samples per step must divide the {len(variants)} variants, got {src.samples}")
+    if not 1 <= src.samples <= len(variants):
+        raise SourceError(f"champ: samples per step must be in [1, {len(variants)}] (the variants), got {src.samples}")
     if src.problems < 0:
         raise SourceError(f"champ: problems must be >= 0 (0 = all), got {src.problems}")
     try:

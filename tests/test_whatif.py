@@ -440,3 +440,18 @@ def test_cli_whatif_tokenizer_that_is_not_one(tmp_path, what, msg):
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and f"tokenizer {folder}: {msg}" in text, (text, res.exception)
     assert "Traceback" not in text
+
+
+def test_parallel_replays_give_the_serial_figures(tok):
+    """run_all with forked workers: the same replays, figure for figure, as one after the other."""
+    rng = np.random.default_rng(2)
+    base = [rng.integers(0, 30, 40).tolist() for _ in range(3)]
+    rs = [_resp(s, p, [90 + p], base[p][: 25 + 5 * s]) for s in range(3) for p in range(3)]
+    cfg = whatif.WhatifConfig(methods=("das", "das-suffix", "oracle", "none"))
+    profs = profiles.shipped()[:1]
+    named = [("a", rs), ("a", rs[:6])]  # a repeated name stays two sources
+    serial = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=1)
+    forked = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=2)
+    assert [r.rows(profs, cfg) for r in serial] == [r.rows(profs, cfg) for r in forked]
+    with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
+        whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=0)

@@ -21,6 +21,7 @@ unchanged; only the time is.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable, Hashable, Sequence
 
@@ -51,19 +52,45 @@ def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[i
     """(keys, text, partial): the tail as items (keys: token id or NUM; text(k): item k's digits, for a
     number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
     which the window may have cut, is dropped. Vectorised: this runs for every row of every proposal."""
-    isd = np.isin(tail, digits)  # [n] bool: a digit token
+    isd = _is_digit(tail, digits)  # [n] bool: a digit token
     last = np.flatnonzero(~isd)
     body = int(last[-1]) + 1 if last.size else 0  # tokens before the trailing digit run
-    value = {int(t): str(d) for d, t in enumerate(digits.tolist())}
+    value = _digit_text(digits)
     partial = "".join(value[t] for t in tail[body:].tolist())
     b = isd[:body]
-    pos = np.flatnonzero(~b | (b & ~np.concatenate(([False], b[:-1]))))  # [k] first token of each item
+    start = ~b
+    start[1:] |= b[1:] & ~b[:-1]  # a non-digit token, or the first digit of a run
+    start[:1] |= b[:1]
+    pos = np.flatnonzero(start)  # [k] first token of each item
     if pos.size and b[0]:  # a leading number: the window may have cut it
         pos = pos[1:]
     keys = np.where(b[pos], NUM, tail[pos]).tolist()
-    ends = np.concatenate((pos[1:], [body])).tolist()  # a number runs up to the next item
     first = pos.tolist()
+    ends = first[1:] + [body]  # a number runs up to the next item
     return keys, lambda k: "".join(value[t] for t in tail[first[k]:ends[k]].tolist()), partial
+
+
+@functools.lru_cache(maxsize=8)
+def _digit_table(key: bytes) -> np.ndarray:
+    digits = np.frombuffer(key, np.int64)
+    table = np.zeros(int(digits.max()) + 2, bool)  # [max digit + 2]: the last entry is "above every digit"
+    table[digits] = True
+    return table
+
+
+def _is_digit(tail: np.ndarray, digits: np.ndarray) -> np.ndarray:
+    """[n] bool: tail[i] is one of the digit tokens (a table lookup: np.isin sorts on every call)."""
+    table = _digit_table(digits.astype(np.int64).tobytes())
+    return table[np.minimum(tail, table.size - 1)]
+
+
+@functools.lru_cache(maxsize=8)
+def _digit_text_cached(key: bytes) -> dict[int, str]:
+    return {int(t): str(d) for d, t in enumerate(np.frombuffer(key, np.int64).tolist())}
+
+
+def _digit_text(digits: np.ndarray) -> dict[int, str]:
+    return _digit_text_cached(digits.astype(np.int64).tobytes())
 
 
 def _period(keys: list[int], max_period: int) -> int:

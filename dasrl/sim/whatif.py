@@ -19,6 +19,7 @@ Two kinds of figures come out:
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -190,16 +191,71 @@ def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str,
 
 def run(name: str, responses: Sequence[Response], *, profiles: Sequence[Profile], cfg: WhatifConfig, tokenizer,
         progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    """Every planned replay of one source; `progress(label, done_steps, total_steps)`."""
+    """Every planned replay of one source, one after the other; `progress(label, done_steps, total_steps)`."""
+    return run_all([(name, responses)], profiles=profiles, cfg=cfg, tokenizer=tokenizer, jobs=1,
+                   progress=lambda _, label, done, total: progress(label, done, total) if progress else None)[0]
+
+
+def default_jobs() -> int:
+    """Worker processes for run_all: the cores this process may run on (`taskset -c 1` gives 1)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_TASKS: list = []
+"""run_all's tasks, read by its forked workers (inherited, not sent: the steps hold millions of tokens)."""
+
+
+def _run_task(i: int) -> tuple[int, "Replay"]:
+    steps, kind, m, prof, policy, cfg, tokenizer, label = _TASKS[i]
+    return i, replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label)
+
+
+def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequence[Profile], cfg: WhatifConfig,
+            tokenizer, jobs: int = 1, progress: Callable[[str, str, int, int], None] | None = None
+            ) -> list[ModelResult]:
+    """Every planned replay of every source. Replays are independent (each drafter and policy starts
+    fresh), so with jobs > 1 they run in that many forked worker processes, the longest first; the
+    figures do not depend on jobs. `progress(source, label, done, total)`: steps of a replay (jobs = 1) or
+    replays of a source done (jobs > 1)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     if "suffix" in cfg.methods and arctic_status() is not None:
         raise RuntimeError(f"method 'suffix' needs arctic-inference ({arctic_status()}): `make arctic-install`, "
                            f"or leave suffix out of --methods")
-    steps = group_steps(responses)
-    res = ModelResult(name)
-    for kind, m, prof, policy in plan(cfg, profiles):
-        label = f"{m}@{cfg.cap}" if kind == "cap" else f"{m} ({prof or 'defaults'})"
-        tick = (lambda i, label=label: progress(label, i + 1, len(steps))) if progress else None
-        rep = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
+    tasks = []  # (source index, steps, kind, method, profile, policy, label)
+    for src, (_, responses) in enumerate(named):
+        steps = group_steps(responses)
+        for kind, m, prof, policy in plan(cfg, profiles):
+            label = f"{m}@{cfg.cap}" if kind == "cap" else f"{m} ({prof or 'defaults'})"
+            tasks.append((src, steps, kind, m, prof, policy, label))
+    reps: list[Replay | None] = [None] * len(tasks)
+    if jobs == 1 or len(tasks) == 1:
+        for i, (src, steps, kind, m, prof, policy, label) in enumerate(tasks):
+            name = named[src][0]
+            tick = (lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n)) if progress else None
+            reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
+    else:
+        import multiprocessing
+
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a forked child must not use the parent's pool
+        _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label)
+                     for _, steps, kind, m, prof, policy, label in tasks]
+        # the policy-priced and arctic replays take longest: started first, the pool ends together
+        order = sorted(range(len(tasks)), key=lambda i: (tasks[i][2] != "own", tasks[i][3] not in ("das", "suffix")))
+        done = [0] * len(named)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
+                for i, rep in pool.imap_unordered(_run_task, order):
+                    reps[i] = rep
+                    src = tasks[i][0]
+                    done[src] += 1
+                    if progress:
+                        progress(named[src][0], rep.label, done[src], sum(t[0] == src for t in tasks))
+        finally:
+            _TASKS.clear()
+    out = [ModelResult(name) for name, _ in named]
+    for (src, _, kind, m, prof, _, _), rep in zip(tasks, reps):
+        res = out[src]
         if kind == "cap":
             res.at_cap[m] = rep
             if not (m == "das" or (m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS)):
@@ -208,7 +264,7 @@ def run(name: str, responses: Sequence[Response], *, profiles: Sequence[Profile]
             res.own[(m, prof)] = rep
         else:
             res.own.update({(m, p.name): rep for p in profiles})
-    return res
+    return out
 
 
 def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg: WhatifConfig, source: str,

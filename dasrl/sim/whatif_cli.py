@@ -102,6 +102,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         latency: List[str] = typer.Option([], help="[NAME=]latency.json from `dasrl calibrate` / "
                                                    "`dasrl bench gpu` (repeatable)."),
         shipped: bool = typer.Option(True, help="Include the shipped (assumed) GPU profiles."),
+        jobs: int = typer.Option(0, callback=between(0, 256), help="Worker processes replaying in parallel "
+                                                                  "(0 = the cores this process may use)."),
         json_out: Optional[Path] = json_option("Write JSON here."),
         png: Optional[Path] = typer.Option(None, callback=output_file, help="Write the per-step time plot here."),
     ) -> None:
@@ -130,24 +132,24 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except sources.SourceError as e:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
-        results = []
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
-            for name, responses in loaded:
-                task = bar.add_task(name, total=None)
+            tasks = {name: bar.add_task(name, total=None) for name, _ in loaded}
 
-                def tick(label, done, total, task=task, name=name):
-                    bar.update(task, description=f"{name[:14]} {label}", completed=done, total=total)
+            def tick(name, label, done, total):
+                bar.update(tasks[name], description=f"{name[:14]} {label}", completed=done, total=total)
 
-                try:
-                    results.append(whatif.run(name, responses, profiles=profs, cfg=cfg, tokenizer=tok, progress=tick))
-                except RuntimeError as e:
-                    console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-                    raise typer.Exit(2) from None
+            try:
+                results = whatif.run_all(loaded, profiles=profs, cfg=cfg, tokenizer=tok, progress=tick,
+                                         jobs=jobs or whatif.default_jobs())
+            except RuntimeError as e:
+                console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+                raise typer.Exit(2) from None
         doc = whatif.document(results, profiles=profs, cfg=cfg, source=source, started=started,
                               tokenizer_name=str(tokenizer or "smollm2-135m (embedded)"),
-                              extra={"champ": {"variants": list(vs) or "all 18", "samples": samples,
-                                               "problems": problems or 270, "copies": copies}} if source == "champ" else None)
+                              extra={"jobs": jobs or whatif.default_jobs(), **(
+                                  {"champ": {"variants": list(vs) or "all 18", "samples": samples,
+                                             "problems": problems or 270, "copies": copies}} if source == "champ" else {})})
         console.print(table(doc))
         if json_out is not None:
             write_json(json_out, doc)

@@ -89,6 +89,8 @@ class Replay:
     label: str
     steps: list[StepStats]
     longest: list[int]
+    seconds: float = 0.0
+    """Wall seconds the replay took (where whatif spends its time; not a figure of the method)."""
 
     def price(self, profile: Profile) -> list[float]:
         """Predicted seconds of each step under `profile` (its forwards priced one by one)."""
@@ -113,6 +115,7 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
            label: str, progress: Callable[[int], None] | None = None) -> Replay:
     """`method`'s drafter under `policy` over the steps in order (fastreplay: the simulator's run_step with
     every row in one packed forward)."""
+    t0 = time.perf_counter()
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter = make_drafter(method, cfg, tokenizer)
     out = []
@@ -122,7 +125,8 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
         out.append(fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new))
         if progress:
             progress(i)
-    return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps])
+    return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps],
+                  time.perf_counter() - t0)
 
 
 @dataclass
@@ -150,6 +154,9 @@ class ModelResult:
                 "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
                 "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
                 "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
+                "replay_s": {"at_cap": round(rep.seconds, 1),
+                             **{p.name: round(self.own[(m, p.name)].seconds, 1) for p in profiles
+                                if self.own[(m, p.name)] is not rep}},
                 "predicted_s_per_step_at_cap": {k: round(_mean(v[1:] or v), 4) for k, v in at_cap.items()},
                 "steps": [{"step": st.step, "tokens_per_forward": round(st.tokens / max(st.row_forwards, 1), 4),
                            "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy.latency import CPU_LATENCY, GPU_LATENCY, LatencyModel, OnlineLatency, prior_for
 
 
 def test_fit_recovers_exact_coefficients():
@@ -101,3 +101,72 @@ def test_load_validation_names_fields(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         LatencyModel.load(p)
+
+
+def _forwards(lat: LatencyModel, n: int, seed: int = 0, drafting: float = 0.5):
+    """n forwards of varied shapes (tokens, kv, draft kv) priced exactly by lat."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, 64, n)
+    kv = tokens * rng.integers(10, 500, n)
+    dkv = np.where(rng.random(n) < drafting, rng.integers(10, 500, n), 0)
+    return tokens, kv, dkv, lat.predict(tokens, kv, dkv)
+
+
+def test_online_fit_prices_with_the_prior_until_trusted_then_recovers_the_model():
+    true = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5, c_draft_kv=2e-5, c_draft=0.0)
+    prior = LatencyModel(c_base=1.0, c_tok=1.0)
+    fit = OnlineLatency(prior, min_samples=24, refit_every=8)
+    for n, kv, dkv, s in zip(*_forwards(true, 23)):
+        fit.record(n, kv, dkv, s)
+    assert fit.model() is prior and fit.fitted is None  # 23 < min_samples
+    for n, kv, dkv, s in zip(*_forwards(true, 9, seed=1)):
+        fit.record(n, kv, dkv, s)
+    got = fit.model()
+    assert got is fit.fitted
+    for name in ("c_base", "c_tok", "c_other", "c_draft_kv"):
+        assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
+    assert fit.error() == pytest.approx(0.0, abs=1e-9)
+    assert fit.report()["fitted"] and fit.report()["samples"] == 32
+
+
+def test_online_fit_drops_forwards_another_process_slowed():
+    """A shared machine: 20% of forwards take 3x (a neighbour on the core). The fit ignores them."""
+    true = LatencyModel(c_base=0.06, c_tok=3e-3, c_other=1e-5)
+    tokens, kv, dkv, s = _forwards(true, 200, drafting=0.0)
+    s = s.copy()
+    s[::5] *= 3.0
+    fit = OnlineLatency(LatencyModel(c_base=1.0, c_tok=1.0), refit_every=1)
+    for row in zip(tokens, kv, dkv, s):
+        fit.record(*row)
+    got = fit.model()
+    assert got.c_base == pytest.approx(true.c_base, rel=0.02) and got.c_tok == pytest.approx(true.c_tok, rel=0.02)
+    assert fit.kept == 160
+    naive = LatencyModel.fit(tokens, s, kv)
+    assert abs(naive.c_tok / true.c_tok - 1) > 0.1  # what the outliers would have done
+
+
+def test_online_fit_keeps_the_priors_drafting_terms_until_drafts_were_seen():
+    true = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5)
+    prior = LatencyModel(c_base=1.0, c_tok=1.0, c_draft_kv=7e-6, c_draft=0.004)
+    fit = OnlineLatency(prior)
+    for row in zip(*_forwards(true, 40, drafting=0.0)):
+        fit.record(*row)
+    got = fit.model()
+    assert (got.c_draft_kv, got.c_draft) == (prior.c_draft_kv, prior.c_draft)
+    assert got.c_tok == pytest.approx(true.c_tok, rel=1e-6)
+
+
+def test_online_fit_refuses_bad_settings_and_untyped_priors():
+    with pytest.raises(ValueError, match="min_samples"):
+        OnlineLatency(CPU_LATENCY, min_samples=2)
+    with pytest.raises(TypeError, match="prior"):
+        OnlineLatency({"c_base": 1})
+
+
+def test_device_priors():
+    assert prior_for("cpu") is CPU_LATENCY and prior_for("cuda:1") is GPU_LATENCY
+    assert GPU_LATENCY.c_base / GPU_LATENCY.c_tok > 200 > 30 > CPU_LATENCY.c_base / CPU_LATENCY.c_tok
+    from dasrl.sim.profiles import derive  # the assumed profile the GPU prior is rounded from
+    derived = derive("qwen2.5-7b", "h100").latency
+    for name in ("c_base", "c_tok", "c_other"):
+        assert getattr(GPU_LATENCY, name) == pytest.approx(getattr(derived, name), rel=0.01), name

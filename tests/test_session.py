@@ -78,3 +78,24 @@ def test_drafter_override_and_record(smollm, chat_prompts):
     assert [x.completion_ids for x in got1] == [y.completion_ids for y in ref1]
     assert [x.seed for x in got1] == [y.seed for y in ref1]
     assert late.history[-1].step == 1
+
+
+def test_session_fits_its_forward_cost_online(smollm, chat_prompts):
+    """Every decoding forward of a speculating session is recorded (tokens, context, seconds) and, once
+    enough are in, the policy prices drafts with the fit, not the shipped CPU prior; stats() reports it.
+    fit_latency=False prices with the prior throughout."""
+    from dasrl.policy.latency import CPU_LATENCY
+
+    model, tok = smollm
+    prompts = [chat_prompts[0]] * 3 + [chat_prompts[6]] * 3
+    sp = SamplingParams(temperature=0.7, top_p=0.95)
+    s = RolloutSession(model, tok, SessionConfig(speculate=True))
+    assert s.policy.latency is CPU_LATENCY and s.latency.prior is CPU_LATENCY  # a CPU session: the CPU prior
+    s.generate(prompts, sampling=sp, max_new_tokens=48)
+    rep = s.stats()["latency"]
+    assert rep["samples"] == s.history[-1].forwards - 1  # every forward but the prefill
+    assert rep["fitted"] and s.policy.latency is s.latency.fitted is not CPU_LATENCY
+    assert rep["c_base"] > 0 and rep["c_tok"] > 0 and 0 <= rep["median_rel_error"] < 1
+    fixed = RolloutSession(model, tok, SessionConfig(speculate=True, fit_latency=False))
+    fixed.generate(prompts, sampling=sp, max_new_tokens=16)
+    assert fixed.policy.latency is CPU_LATENCY and fixed.stats()["latency"] is None

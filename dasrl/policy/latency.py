@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from dasrl.atomic import write_json
+from dasrl.atomic import read_regular, write_json
+
+MAX_LATENCY_BYTES = 2**20
+"""Largest latency.json read (a few hundred bytes are written)."""
 
 FORMAT = "dasrl.latency/1"
 
@@ -123,7 +127,7 @@ class LatencyModel:
         """Read JSON written by save(); a file that is not one (truncated, binary, pickled, wrong types)
         raises one ValueError naming the path (a missing file: the OSError as it is)."""
         path = Path(path)
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_LATENCY_BYTES, follow_symlinks=True)  # a FIFO or /dev/zero: ValueError
         try:
             d = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -143,6 +147,97 @@ drafting rows' attention group, per layer) and 12.8 µs per context token of eac
 them a drafted token looked 5-10x cheaper than it is and the session's drafting made steps slower than
 plain decoding (docs/policy.md). At two threads c_base and c_tok roughly halve (benchmarks/latency_idle.json),
 so this default prices drafts conservatively there."""
+
+
+GPU_LATENCY = LatencyModel(c_base=6.28e-3, c_tok=2.38e-5, c_other=2.14e-8)
+"""The prior of a session on a CUDA device: the assumed Qwen2.5-7B bf16 / H100 profile (`dasrl.sim.profiles`
+derive("qwen2.5-7b", "h100"): weights streamed at 80% of HBM bandwidth + 1 ms per step, matmuls at 60% of
+dense bf16 peak). Only a prior: the session's OnlineLatency replaces it after its first forwards."""
+
+
+def prior_for(device: str) -> LatencyModel:
+    """The shipped prior for a device type ("cpu", "cuda", ...): CPU_LATENCY on a CPU, GPU_LATENCY elsewhere."""
+    return CPU_LATENCY if str(device).split(":")[0] == "cpu" else GPU_LATENCY
+
+
+class OnlineLatency:
+    """The latency model fitted from the forwards actually run (tokens, context, drafting rows' context,
+    seconds), on the machine, model and device at hand; `prior` prices until the fit is trusted.
+
+    Robust to a shared, noisy machine: a sliding window of the last `window` forwards; each fit drops the
+    forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
+    core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
+    model). The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards had a
+    drafting row; until then the prior's are kept. A fit without positive c_base and c_tok is not used."""
+
+    def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
+                 refit_every: int = 32) -> None:
+        if not isinstance(prior, LatencyModel):
+            raise TypeError(f"OnlineLatency: prior must be a LatencyModel, got {type(prior).__name__}")
+        if window < 2 or not 4 <= min_samples <= window or refit_every < 1:
+            raise ValueError(f"OnlineLatency needs 4 <= min_samples <= window and refit_every >= 1, got "
+                             f"min_samples={min_samples}, window={window}, refit_every={refit_every}")
+        self.prior = prior
+        self._samples: deque[tuple[float, float, float, float]] = deque(maxlen=window)  # (n, kv, dkv, s)
+        self._min, self._every, self._new = min_samples, refit_every, 0
+        self.fitted: LatencyModel | None = None
+        """The last trusted fit (None: the prior prices)."""
+        self.kept = 0
+        """Forwards the last fit kept (the rest were outliers)."""
+
+    def record(self, tokens: int, kv_tokens: int, draft_kv_tokens: int, seconds: float) -> None:
+        """One forward: `tokens` in it, `kv_tokens` context read by its rows, `draft_kv_tokens` by its
+        drafting rows, and its wall seconds."""
+        if seconds > 0 and math.isfinite(seconds) and tokens > 0:
+            self._samples.append((float(tokens), float(kv_tokens), float(draft_kv_tokens), float(seconds)))
+            self._new += 1
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
+
+    def model(self) -> LatencyModel:
+        """The model to price with now: refitted once `refit_every` forwards came since the last fit."""
+        if self._new >= self._every or (self.fitted is None and self._new and len(self._samples) >= self._min):
+            self._new = 0
+            self.fitted = self._fit() or self.fitted
+        return self.fitted or self.prior
+
+    def _fit(self) -> LatencyModel | None:
+        if len(self._samples) < self._min:
+            return None
+        n, kv, dkv, s = (np.array(x) for x in zip(*self._samples))  # [samples] each
+        if np.ptp(n) < 2:  # no spread in tokens: c_tok is not identified
+            return None
+        drafts = int(np.count_nonzero(dkv)) >= self._min // 2
+        fit = self._solve(n, kv, dkv, s, drafts)
+        ratio = s / fit.predict(n, kv, dkv)  # [samples]
+        keep = (ratio < 1.5) & (ratio > 1 / 1.5)
+        if keep.sum() >= self._min and not keep.all():
+            drafts = drafts and int(np.count_nonzero(dkv[keep])) >= self._min // 2
+            fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)
+        self.kept = int(keep.sum())
+        return fit if fit.c_base > 0 and fit.c_tok > 0 else None
+
+    def _solve(self, n, kv, dkv, s, drafts: bool) -> LatencyModel:
+        if drafts:
+            return LatencyModel.fit(n, s, kv, dkv)
+        own = np.maximum(s - self.prior.c_draft_kv * dkv - self.prior.c_draft * (dkv > 0), 1e-9)  # [samples]
+        base = LatencyModel.fit(n, own, kv)
+        return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv, self.prior.c_draft)
+
+    def error(self) -> float | None:
+        """Median |predicted - measured| / measured of the current model over the window (None: empty)."""
+        if not self._samples:
+            return None
+        n, kv, dkv, s = (np.array(x) for x in zip(*self._samples))
+        return float(np.median(np.abs(self.model().predict(n, kv, dkv) - s) / s))
+
+    def report(self) -> dict:
+        """What stats() shows: the model in use, whether it is fitted, its median error, the samples."""
+        lat = self.model()
+        return {"fitted": self.fitted is not None, "samples": self.num_samples, "kept": self.kept,
+                "median_rel_error": self.error(), **asdict(lat)}
 
 
 def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):

@@ -23,7 +23,9 @@ that needs the history (generate, record, end_step, stats, save); the session st
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import hashlib
 import glob
 import json
@@ -40,16 +42,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Sequence
 
-from dasrl.atomic import fsync_dir, write_json
+from dasrl.atomic import MAX_JSON_BYTES, fsync_dir, open_regular, read_json, write_json
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
+from dasrl.drafter.persist import MAX_DATA_BYTES
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.budget import make_policy
-from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+from dasrl.policy.latency import LatencyModel, OnlineLatency, prior_for
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,11 @@ class SessionConfig:
     engine: EngineConfig = EngineConfig()
     """Engine settings (context limit, threads)."""
     latency: str | None = None
-    """latency.json from `dasrl calibrate`; None = this project's CPU calibration (policy.latency.CPU_LATENCY)."""
+    """latency.json from `dasrl calibrate` to price drafts from the start; None = the device's shipped prior
+    (policy.latency.prior_for: CPU_LATENCY or GPU_LATENCY)."""
+    fit_latency: bool = True
+    """Refit the latency model online from this session's own forwards (policy.latency.OnlineLatency); the
+    file or prior above prices only until the fit is trusted. False = price with it throughout."""
     draft_allowance: int | None = None
     """Most draft tokens per forward for the whole batch; None = no cap (each row's draft is priced)."""
     history: int = 100
@@ -154,10 +161,10 @@ def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
     return with_counting(store, tokenizer) if config.counting else store
 
 
-def speculation_policy(config: SessionConfig) -> ForwardAllowance:
+def speculation_policy(config: SessionConfig, device: str = "cpu") -> ForwardAllowance:
     """The policy a speculating session drafts under: config.policy inside the per-forward allowance, priced
-    by config.latency (or the CPU default). The simulator's validation replays sessions with it."""
-    latency = LatencyModel.load(config.latency) if config.latency else CPU_LATENCY
+    by config.latency (or the device's prior). The simulator's validation replays sessions with it."""
+    latency = LatencyModel.load(config.latency) if config.latency else prior_for(device)
     return ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), config.draft_allowance,
                             latency=latency)
 
@@ -176,8 +183,13 @@ class RolloutSession:
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
             history_drafter(config, tokenizer) if config.speculate else None)
-        self.policy: ForwardAllowance | None = speculation_policy(config) if config.speculate else None
+        device = self.engine.lm_head.weight.device.type
+        self.policy: ForwardAllowance | None = speculation_policy(config, device) if config.speculate else None
         """The speculation policy (None: plain decoding; the engine then gets NoSpeculation)."""
+        self.latency: OnlineLatency | None = OnlineLatency(self.policy.latency) \
+            if self.policy is not None and self.policy.latency is not None and config.fit_latency else None
+        """The online fit of this session's forward cost, which prices the policy's drafts (None: the prior
+        prices throughout)."""
         self.step = 0
         self.history: list[StepSummary] = []
         self._folded = dict.fromkeys(_TOTALS, 0)  # stats() totals of the summaries dropped from history
@@ -208,6 +220,10 @@ class RolloutSession:
         curve: list[tuple[float, int]] = []
 
         def record(info: StepInfo) -> None:
+            if self.latency is not None and info.step > 0:  # a decoding forward, timed end to end
+                self.latency.record(info.tokens, info.kv_tokens, info.draft_kv_tokens,
+                                    info.elapsed_s - (curve[-1][0] if curve else 0.0))
+                self.policy.latency = self.latency.model()
             curve.append((info.elapsed_s, info.batch_size))
             if on_step is not None:
                 on_step(info)
@@ -337,7 +353,8 @@ class RolloutSession:
         return {**tot,
                 "store_tokens": self.store.num_tokens if self.store else 0,
                 "store_bytes": self.store.bytes_used() if self.store else 0,
-                "counted_drafts": self.drafter.counted if isinstance(self.drafter, CountingDrafter) else 0}
+                "counted_drafts": self.drafter.counted if isinstance(self.drafter, CountingDrafter) else 0,
+                "latency": self.latency.report() if self.latency is not None else None}
 
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
@@ -350,9 +367,19 @@ class RolloutSession:
         in by two renames: the previous save to .NAME.old-*, the new one to `folder`; then the old one is
         deleted. A kill or a full disk at any point leaves the previous save loadable: at `folder`, or (a
         kill between the two renames) at .NAME.old-*, where load() finds it. `folder` must not exist or
-        hold a session save only (it is replaced whole): other files there are refused, not deleted."""
+        hold a session save only (it is replaced whole): other files there are refused, not deleted.
+
+        Several writers (two ranks saving one checkpoint path): a save holds an exclusive lock on
+        .NAME.lock beside `folder` from its first check to its cleanup, a load a shared one, so saves run
+        one after the other (the last one wins, whole) and a load never sees the folder mid-switch. The
+        lock file stays (deleting it would let two writers lock two different files)."""
         self._join_upkeep()
         folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with _save_lock(folder, fcntl.LOCK_EX):
+            self._save_locked(folder)
+
+    def _save_locked(self, folder: Path) -> None:
         if folder.exists():
             foreign = sorted(p.name for p in folder.iterdir() if p.name not in ("session.json", "store")
                              and not p.name.startswith(".")) if folder.is_dir() else [folder.name]
@@ -364,7 +391,6 @@ class RolloutSession:
                  "store": None}
         for name, part in (self.policy.parts() if self.policy is not None else {}).items():
             state[name] = part.state_dict()
-        folder.parent.mkdir(parents=True, exist_ok=True)
         tag = secrets.token_hex(6)
         new, old = folder.parent / f".{folder.name}.tmp-{tag}", folder.parent / f".{folder.name}.old-{tag}"
         new.mkdir()
@@ -385,7 +411,9 @@ class RolloutSession:
                 os.rename(old, folder)  # the previous save back in place
             shutil.rmtree(new, ignore_errors=True)
             raise
-        for stale in _leftovers(folder):  # this save's old folder, and any a killed save left behind
+        # This save's old folder, and any a killed save left behind: under the lock no other save is
+        # writing one (every save holds it while its folders exist), so every other one is a dead save's.
+        for stale in _leftovers(folder):
             shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, folder: str | os.PathLike) -> None:
@@ -397,18 +425,25 @@ class RolloutSession:
         match is refused (ValueError); loading a save without a store into a session with one, or the
         other way round, warns (a legitimate change of setup, but its history is lost). Where `folder` is
         missing and a save killed between its two renames left the previous save at .NAME.old-*, that one
-        is loaded (with a warning). A successful load clears a failed upkeep (its state is replaced)."""
+        is loaded (with a warning). A successful load clears a failed upkeep (its state is replaced).
+        Holds a shared lock beside the folder (see save) while it reads."""
         folder = Path(folder)
+        if not folder.parent.is_dir():
+            raise ValueError(f"cannot read a session from {folder}: no such folder")
+        with _save_lock(folder, fcntl.LOCK_SH):
+            self._load_locked(folder)
+
+    def _load_locked(self, folder: Path) -> None:
         if not folder.exists():
             kept = sorted(_leftovers(folder, "old"), key=lambda p: p.stat().st_mtime)
             if kept:
                 warnings.warn(f"{folder} is missing: loading {kept[-1].name}, the previous save a killed "
-                              f"save() left beside it", stacklevel=2)
+                              f"save() left beside it", stacklevel=3)
                 folder = kept[-1]
         src = folder / "session.json"
-        try:
-            state = json.loads(src.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        try:  # a FIFO, a device or a symlink in the save is refused unread (dasrl.atomic.open_regular)
+            state = read_json(src, MAX_JSON_BYTES)
+        except (OSError, ValueError) as e:
             raise ValueError(f"cannot read a session from {folder}: {e}") from None
         if not isinstance(state, dict):
             raise ValueError(f"{src}: expected a JSON object, got {type(state).__name__}")
@@ -422,8 +457,8 @@ class RolloutSession:
             if want != _checksum(state):
                 raise ValueError(f"{src}: checksum mismatch (the file was changed or damaged after it was written)")
         step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"{src}: field 'step' must be an int >= 0, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"{src}: field 'step' must be an int in [0, {MAX_STEP}], got {step!r}")
         history = _history_from(state.get("history"), src)
         folded = state.get("folded", dict.fromkeys(_TOTALS, 0))  # absent in saves from before it
         if not (isinstance(folded, dict) and set(folded) == set(_TOTALS) and all(map(_is_number, folded.values()))):
@@ -455,7 +490,7 @@ class RolloutSession:
         if saved is None or (saved is ... and not where.is_dir()):
             if self.store is not None:
                 warnings.warn(f"{src}: the saved session has no draft store (no {where}); this session "
-                              f"keeps the draft store it has", stacklevel=3)
+                              f"keeps the draft store it has", stacklevel=4)
             return None
         if saved is not ... and not (isinstance(saved, dict) and isinstance(saved.get("digest"), str)):
             raise ValueError(f"{src}: field 'store' must be null or {{\"digest\": str}}, got {saved!r}")
@@ -466,7 +501,7 @@ class RolloutSession:
                              f"the store and session.json, or files from another save)")
         if self.store is None:
             warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
-                          stacklevel=3)
+                          stacklevel=4)
             return None
         try:
             return DraftStore.load(where, self.config.store)
@@ -477,10 +512,32 @@ class RolloutSession:
 
 
 SESSION_FORMAT = "dasrl-session/1"
+MAX_STEP = 10**9
+"""Largest step a saved session may be at (session.json's checksum is unkeyed: anyone can write 10**30)."""
 _SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "checksum",
                  "acceptance"}  # "acceptance": the (k, alpha) statistics saves held before acceptance_rate; ignored
 _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
 """The stats() totals, summed over step summaries."""
+
+
+@contextlib.contextmanager
+def _save_lock(folder: Path, how: int):
+    """An flock on .NAME.lock beside `folder` (made if missing; released by the kernel if we die). A place
+    where the lock file cannot be made (a read-only folder) has no writers to wait for: a load goes on
+    unlocked, a save fails on its own writes."""
+    path = folder.parent / f".{folder.name}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        if how == fcntl.LOCK_EX:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _leftovers(folder: Path, kind: str = "tmp|old") -> list[Path]:
@@ -504,7 +561,7 @@ def _folder_digest(folder: Path) -> str:
         if any(part.startswith(".") for part in rel.parts):
             continue
         h.update(str(rel.as_posix()).encode() + b"\0")
-        with p.open("rb") as f:
+        with open_regular(p, MAX_DATA_BYTES) as f:  # the store's files: no links, FIFOs or devices
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         h.update(b"\0")

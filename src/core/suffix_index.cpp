@@ -309,18 +309,31 @@ double SuffixIndex::children(const std::vector<Ref>& occ, size_t k, Scratch& s) 
   return total;
 }
 
-void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s) const {
+bool SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s,
+                        double beat) const {
   const size_t base = out.tokens.size();
+  double score = 0.0;
   auto taken = [&] { return int(out.tokens.size() - base); };
   auto take = [&](Token tok, int32_t parent, double prob) {
     out.tokens.push_back(tok);
     out.parents.push_back(parent);
     out.probs.push_back(prob);
+    score += prob;
+  };
+  // Every node still to come has a probability <= best_open: the score can reach at most this (kept a
+  // hair above, so that rounding never abandons a draft the final comparison would keep).
+  auto hopeless = [&](double best_open) {
+    return beat >= 0.0 && (score + best_open * (budget - taken())) * (1.0 + 1e-12) < beat;
+  };
+  auto abandon = [&] {
+    out.tokens.resize(base), out.parents.resize(base), out.probs.resize(base);
+    return false;
   };
   if (budget > 0 && !m.occ.empty() && p.branching <= 1) {  // a chain: no frontier, no per-node allocation
     std::vector<Ref> cur(m.occ);
     double prob = 1.0;
     while (taken() < budget) {
+      if (hopeless(prob)) return abandon();
       double total = children(cur, 1, s);
       if (s.groups.empty()) break;
       double child = prob * (s.groups[0].weight / total);
@@ -347,8 +360,10 @@ void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftO
         frontier.push(std::move(c));
       }
     };
+    if (hopeless(1.0)) return abandon();
     expand(m.occ, -1, 1.0);
     while (!frontier.empty() && taken() < budget) {
+      if (hopeless(frontier.top().prob)) return abandon();
       Candidate c = std::move(const_cast<Candidate&>(frontier.top()));
       frontier.pop();
       int32_t node = taken();
@@ -356,8 +371,10 @@ void SuffixIndex::draft(const Match& m, int budget, const DraftParams& p, DraftO
       if (taken() < budget) expand(c.occ, node, c.prob);
     }
   }
+  if (beat >= 0.0 && score <= beat) return abandon();
   out.offsets.push_back(int64_t(out.tokens.size()));
   out.match_len.push_back(m.len);
+  return true;
 }
 
 int SuffixIndex::best_continuation(const Match& m, const Token* target, size_t k) const {
@@ -463,19 +480,21 @@ void Cursor::propose(int budget, const DraftParams& p, DraftOut& out, Scratch& s
     std::shared_lock lock(index_->mutex);
     index_->draft(index_->match(ctx_.data(), ctx_.size(), max_match_), budget, p, out, s);
   }
-  if (sources_.empty() || budget <= 0) return;
   double best = score_of(out, base);
   for (const Source& src : sources_) {
+    // A later source wins only with a score above this; no draft scores more than its budget.
+    double beat = best * (1.0 + kScoreTie);
+    if (beat >= double(budget)) break;
     DraftOut& alt = s.alt;
     alt.tokens.clear(), alt.parents.clear(), alt.probs.clear(), alt.match_len.clear();
     alt.offsets.assign(1, 0);
+    bool won;
     {
       std::shared_lock lock(src.index->mutex);
-      src.index->draft(src.index->match(ctx_.data(), ctx_.size(), max_match_), budget, p, alt, s);
+      won = src.index->draft(src.index->match(ctx_.data(), ctx_.size(), max_match_), budget, p, alt, s, beat);
     }
-    double score = score_of(alt, 0);
-    if (score > best * (1.0 + kScoreTie)) {  // replace the best so far (this request's tail of out)
-      best = score;
+    if (won) {  // replace the best so far (this request's tail of out)
+      best = score_of(alt, 0);
       out.tokens.resize(base), out.parents.resize(base), out.probs.resize(base);
       out.tokens.insert(out.tokens.end(), alt.tokens.begin(), alt.tokens.end());
       out.parents.insert(out.parents.end(), alt.parents.begin(), alt.parents.end());

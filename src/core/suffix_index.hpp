@@ -133,8 +133,11 @@ class SuffixIndex {
 
   // Longest match of ctx[0..n) (only its last max_match tokens matter).
   Match match(const Token* ctx, size_t n, int max_match) const;
-  // Appends the draft from m (at most budget nodes) as one more request of out.
-  void draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s) const;
+  // Appends the draft from m (at most budget nodes) as one more request of out. With beat >= 0 the
+  // draft is abandoned (false, out unchanged) once its score (the sum of its path probabilities) can
+  // no longer exceed beat: what it has plus its best open probability times the nodes left.
+  bool draft(const Match& m, int budget, const DraftParams& p, DraftOut& out, Scratch& s,
+             double beat = -1.0) const;
   // The continuations of occ grouped by next token, weights summed; the top k groups ranked first by
   // (weight desc, token asc). Fills s.cont and s.groups; returns the total weight (0: none continues).
   double children(const std::vector<Ref>& occ, size_t k, Scratch& s) const;

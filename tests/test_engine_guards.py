@@ -144,8 +144,12 @@ def run(engine, drafter, policy):
                            problem_ids=["a", "b", "c"])
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), ValueError("injected")], ids=["KeyboardInterrupt", "error"])
-def test_a_failed_generate_aborts_its_requests_and_a_retry_equals_a_clean_run(error):
+@pytest.mark.parametrize("make_error", [KeyboardInterrupt, lambda: ValueError("injected")], ids=["KeyboardInterrupt", "error"])
+def test_a_failed_generate_aborts_its_requests_and_a_retry_equals_a_clean_run(make_error):
+    # A fresh exception per test: a raised exception keeps its traceback, and one made at import time (a
+    # parametrize value) would keep this test's frames -- stores and all -- alive until interpreter exit,
+    # after nanobind's leak check.
+    error = make_error()
     engine = SpecEngine(build(LlamaConfig, LlamaForCausalLM))
     clean_store, clean_policy = DraftStore(StoreConfig()), ForwardAllowance(DASPolicy(), 64)
     clean = run(engine, clean_store, clean_policy)

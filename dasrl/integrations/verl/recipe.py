@@ -37,6 +37,8 @@ class Recipe:
     """Route with DASLoadBalancer (problem-sticky, length-aware) instead of VeRL's stock balancer."""
 
     def overrides(self) -> list[str]:
+        from dasrl.integrations.vllm.version import check_supported
+        check_supported()  # the workers' vLLM must have custom_class (0.24-0.33): say so before a launch
         spec = {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer",
                 "num_speculative_tokens": self.num_speculative_tokens}
         extra = {"dasrl": {"window": self.window, "policy": self.policy}}

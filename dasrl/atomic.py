@@ -62,6 +62,10 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"cannot create a temporary file next to {path}")
 
 
+MAX_JSON_BYTES = 2**28
+"""Largest JSON file a loader reads (256 MiB: a store.json of ~6M sequences; our other JSON files are KiB)."""
+
+
 def open_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> BinaryIO:
     """`path` opened for binary reading, after checking that it is a regular file of at most `limit` bytes
     (not a symlink unless follow_symlinks); else ValueError naming it. A file that cannot be opened at all

@@ -17,8 +17,9 @@ own `__init__` needs only natsort, a declared dependency of the wheel.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
+
+from dasrl.atomic import MAX_JSON_BYTES, read_json
 
 MODELS = ("GPT-3.5", "GPT-4", "GPT-4 Turbo", "PaLM 2 Medium")
 # The 18 prompt variants in the dataset's own order (a step of a replay plays one variant).
@@ -54,8 +55,7 @@ def _raw() -> dict:
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             "CHAMP needs the champ-dataset package: pip install 'dasrl[champ]' (champ-dataset==1.0.0)") from exc
-    with path.open("r", encoding="utf-8") as f:
-        return json.load(f)["problems"]
+    return read_json(path, MAX_JSON_BYTES, follow_symlinks=True)["problems"]
 
 
 def load_problems() -> list[ChampProblem]:

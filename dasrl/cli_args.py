@@ -17,6 +17,7 @@ import json
 import math
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -104,10 +105,21 @@ def output_folder(value: Path | str | None) -> Path | str | None:
 
 
 def input_file(value: Path | None) -> Path | None:
-    """A file a command reads (a latency model, ...): it must exist and be a regular file."""
-    if value is not None and not Path(value).is_file():
-        raise typer.BadParameter(f"{value}: " + ("is a folder, not a file" if Path(value).is_dir() else
-                                                  "no such file"))
+    """A file a command reads (a latency model, ...): it must exist and be a regular file (a FIFO would
+    block the read, a device never end; the loaders refuse them too, dasrl.atomic.open_regular)."""
+    if value is None:
+        return value
+    try:
+        mode = os.stat(value).st_mode
+    except FileNotFoundError:
+        raise typer.BadParameter(f"{value}: no such file") from None
+    except OSError as e:
+        raise typer.BadParameter(f"{value}: {e.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise typer.BadParameter(f"{value}: is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise typer.BadParameter(f"{value}: not a regular file (mode {stat.filemode(mode)}: a FIFO or a device); "
+                                 f"refused")
     return value
 
 

@@ -3,6 +3,7 @@ no traceback, before any work (no workload generated, no model loaded, no file o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,53 @@ def test_every_bad_input_is_one_usage_error(args, msg, tmp_path, unloadable_mode
         ["afolder", "afile", "nomodel", "badcfg", "noweights", "run-json", "run-list", "run-keys",
          "unloadable-model"])  # nothing written
     assert not list(Path(places["DIR"]).iterdir())  # no probe file left behind
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 37 item 4: FIFOs and device files given as inputs. On b46648a every one of these hung forever
+# (the open of a FIFO waits for a writer) or read /dev/zero until memory ran out. Each runs in a daemon
+# thread so that a hang fails the test instead of the run.
+def _run_in_thread(args, timeout: float = 60):
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_run(args)), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert out, f"dasrl {' '.join(args)} hangs"
+    return out[0]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["whatif", "{FIFO}.jsonl", "--methods", "none"], "{FIFO}.jsonl: not a regular file"),
+    (["whatif", "{VERL}", "--methods", "none"], "2.jsonl: not a regular file"),
+    (["whatif", "{TMP}/ok.jsonl", "--methods", "none", "--latency", "{FIFO}.json"], "{FIFO}.json: not a regular file"),
+    (["whatif", "{TMP}/ok.jsonl", "--methods", "none", "--latency", "{ZERO}"], "{ZERO}: not a regular file"),
+    (["bench", "routing", "--workload", "tiny", "--latency", "{FIFO}.json"], "{FIFO}.json: not a regular file"),
+    (["simulate", "--workload", "tiny", "--latency", "{FIFO}.json"], "{FIFO}.json: not a regular file"),
+    (["simulate", "{FIFO}.parquet"], "{FIFO}.parquet: not a readable Parquet file"),
+    (["trace", "info", "{FIFO}.parquet"], "{FIFO}.parquet: not a readable Parquet file"),
+    (["experiments", "--source", "{FIFO}.jsonl", "--out", "{TMP}/out"], "{FIFO}.jsonl: not a regular file"),
+])
+def test_fifos_and_devices_are_refused_not_read(args, msg, tmp_path):
+    fifo = tmp_path / "fifo"
+    for ext in (".jsonl", ".json", ".parquet"):
+        os.mkfifo(f"{fifo}{ext}")
+    verl = tmp_path / "verl"
+    verl.mkdir()
+    (verl / "1.jsonl").write_text('{"input": "q", "output": "a", "step": 1}\n')
+    os.mkfifo(verl / "2.jsonl")
+    (tmp_path / "ok.jsonl").write_text('{"step": 0, "problem_id": "a", "response": "b"}\n')
+    os.symlink("/dev/zero", tmp_path / "zero.json")
+    places = {"FIFO": str(fifo), "VERL": str(verl), "ZERO": str(tmp_path / "zero.json"), "TMP": str(tmp_path)}
+
+    def fill(text: str) -> str:
+        for key, value in places.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+    code, text = _run_in_thread([fill(a) for a in args])
+    squeeze = str.maketrans("", "", " ")
+    assert code == 2 and fill(msg).translate(squeeze) in text.translate(squeeze), (code, text)
+    assert "Traceback" not in text
+    assert not (tmp_path / "out").exists()

@@ -321,3 +321,90 @@ def test_latency_loader_truncated_flipped_wrong_typed_pickled(tmp_path):
         LatencyModel.load(tmp_path / "missing.json")
     assert os.listdir(tmp_path) == sorted(["latency.json", "bad.json"]) or set(os.listdir(tmp_path)) == {
         "latency.json", "bad.json"}
+
+
+# ------------------------------------------------------------------------- issue 37 items 4 and 5
+def _in_thread(fn, timeout: float = 30):
+    """fn() in a daemon thread: what it raised (None if nothing); a call that hangs fails the test."""
+    import threading
+
+    out: list = []
+
+    def go():
+        try:
+            fn()
+            out.append(None)
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            out.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert out, f"{fn} hangs"
+    return out[0]
+
+
+def test_session_json_that_is_a_fifo_a_device_or_huge_is_refused_unread(sessions, caller, tmp_path):
+    """On b46648a a FIFO session.json hung load() forever, one linked to /dev/zero grew memory until killed,
+    and a 1 GB file reached 2.4 GB RSS before its JSON error."""
+    _, folder, _ = sessions
+    before = _snapshot(caller)
+    bad = _copy(folder, tmp_path)
+    os.unlink(bad / "session.json")
+    os.mkfifo(bad / "session.json")
+    e = _in_thread(lambda: caller.load(bad))
+    assert isinstance(e, ValueError) and "session.json: not a regular file" in str(e), e
+    os.unlink(bad / "session.json")
+    os.symlink("/dev/zero", bad / "session.json")
+    e = _in_thread(lambda: caller.load(bad))
+    assert isinstance(e, ValueError) and "session.json: is a symbolic link" in str(e), e
+    os.unlink(bad / "session.json")
+    try:
+        os.mknod(bad / "session.json", 0o600 | 0o020000, os.makedev(1, 5))  # a /dev/zero of our own
+    except PermissionError:
+        pass
+    else:
+        e = _in_thread(lambda: caller.load(bad))
+        assert isinstance(e, ValueError) and "session.json: not a regular file" in str(e), e
+        os.unlink(bad / "session.json")
+    with open(bad / "session.json", "wb") as f:
+        f.truncate(2**30)  # sparse: 1 GB of zeros that take no disk, and must not be read
+    e = _in_thread(lambda: caller.load(bad))
+    assert isinstance(e, ValueError) and "session.json: 1073741824 bytes, more than the" in str(e), e
+    assert _snapshot(caller) == before
+
+
+def _crafted(folder, tmp_path, change) -> object:
+    """A copy of the save whose session.json `change(state)` edits, its (unkeyed) checksum recomputed."""
+    from dasrl.rollout.session import _checksum
+
+    bad = _copy(folder, tmp_path)
+    state = json.loads((bad / "session.json").read_text())
+    state.pop("checksum")
+    change(state)
+    (bad / "session.json").write_text(json.dumps({"checksum": _checksum(state), **state}))
+    return bad
+
+
+def _set_length(value):
+    def change(state):
+        state["lengths"]["problems"][0][1][0] = value
+    return change
+
+
+@pytest.mark.parametrize("change, msg", [
+    (_set_length(2**24), r"field 'lengths': .*has a length that is not an int in \[0, 1048576\]"),
+    (_set_length(2**40), r"field 'lengths': .*has a length that is not an int in \[0, 1048576\]"),
+    (lambda s: s["lengths"].update(max_len=-5), r"field 'lengths': length state: max_len must be an int in \[1, "),
+    (lambda s: s["lengths"].update(max_len=2**40), r"field 'lengths': length state: max_len must be an int in \[1, "),
+    (lambda s: s.update(step=10**30), r"field 'step' must be an int in \[0, 1000000000\], got 1000000000000000000"),
+])
+def test_crafted_session_json_is_range_checked_before_allocating(sessions, caller, tmp_path, change, msg):
+    """The checksum is unkeyed, so a crafted file passes it. On b46648a one length of 2**24 took ~15 s and
+    1.2 GB to load (the pooled table grows with the longest length), 2**40 was a raw MemoryError, and
+    max_len -5 and step 10**30 were taken."""
+    _, folder, _ = sessions
+    before = _snapshot(caller)
+    bad = _crafted(folder, tmp_path, change)
+    with pytest.raises(ValueError, match=msg):
+        caller.load(bad)
+    assert _snapshot(caller) == before

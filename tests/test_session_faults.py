@@ -218,8 +218,8 @@ def test_a_save_killed_at_any_stage_leaves_a_loadable_save(saves, tmp_path, stag
         loader.load(folder)
     assert loader.step == step
     assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".sess.")]  # the killed save's leftovers
-    new.save(folder)  # a later save switches cleanly and removes them
-    assert sorted(q.name for q in tmp_path.iterdir()) == ["sess"]
+    new.save(folder)  # a later save switches cleanly and removes them (the lock file stays: save's docstring)
+    assert sorted(q.name for q in tmp_path.iterdir()) == [".sess.lock", "sess"]
     loader.load(folder)
     assert loader.step == 3
 
@@ -241,7 +241,7 @@ def test_a_full_disk_leaves_the_previous_save(tiny_llama, tmp_path):
         with pytest.raises(OSError) as e:
             big.save(folder)
         assert e.value.errno == 28  # ENOSPC
-        assert sorted(q.name for q in disk.iterdir()) == ["sess"]  # nothing half-written left
+        assert sorted(q.name for q in disk.iterdir()) == [".sess.lock", "sess"]  # nothing half-written left
         assert _loads(tiny_llama, folder) == 1
     finally:
         subprocess.run(["umount", str(disk)], check=True)
@@ -266,3 +266,189 @@ def test_next_samples_counts_on_from_what_was_drawn():
     assert next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
     assert next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
     assert drawn == {"a": {0, 1}}  # the caller records what it drew
+
+
+# ------------------------------------------------------------------------- issue 37 item 1
+def test_two_processes_saving_one_folder_leave_a_loadable_save(tiny_llama, tmp_path):
+    """Two ranks saving one checkpoint path: two forked processes, 15 saves each, 6 rounds. On b46648a 3-8
+    of the 15 saves raised FileNotFoundError (a save's cleanup deleted the other's .ck.tmp-* folder) and
+    some rounds left a folder that did not load. Now every save succeeds and every round ends loadable."""
+    sessions = [_session(tiny_llama) for _ in range(2)]
+    for s, steps in zip(sessions, (1, 2)):
+        for _ in range(steps):
+            _step(s)
+    for rnd in range(6):
+        folder = tmp_path / f"ck{rnd}"
+        pids = []
+        for s in sessions:
+            pid = os.fork()
+            if pid == 0:  # only file work in the children (no torch), then they exit with what happened
+                code = 0
+                try:
+                    for _ in range(15):
+                        s.save(folder)
+                except BaseException:  # noqa: BLE001 (the exit code reports it)
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            pids.append(pid)
+        codes = [os.waitpid(pid, 0)[1] for pid in pids]
+        assert codes == [0, 0], f"round {rnd}: a save raised (exit statuses {codes})"
+        assert _loads(tiny_llama, folder) in (1, 2)
+        assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(f".ck{rnd}.")) == [f".ck{rnd}.lock"]
+
+
+def test_a_load_waits_for_a_save_in_progress(tiny_llama, tmp_path):
+    """A load during a save (another process between its two renames, the folder missing) waits for the
+    save's lock and reads the new save, not the moved-aside one."""
+    import fcntl
+
+    s = _session(tiny_llama)
+    _step(s)
+    s.save(tmp_path / "ck")
+    _step(s)
+    lock = os.open(tmp_path / ".ck.lock", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a save in progress: its lock held
+    os.rename(tmp_path / "ck", tmp_path / ".ck.old-000000000000")  # ... between its renames
+    loader, done = _session(tiny_llama), []
+    t = __import__("threading").Thread(target=lambda: done.append(loader.load(tmp_path / "ck")), daemon=True)
+    t.start()
+    t.join(1.0)
+    assert not done, "load did not wait for the save's lock"
+    os.rename(tmp_path / ".ck.old-000000000000", tmp_path / "ck")
+    os.close(lock)
+    t.join(30)
+    assert done and loader.step == 1
+
+
+# ------------------------------------------------------------------------- issue 37 item 2
+def _plain_forward_works(model) -> None:
+    """A trainer's forward on the model: the stock attention, no engine layout."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+    assert out.logits.shape == (1, 4, model.config.vocab_size)
+
+
+def _race(generators):
+    """Every generator (a no-argument call) started at once, each in its own thread: what each returned
+    or raised."""
+    import threading
+
+    barrier = threading.Barrier(len(generators))
+    got: list = [None] * len(generators)
+
+    def go(i):
+        barrier.wait()
+        try:
+            got[i] = generators[i]()
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            got[i] = e
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(generators))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return got
+
+
+def test_two_threads_generating_on_one_session(tiny_llama):
+    """On b46648a both threads drew sample indices [0, 0, 0, 0] (duplicate seeds, identical completions),
+    some runs crashed (mat1 and mat2 shapes cannot be multiplied), and the model was left on the engine's
+    attention (every plain forward then failed)."""
+    model = tiny_llama(0)
+    attn = model.config._attn_implementation
+    s = RolloutSession(model, None, CONFIG)
+    for _ in range(4):
+        rnd = _race([lambda: s.generate([PROMPTS[0]] * 4, max_new_tokens=24)] * 2)
+        assert not any(isinstance(r, BaseException) for r in rnd), rnd
+        a, b = rnd
+        assert sorted(r.sample for r in a + b) == list(range(8))
+        assert len({r.seed for r in a + b}) == 8
+        s.end_step()
+    assert model.config._attn_implementation == attn
+    assert not any("forward" in m.__dict__ for m in model.modules())  # no padded linear left patched
+    _plain_forward_works(model)
+
+
+def test_two_sessions_sharing_a_model(tiny_llama):
+    model = tiny_llama(0)
+    attn = model.config._attn_implementation
+    a, b = RolloutSession(model, None, CONFIG), RolloutSession(model, None, CONFIG)
+    alone = [_session(tiny_llama), _session(tiny_llama)]  # each on its own copy of the model
+    for _ in range(4):
+        rnd = _race([lambda: a.generate([PROMPTS[0]] * 3, max_new_tokens=24),
+                     lambda: b.generate([PROMPTS[1]] * 5, max_new_tokens=24)])
+        assert not any(isinstance(r, BaseException) for r in rnd), rnd
+        want = [alone[0].generate([PROMPTS[0]] * 3, max_new_tokens=24),
+                alone[1].generate([PROMPTS[1]] * 5, max_new_tokens=24)]
+        # the same tokens as each session alone: nothing of one forward mixed into the other's
+        assert [[r.completion_ids for r in got] for got in rnd] == [[r.completion_ids for r in w] for w in want]
+        for x in (a, b, *alone):
+            x.end_step()
+    assert model.config._attn_implementation == attn
+    _plain_forward_works(model)
+
+
+def test_a_failed_generate_restores_the_model_and_releases_its_samples(tiny_llama):
+    model = tiny_llama(0)
+    attn = model.config._attn_implementation
+    s = RolloutSession(model, None, CONFIG)
+
+    def boom(info):
+        raise RuntimeError("the caller's on_step failed")
+    with pytest.raises(Exception, match="on_step failed"):
+        s.generate([PROMPTS[0]] * 2, max_new_tokens=6, on_step=boom)
+    assert model.config._attn_implementation == attn
+    _plain_forward_works(model)
+    assert [r.sample for r in s.generate([PROMPTS[0]] * 2, max_new_tokens=6)] == [0, 1]  # a retry's seeds
+
+
+# ------------------------------------------------------------------------- issue 37 items 7 and 14
+class InterruptedStore(DraftStore):
+    """A real SIGINT sent to this process as the drafter's start() or finish() returns: Python raises the
+    KeyboardInterrupt at the next bytecode, in the engine, right after the call."""
+
+    def __init__(self, *a, at: str, **k) -> None:
+        super().__init__(*a, **k)
+        self.at, self.armed = at, True
+
+    def _interrupt(self, where: str) -> None:
+        if self.armed and where == self.at:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def start(self, *a, **k) -> None:
+        super().start(*a, **k)
+        self._interrupt("start")
+
+    def finish(self, req_id) -> None:
+        super().finish(req_id)
+        self._interrupt("finish")
+
+
+@pytest.mark.parametrize("at", ["start", "finish"])
+def test_an_interrupt_right_after_the_drafter_call(tiny_llama, at):
+    """On b46648a, after start: every later generate of the step failed with "request (0, 0) already
+    started"; after finish: the KeyboardInterrupt was replaced by a ValueError."""
+    store = InterruptedStore(StoreConfig(), at=at)
+    s = _session(tiny_llama, drafter=store)
+    with pytest.raises(KeyboardInterrupt):
+        s.generate([PROMPTS[0]] * 2, max_new_tokens=6)
+    assert store.num_live == 0  # nothing left live in the drafter
+    out = s.generate([PROMPTS[0]] * 2, max_new_tokens=6)  # the same step goes on
+    assert [r.sample for r in out] == [0, 1]
+    s.end_step()
+
+
+def test_every_generate_call_of_a_step_feeds_the_length_history(tiny_llama):
+    """3 calls x 4 samples in one step: 12 lengths recorded (b46648a recorded 4: the request ids (step, i)
+    repeated across the calls, and the length history skipped ids it had seen finish)."""
+    s = _session(tiny_llama, SessionConfig(counting=False, background_upkeep=False))
+    for _ in range(3):
+        s.generate([PROMPTS[0]] * 4, max_new_tokens=6)
+    s.end_step()
+    recorded = sum(len(ls) for _, ls in s.policy.lengths.state_dict()["problems"])
+    assert recorded == 12

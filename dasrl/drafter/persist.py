@@ -36,7 +36,7 @@ from typing import Hashable
 
 import numpy as np
 
-from dasrl.atomic import atomic_write, open_regular, temp_pattern, write_json
+from dasrl.atomic import MAX_JSON_BYTES, atomic_write, open_regular, temp_pattern, write_json
 from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
 
@@ -46,8 +46,6 @@ MAX_STEPS = 2**20
 """Most steps a saved window may hold."""
 _DATA_NAME = re.compile(r"store-[0-9a-f]{16}\.npz")
 _TEMP_NAME = temp_pattern(r"store\.json|store-[0-9a-f]{16}\.npz")
-MAX_JSON_BYTES = 2**28
-"""Largest store.json read (256 MiB: ~6M sequences)."""
 MAX_DATA_BYTES = 2**34
 """Largest npz read (16 GiB)."""
 MAX_TOKENS = 2**31

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -155,6 +157,21 @@ class EngineStepError(RuntimeError):
         self.step, self.partial = step, partial
 
 
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The one lock of `model` (made on first use, dropped with the model): every engine forward on it
+    holds it (SpecEngine.forward_context), as does RolloutSession.generate from its draw of seeds to its
+    summary. Re-entrant: generate's forward_context runs inside the session's hold."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
+
+
 def default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -228,8 +245,14 @@ class SpecEngine:
                 if drafter is not None:
                     for r in rows:
                         pid = r.problem_id if r.problem_id is not None else problem_key(r.prompt)
-                        drafter.start(r.req_id, pid, r.prompt)
+                        # Counted as started before the call: an interrupt right after start() returns
+                        # must still abort it (else it stays live in the drafter for the whole step).
                         started.append(r)
+                        try:
+                            drafter.start(r.req_id, pid, r.prompt)
+                        except Exception:
+                            started.pop()  # refused: nothing of it is in the drafter to abort
+                            raise
                 cache = RowCache.for_model(self.model, rows=len(rows),
                                            capacity=max(map(len, job.prompts)) + self.config.initial_capacity)
                 live = list(rows)
@@ -265,8 +288,13 @@ class SpecEngine:
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
-        """What every engine forward runs in: inference mode, the engine's attention, padded linears."""
-        with torch.inference_mode(), attention_implementation(self.model, self.attn_name), \
+        """What every engine forward runs in: the model's lock, inference mode, the engine's attention,
+        padded linears. The lock first: the attention and the linears are swapped on the shared model and
+        restored on exit, so two overlapping contexts (two threads, two engines on one model) would mix
+        the shapes of their forwards and restore each other's swap, leaving the model on the engine's
+        attention (every plain forward after it then fails)."""
+        with model_lock(self.model), torch.inference_mode(), \
+                attention_implementation(self.model, self.attn_name), \
                 padded_linears(self.model, self.row_padding, self.kernels):
             yield
 
@@ -404,9 +432,16 @@ class SpecEngine:
         finished = [b for b, r in enumerate(live) if r.finish is not None]
         for b in reversed(finished):
             row = live[b]
+            # Done before the drafter's finish: an interrupt right after finish() returns must not abort
+            # it (the drafter would refuse to abort a finished request, and that error would replace the
+            # interrupt). From here on an error aborts it no more: its rollout is complete.
+            done.append(row)
             if drafter is not None:
-                drafter.finish(row.req_id)
-            done.append(row)  # from here on an error aborts it no more: its rollout is complete
+                try:
+                    drafter.finish(row.req_id)
+                except Exception:
+                    done.pop()  # refused: still live in the drafter, so aborted with the others
+                    raise
             policy.finish(row.state)
             cache.remove_row(b)
             last = live.pop()

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from dasrl.atomic import write_json
+from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
 from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl.demo.run import score, step_batch, trace_rows
 from dasrl.tasks import preset
@@ -192,7 +192,7 @@ def ensure_collection(cfg: CollectConfig, ctx) -> Collection:
     folder = Path(ctx.options.out) / f"collect-{cfg.key()}"
     meta = folder / "collect.json"
     if meta.exists():
-        doc = json.loads(meta.read_text())
+        doc = read_json(meta, MAX_JSON_BYTES, follow_symlinks=True)
         if doc.get("format") == FORMAT and doc.get("key") == cfg.key() and doc.get("complete", True):
             ctx.console.print(f"collection: reusing {folder}")
             return Collection(cfg, folder, doc["steps"], doc["wall_s"])

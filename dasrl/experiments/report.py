@@ -3,12 +3,11 @@ next to the markdown), numbers, the exact command, and the comparison with the p
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
 
-from dasrl.atomic import atomic_write
+from dasrl.atomic import MAX_JSON_BYTES, atomic_write, read_json, read_regular
 from dasrl.experiments.ablation import sim_scale
 from dasrl.experiments.collect import CollectConfig
 from dasrl.experiments.registry import EXPERIMENTS
@@ -37,7 +36,7 @@ def load_results(out: Path) -> list[dict]:
     for name in EXPERIMENTS:
         f = out / name / f"{name}.json"
         if f.exists():
-            docs.append(json.loads(f.read_text()))
+            docs.append(read_json(f, MAX_JSON_BYTES, follow_symlinks=True))
     return docs
 
 
@@ -82,7 +81,7 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
         png = out / d["name"] / d["figure"]
         target = figures / f"{d['name']}.png"
         if png.exists():
-            atomic_write(target, lambda f, png=png: f.write(png.read_bytes()))
+            atomic_write(target, lambda f, png=png: f.write(read_regular(png, MAX_JSON_BYTES, follow_symlinks=True)))
         rel = target.relative_to(results_md.parent) if target.is_relative_to(results_md.parent) else target
         lines += [f"## {number[d['name']]}. {d['title']} ({d['paper']})", "",
                   f"Source: {d['source']}{' — quick run' if d['quick'] else ''}. Took {d['seconds']} s; load "

@@ -5,8 +5,8 @@ measured drafting time: what the same forwards cost on this machine unloaded. Bo
 
 from __future__ import annotations
 
-import json
 
+from dasrl.atomic import MAX_JSON_BYTES, read_json
 from dasrl.policy.latency import LatencyModel
 from dasrl.sim.workloads import CPU_LATENCY
 
@@ -20,7 +20,7 @@ def latency_model(ctx) -> tuple[LatencyModel, str]:
     CPU figures measured on this project's machine unloaded (DESIGN.md; dasrl.sim.workloads.CPU_LATENCY)."""
     f = ctx.options.out / "latency" / "latency.json"
     if f.exists():
-        d = json.loads(f.read_text())
+        d = read_json(f, MAX_JSON_BYTES, follow_symlinks=True)
         err = d["summary"]["kv_fit_rel_error"]
         if err <= MAX_FIT_ERROR:
             return LatencyModel.from_dict(d["details"]["with_kv"], source=str(f)), "fitted in experiment 6"

@@ -20,7 +20,6 @@ priced is the replay's, a gap between priced and measured the cost model's.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from dasrl.atomic import MAX_JSON_BYTES, read_json
 from dasrl.drafter.store import DraftStore
 from dasrl.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl.policy.latency import LatencyModel, nonnegative_lstsq
@@ -136,8 +136,8 @@ def _read_collect(meta: Path) -> dict:
     """collect.json with every field replay() and validate() read checked, so that a damaged or foreign file
     is one error naming it rather than a KeyError deep in the replay."""
     try:
-        doc = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+        doc = read_json(meta, MAX_JSON_BYTES, follow_symlinks=True)
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or UTF-8, a FIFO, a device
         raise ValueError(f"{meta}: not a readable JSON file ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
-from dasrl.atomic import write_json
+from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
 from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.latency import LatencyModel
@@ -374,13 +374,11 @@ class DistributedRolloutSession:
                                                   "routing": self.router.state_dict()})
 
     def load(self, folder: str | os.PathLike) -> None:
-        import json
-
         ray = _ray()
         folder = Path(folder).resolve()
         try:
-            state = json.loads((folder / "distributed.json").read_text())
-        except (OSError, ValueError, RecursionError) as e:
+            state = read_json(folder / "distributed.json", MAX_JSON_BYTES)
+        except (OSError, ValueError) as e:
             raise ValueError(f"cannot read a distributed session from {folder}: {e}") from None
         src = folder / "distributed.json"
         if not isinstance(state, dict) or state.get("format") != "dasrl-distributed/1":

@@ -47,7 +47,7 @@ from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
 from dasrl.drafter.persist import MAX_DATA_BYTES
 from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo
+from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.allowance import ForwardAllowance
@@ -194,6 +194,7 @@ class RolloutSession:
         self.history: list[StepSummary] = []
         self._folded = dict.fromkeys(_TOTALS, 0)  # stats() totals of the summaries dropped from history
         self._drawn: dict[Hashable, set[int]] = {}  # sample indices of each problem drawn this step
+        self._issued = 0  # request ids given out this step (generate numbers them on over its calls)
         self._upkeep: threading.Thread | None = None
         self._upkeep_s = 0.0
         self._failed: BaseException | None = None  # what the last upkeep raised (cleared by load)
@@ -212,6 +213,17 @@ class RolloutSession:
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
+        with model_lock(self.engine.model):
+            return self._generate(prompts, pids, seeds, samples, sampling, max_new_tokens, stop_token_ids,
+                                  stop_lines, on_step)
+
+    def _generate(self, prompts, pids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines,
+                  on_step) -> list[Rollout]:
+        """generate() under the model's lock (engine.model_lock): two threads on one session, or two
+        sessions on one model, run one after the other. The lock is held from the draw of the sample
+        indices to the step summary, so each call reserves its indices before the engine runs and no two
+        calls draw the same seeds; the indices of a call that raises are released (a retry draws the same
+        seeds, as a rerun would)."""
         t0 = time.perf_counter()
         wait = self._join_upkeep()
         samples = self._samples(pids, samples)
@@ -219,22 +231,31 @@ class RolloutSession:
             seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         curve: list[tuple[float, int]] = []
 
+        timer = self.latency.timer(self.policy) if self.latency is not None else None
+
         def record(info: StepInfo) -> None:
-            if self.latency is not None and info.step > 0:  # a decoding forward, timed end to end
-                self.latency.record(info.tokens, info.kv_tokens, info.draft_kv_tokens,
-                                    info.elapsed_s - (curve[-1][0] if curve else 0.0))
-                self.policy.latency = self.latency.model()
+            if timer is not None:  # each decoding forward, timed end to end, reprices the policy
+                timer(info)
             curve.append((info.elapsed_s, info.batch_size))
             if on_step is not None:
                 on_step(info)
 
-        outs: list[Completion] = self.engine.generate(
-            prompts, seeds=seeds, sampling=sampling, drafter=self.drafter,
-            policy=self.policy or NoSpeculation(),
-            max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, stop_lines=stop_lines, problem_ids=pids,
-            req_ids=[(self.step, i) for i in range(len(prompts))], on_step=record)
-        for pid, k in zip(pids, samples):
+        reserved = [(pid, k) for pid, k in zip(pids, samples)]
+        for pid, k in reserved:
             self._drawn.setdefault(pid, set()).add(k)
+        # Request ids run on over the step's calls: a drafter or a policy that keys its per-request state
+        # by id (the length history skips an id it saw finish) must not see one id twice in a step.
+        first, self._issued = self._issued, self._issued + len(prompts)
+        try:
+            outs: list[Completion] = self.engine.generate(
+                prompts, seeds=seeds, sampling=sampling, drafter=self.drafter,
+                policy=self.policy or NoSpeculation(),
+                max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, stop_lines=stop_lines,
+                problem_ids=pids, req_ids=[(self.step, first + i) for i in range(len(prompts))], on_step=record)
+        except BaseException:
+            for pid, k in reserved:
+                self._drawn[pid].discard(k)
+            raise
         run = self.engine.last_run
         self._append(StepSummary(
             step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
@@ -308,7 +329,7 @@ class RolloutSession:
         """The step's rollouts are final: fold them into the window and roll it (in the background)."""
         self._join_upkeep()
         self.step += 1
-        self._drawn = {}
+        self._drawn, self._issued = {}, 0
         step = self.step
 
         def upkeep() -> None:
@@ -479,6 +500,7 @@ class RolloutSession:
             parts.append((part, state[name]))
         # everything passed: assign
         self.step, self.history, self._folded, self._drawn, self._failed = step, history, folded, {}, None
+        self._issued = 0
         if store is not None:
             self.store = store
         for part, sd in parts:

@@ -31,12 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dasrl.atomic import atomic_write
+from dasrl.atomic import atomic_write, open_regular
 
 FORMAT = "dasrl.trace/1"
 REQUIRED = ("step", "problem_id", "sample", "prompt_ids", "response_ids", "reward", "finish_reason")
 OPTIONAL = ("logprobs",)
 _INT32_MAX = 2**31 - 1
+MAX_TRACE_FILE_BYTES = 2**33
+"""Largest trace file read (8 GiB; a step file of a long run is tens of MB)."""
 """Token ids are stored as int32: a larger id would wrap (2**32 + 7 read back as 7)."""
 
 
@@ -242,8 +244,9 @@ def _files(path: Path) -> list[Path]:
 
 def _read_one(f: Path, require_checksum: bool) -> pa.Table:
     try:
-        # Opened by Python, not by Arrow: Arrow wants a UTF-8 path, and a file name need not be one.
-        with open(f, "rb") as fh:
+        # Opened by Python, not by Arrow: Arrow wants a UTF-8 path, and a file name need not be one; through
+        # open_regular: a FIFO would hang the open, a device never end.
+        with open_regular(f, MAX_TRACE_FILE_BYTES, follow_symlinks=True) as fh:
             t = pq.read_table(fh, page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as e:  # truncated, bit-flipped, not Parquet at all
         raise TraceError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e})") from None

@@ -31,8 +31,8 @@ from dasrl.engine.packing import pack_drafts
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget
-from dasrl.policy.budget import DASPolicy
-from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.policy.latency import CPU_LATENCY, LatencyModel, OnlineLatency, prior_for
 from dasrl.tasks import PRESETS, chat_ids, preset
 
 
@@ -100,9 +100,10 @@ class EngineBenchConfig:
         return EngineBenchConfig(problems=8, group=2, max_new_tokens=384)
 
 
-def das_policy(problem_ids: list[int], history: list[Completion], latency: LatencyModel = CPU_LATENCY):
+def das_policy(problem_ids: list[int], history: list[Completion], latency: LatencyModel = CPU_LATENCY,
+               caps: ClassCaps = ClassCaps()):
     """DAS's policy with its length history taken from `history` (epoch 1), priced by `latency`."""
-    inner = DASPolicy()
+    inner = DASPolicy(caps=caps)
     for pid, c in zip(problem_ids, history):
         inner.lengths.record(pid, len(c.token_ids))
     return ForwardAllowance(inner, latency=latency)
@@ -132,9 +133,19 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
     total = len(prompts) * cfg.max_new_tokens
     cb = progress or (lambda name, n: None)
 
-    def gen(name, seeds, drafter=None, policy=None):
+    device = engine.lm_head.weight.device.type
+
+    def gen(name, seeds, drafter=None, policy=None, timer=None):
+        tick = cb(name, total)
+
+        def on_step(info: StepInfo) -> None:
+            if timer is not None:
+                timer(info)
+            if tick is not None:
+                tick(info)
+
         return engine.generate(prompts, seeds=seeds, sampling=sampling, drafter=drafter, policy=policy,
-                               max_new_tokens=cfg.max_new_tokens, problem_ids=problem_ids, on_step=cb(name, total),
+                               max_new_tokens=cfg.max_new_tokens, problem_ids=problem_ids, on_step=on_step,
                                stop_lines=task_set.stop_lines)
 
     epoch1 = gen("epoch 1 (history)", seeds=[1000 + i for i in range(len(prompts))])
@@ -171,10 +182,13 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
         ("oracle", lambda: OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})),
     ]
     def policy():
-        return das_policy(problem_ids, epoch1) if cfg.policy == "das" else FixedBudget(cfg.budget)
+        return das_policy(problem_ids, epoch1, prior_for(device)) if cfg.policy == "das" else FixedBudget(cfg.budget)
 
-    for name, make in makers:
-        out = gen(name, seeds2, drafter=make(), policy=policy())
+    idle = ("spec-idle", das_suffix, lambda: das_policy(problem_ids, epoch1, prior_for(device), ClassCaps(0, 0, 0)))
+    for name, make, make_policy in [(n, m, policy) for n, m in makers] + [idle]:  # spec-idle: speculation on,
+        pol = make_policy()  # every cap 0 -- what the machinery costs a session that drafts nothing
+        fit = OnlineLatency(pol.latency) if isinstance(pol, ForwardAllowance) else None  # as a session prices
+        out = gen(name, seeds2, drafter=make(), policy=pol, timer=None if fit is None else fit.timer(pol))
         rows.append(_row(name, out, engine, ref))
     rows.append(hf_generate_row(model, tokenizer, prompts, cfg, engine.eos_ids))
     none_wall = rows[0]["wall_s"]

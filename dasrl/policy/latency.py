@@ -17,7 +17,7 @@ import os
 from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -225,6 +225,20 @@ class OnlineLatency:
         own = np.maximum(s - self.prior.c_draft_kv * dkv - self.prior.c_draft * (dkv > 0), 1e-9)  # [samples]
         base = LatencyModel.fit(n, own, kv)
         return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv, self.prior.c_draft)
+
+    def timer(self, policy) -> Callable[[object], None]:
+        """An engine `on_step` callback: records each decoding forward (an engine StepInfo: step, tokens,
+        kv_tokens, draft_kv_tokens, elapsed_s since generate() began; the prefill is not one) and sets
+        `policy.latency` to the model to price with. One per generate() call (it times step to step)."""
+        last = [0.0]
+
+        def on_step(info) -> None:
+            if info.step > 0:
+                self.record(info.tokens, info.kv_tokens, info.draft_kv_tokens, info.elapsed_s - last[0])
+                policy.latency = self.model()
+            last[0] = info.elapsed_s
+
+        return on_step
 
     def error(self) -> float | None:
         """Median |predicted - measured| / measured of the current model over the window (None: empty)."""

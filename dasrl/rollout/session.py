@@ -48,6 +48,7 @@ from dasrl.drafter.counting import CountingDrafter, with_counting
 from dasrl.drafter.persist import MAX_DATA_BYTES
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
+from dasrl.engine.rows import prompt_ids
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.allowance import ForwardAllowance
@@ -208,8 +209,10 @@ class RolloutSession:
         """Generate (part of) one training step's batch. `samples`: each request's sample index within its
         problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
         the derived seeds."""
-        if len(prompts) == 0:
-            raise ValueError("generate() needs at least one prompt")
+        if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+            raise ValueError("generate() needs a non-empty list of prompts (token-id lists)")
+        for i, p in enumerate(prompts):  # before problem_key hashes them (its int() error says nothing)
+            prompt_ids(i, p)
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")

@@ -28,6 +28,8 @@ MAX_STEPS = 10_000
 """RL steps of a run, a simulation or a workload."""
 MAX_SCALE = 100.0
 """Scale of a synthetic workload's lengths (1 = as defined; 100 turns paper-math's 16K limit into 1.6M)."""
+MIN_SCALE = 1 / MAX_SCALE
+"""Smallest scale (1e-300 made every length 1 token: a workload of nothing, silently)."""
 MAX_COUNT = 100_000
 """Prompts, samples, requests and tokens per sample (draft budgets: dasrl.drafter.base.MAX_DRAFT)."""
 MAX_WORKERS = 4096
@@ -56,6 +58,17 @@ def max_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+ACTOR_BYTES = 512 << 20
+"""Memory one model-loading worker process takes (SmolLM2-135M fp32: 335 MB RSS after load_model in a bare
+process, measured 2026-12-06; a Ray actor adds its runtime and the KV cache)."""
+
+
+def max_actors() -> int:
+    """Most model-loading worker processes this machine's memory holds (at least 1)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, total // ACTOR_BYTES)
+
+
 def threads(value: int | None) -> int | None:
     """--threads: 1 .. the cores available (None: the default)."""
     return between(1, max_threads())(value)
@@ -72,23 +85,48 @@ def _writable(folder: Path, value: object) -> None:
         raise typer.BadParameter(f"{value}: cannot write in {folder} ({e.strerror})") from None
 
 
+def _mode(path: Path, value: object) -> int | None:
+    """os.stat(path).st_mode (links followed), None where nothing is there; any other failure (a name
+    over 255 bytes, a path too long, no permission) is a usage error naming it, not a traceback."""
+    try:
+        return os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise typer.BadParameter(f"{value}: {e.strerror}") from None
+
+
 def _nearest_folder(path: Path, value: object) -> Path:
     """The nearest existing ancestor of `path`, which must be a folder (missing ones are made on write)."""
     parent = path.absolute().parent
-    while not parent.exists():
+    while (mode := _mode(parent, value)) is None:
         parent = parent.parent
-    if not parent.is_dir():
+    if not stat.S_ISDIR(mode):
         raise typer.BadParameter(f"{value}: {parent} is a file, not a folder")
     return parent
 
 
+def _not_empty(value: object) -> None:
+    if not str(value).strip():
+        raise typer.BadParameter("must not be empty (an empty path is the current folder); give a path")
+
+
 def output_file(value: Path | None) -> Path | None:
-    """A file a command writes (atomically, making missing folders): not a folder, under a writable one."""
+    """A file a command writes (atomically, making missing folders): not a folder, under a writable one.
+    Something already there must be a regular file (or a link to one, written through): a device or a
+    FIFO (`--json /dev/stdout`) would be replaced by the new file, not written into (dasrl.atomic)."""
     if value is None:
         return value
+    _not_empty(value)
     path = Path(value)
-    if path.is_dir():
+    mode = _mode(path, value)
+    if mode is not None and stat.S_ISDIR(mode):
         raise typer.BadParameter(f"{value} is a folder; give a file name")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise typer.BadParameter(f"{value}: not a regular file (mode {stat.filemode(mode)}: a device, a FIFO or a "
+                                 f"socket); an output is written as a new file, which would replace it")
+    if len(path.name.encode()) > 255:
+        raise typer.BadParameter(f"{value}: a file name may hold at most 255 bytes")
     _writable(_nearest_folder(path, value), value)
     return value
 
@@ -97,10 +135,14 @@ def output_folder(value: Path | str | None) -> Path | str | None:
     """A folder a command writes into (made if missing): not a file, and writable."""
     if value is None:
         return value
+    _not_empty(value)
     path = Path(value)
-    if path.exists() and not path.is_dir():
+    mode = _mode(path, value)
+    if mode is not None and not stat.S_ISDIR(mode):
         raise typer.BadParameter(f"{value} is a file; give a folder")
-    _writable(path if path.is_dir() else _nearest_folder(path, value), value)
+    if any(len(part.encode()) > 255 for part in path.parts):
+        raise typer.BadParameter(f"{value}: a folder name may hold at most 255 bytes")
+    _writable(path if mode is not None else _nearest_folder(path, value), value)
     return value
 
 
@@ -136,8 +178,12 @@ def model_source(value: str) -> str:
     except FileNotFoundError as e:
         raise typer.BadParameter(f"{e}; give a model folder, a hub id or one of {sorted(EMBEDDED)}") from None
     folder = Path(source)
-    if not folder.is_dir():
-        return value  # a hub id: only loading it can tell
+    if not folder.is_dir():  # a hub id: known to the local cache, or to the hub (one request, no retries)
+        reason = _unknown_hub_id(source)
+        if reason is not None:
+            raise typer.BadParameter(f"{value!r} is not an embedded model ({', '.join(sorted(EMBEDDED))}), a "
+                                     f"local model folder, or a hub id that can be loaded: {reason}")
+        return value
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -146,6 +192,36 @@ def model_source(value: str) -> str:
         raise typer.BadParameter(f"{folder / 'config.json'} names no model_type: not a Hugging Face model config")
     if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin")):
         raise typer.BadParameter(f"model folder {value!r} holds no weights (*.safetensors or *.bin)")
+    return value
+
+
+def _unknown_hub_id(repo_id: str) -> str | None:
+    """Why `repo_id` cannot be loaded from the Hugging Face hub (None: it can). Asked before any work:
+    transformers would otherwise find out only when the model loads, after its own retries (~40 s
+    offline), when a command has already run its first stages and written their output."""
+    from huggingface_hub import model_info, try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return None
+        model_info(repo_id, timeout=10)
+        return None
+    except Exception as e:  # a malformed id, a repository the hub does not know, no network: all one answer
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def temperature(value):
+    """--temperature (one value or a list): what SamplingParams takes (finite, >= 0, 0 or above its
+    floor), checked before any model loads."""
+    if value is None:
+        return value
+    from dasrl.engine.sampling import SamplingParams
+
+    for t in value if isinstance(value, (list, tuple)) else [value]:
+        try:
+            SamplingParams(temperature=t)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     return value
 
 

@@ -64,3 +64,57 @@ def test_failed_write_keeps_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         atomic_write(p, broken)
     assert p.read_bytes() == b"old" and os.listdir(tmp_path) == ["c.bin"]
+
+
+# ------------------------------------------------------------------------- issue 37 item 10
+def test_a_symlink_is_written_through(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    os.symlink("real.json", tmp_path / "link.json")
+    write_json(tmp_path / "link.json", {"x": 1})
+    assert os.path.islink(tmp_path / "link.json") and os.readlink(tmp_path / "link.json") == "real.json"
+    assert real.read_text() == '{\n  "x": 1\n}'
+
+
+def test_fifos_devices_and_links_to_them_are_refused_not_replaced(tmp_path):
+    """atomic_write renamed its temporary over whatever was at the path: a FIFO, a device node, the target
+    of /dev/stdout (-> /proc/self/fd/1) became a regular file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_json(fifo, {"x": 1})
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    r, w = os.pipe()
+    try:
+        os.symlink(f"/proc/self/fd/{w}", tmp_path / "stdout")
+        with pytest.raises(ValueError, match="not a regular file"):
+            write_json(tmp_path / "stdout", {"x": 1})
+        assert os.path.islink(tmp_path / "stdout")
+    finally:
+        os.close(r)
+        os.close(w)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "stdout"]  # no temporary left
+    try:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        return
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_json(tmp_path / "null", {"x": 1})
+    assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode)
+
+
+def test_open_regular_refuses_what_would_hang_or_never_end(tmp_path):
+    from dasrl.atomic import read_regular
+
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_regular(tmp_path / "fifo", 100)  # returns at once: O_NONBLOCK, then refused
+    os.symlink("/dev/zero", tmp_path / "zero")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        read_regular(tmp_path / "zero", 100)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_regular(tmp_path / "zero", 100, follow_symlinks=True)
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    with pytest.raises(ValueError, match="101 bytes, more than the 100"):
+        read_regular(tmp_path / "big", 100)
+    assert read_regular(tmp_path / "big", 101) == b"x" * 101

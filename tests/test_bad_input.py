@@ -53,3 +53,29 @@ def test_max_context_beyond_the_model_is_refused(smollm):
         SpecEngine(model, tok, EngineConfig(max_context=10**6))
     assert SpecEngine(model, tok, EngineConfig(max_context=8192)).max_context == 8192
     assert SpecEngine(model, tok).max_context == 8192
+
+
+# ------------------------------------------------------------------------- issue 37 item 15
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(stop_ids={1.7}), TypeError, r"stop_token_ids must hold integers, got 1.7"),  # was truncated to 1
+    (dict(stop_lines="abc"), TypeError, r"stop_lines must be a list of strings, got the string 'abc'"),
+    (dict(stop_strings="abc"), TypeError, r"stop_strings must be a list of strings, got the string 'abc'"),
+    (dict(prompts=[None]), TypeError, r"prompt 0 is NoneType None; each prompt is a list of token ids"),
+    (dict(prompts=[{1, 2}]), TypeError, r"prompt 0 is set"),
+])
+def test_silently_converted_inputs_are_refused(kw, err, msg):
+    with pytest.raises(err, match=msg):
+        _job(kw.pop("prompts", [[1, 2]]), **kw)
+
+
+@pytest.mark.parametrize("prompt, msg", [("What is 2+2?", "prompt 0 is a string; pass token ids"),
+                                         (None, "prompt 0 is NoneType None")])
+def test_session_names_a_prompt_that_is_not_token_ids(tiny_llama, prompt, msg):
+    """RolloutSession.generate hashed prompts into problem ids first: a string or None prompt gave a cryptic
+    int() error from problem_key."""
+    from dasrl.rollout.session import RolloutSession, SessionConfig
+
+    s = RolloutSession(tiny_llama(0), None, SessionConfig(counting=False))
+    with pytest.raises(TypeError, match=msg):
+        s.generate([prompt], max_new_tokens=2)
+    assert s.history == [] and s._drawn == {}

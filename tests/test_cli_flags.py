@@ -3,7 +3,9 @@ no traceback, before any work (no workload generated, no model loaded, no file o
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ def _run(args):
 @pytest.mark.parametrize("args, msg", [
     (["--steps", "-1"], "Invalid value for '--steps': must be >= 1, got -1"),
     (["--steps", "0"], "Invalid value for '--steps': must be >= 1, got 0"),  # not "the default"
-    (["--scale", "0"], "Invalid value for '--scale': must be > 0, got 0.0"),
+    (["--scale", "0"], "Invalid value for '--scale': must be >= 0.01, got 0.0"),
     (["--scale", "nan"], "'--scale': must be a number, got nan"),
     (["--window", "-3"], "Invalid value for '--window': must be >= 1, got -3"),
     (["--k", "-2"], "Invalid value for '--k': must be >= 0, got -2"),
@@ -56,7 +58,7 @@ def test_simulate_trace_flags(tmp_path):
 
 @pytest.mark.parametrize("cmd", [["trace", "synth", "OUT"], ["bench", "ablation"], ["bench", "routing"]])
 @pytest.mark.parametrize("args, msg", [(["--steps", "0"], "'--steps': must be >= 1, got 0"),
-                                       (["--scale", "-1"], "'--scale': must be > 0, got -1.0")])
+                                       (["--scale", "-1"], "'--scale': must be >= 0.01, got -1.0")])
 def test_other_sim_commands(cmd, args, msg, tmp_path):
     cmd = [str(tmp_path / "t.parquet") if c == "OUT" else c for c in cmd]
     code, text = _run([*cmd, "--workload", "tiny", *args])
@@ -273,3 +275,82 @@ def test_fifos_and_devices_are_refused_not_read(args, msg, tmp_path):
     assert code == 2 and fill(msg).translate(squeeze) in text.translate(squeeze), (code, text)
     assert "Traceback" not in text
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 37 items 9, 10, 12, 13, 17: flags that were checked only after work started (or never), outputs
+# that replaced device nodes and links, names the output checks could not stat. Each is one usage error
+# before any work: the unloadable model shows no model was loaded first, and nothing is written.
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["bench", "engine", "--quick", "--temperature", "-1"], "'--temperature': temperature must be a finite number >= 0"),
+    (["bench", "engine", "--quick", "--temperature", "nan"], "'--temperature': temperature must be a finite number >= 0"),
+    (["bench", "fidelity", "--quick", "--temperature", "-1"], "'--temperature': temperature must be a finite number"),
+    (["bench", "routing", "--workload", "tiny", "--seed", "-1"], "'--seed': must be >= 0, got -1"),
+    (["bench", "ray", "--workers", "256"], "256 workers x 3 routers = 768 actors that each load the model"),
+    (["simulate", "--workload", "tiny", "--json", "{TMP}/" + LONG + ".json"], "File name too long"),
+    (["simulate", "--workload", "tiny", "--json", "{TMP}/" + LONG + "/r.json"], "File name too long"),
+    (["demo", "--out", "{TMP}/" + LONG], "File name too long"),
+    (["demo", "--out", ""], "'--out': must not be empty"),
+    (["simulate", "--workload", "tiny", "--scale", "1e-300"], "'--scale': must be >= 0.01, got 1e-300"),
+    (["trace", "synth", "{TMP}/t.parquet", "--workload", "tiny", "--scale", "0.001"], "'--scale': must be >= 0.01"),
+])
+def test_flags_checked_before_any_work(args, msg, tmp_path, unloadable_model):
+    if args[:2] == ["bench", "ray"]:
+        pytest.importorskip("ray")
+    args = [a.replace("{TMP}", str(tmp_path)) for a in args]
+    if args[0] in ("demo",) or args[:2] in (["bench", "engine"], ["bench", "fidelity"], ["bench", "ray"]):
+        args += ["--model", unloadable_model]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, text = _run(args)
+    squeeze = str.maketrans("", "", " ")
+    assert code == 2 and msg.translate(squeeze) in text.translate(squeeze), (code, text)
+    assert "Traceback" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_bogus_model_name_is_refused_before_any_experiment(tmp_path, monkeypatch):
+    """`experiments --model bogus` ran the latency experiment for ~50 s, wrote its folder, then raised a
+    transformers traceback. Now: one usage error (the name is no embedded model, folder, or hub id this
+    machine can load), before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    code, text = _run(["experiments", "--quick", "--model", "bogus", "--out", str(tmp_path / "out")])
+    assert code == 2 and "'bogus' is not an embedded model" in text and "hub id that can be loaded" in text, text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_outputs_write_through_links_and_refuse_devices(tmp_path):
+    """`ln -s /proc/self/fd/1 out.json; dasrl trace synth out.json` replaced the link with a regular file
+    (as root, `--json /dev/stdout` would have replaced the system's /dev/stdout). A link to a regular file
+    is written through (the link stays); a link to a pipe, a FIFO or a device node is refused, untouched."""
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    os.symlink(real, link)
+    code, text = _run(["simulate", "--workload", "tiny", "--steps", "2", "--json", str(link)])
+    assert code == 0, text
+    assert link.is_symlink() and os.readlink(link) == str(real) and json.loads(real.read_text())["source"]
+    r, w = os.pipe()
+    try:
+        pipe_link = tmp_path / "out.json"
+        os.symlink(f"/proc/self/fd/{w}", pipe_link)
+        code, text = _run(["trace", "synth", str(pipe_link), "--workload", "tiny", "--steps", "2"])
+        assert code == 2 and "not a regular file" in text, text
+        assert pipe_link.is_symlink()
+    finally:
+        os.close(r)
+        os.close(w)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    code, text = _run(["simulate", "--workload", "tiny", "--steps", "2", "--json", str(fifo)])
+    assert code == 2 and "not a regular file" in text, text
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    try:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    except PermissionError:
+        return
+    code, text = _run(["simulate", "--workload", "tiny", "--steps", "2", "--json", str(tmp_path / "null")])
+    assert code == 2 and "not a regular file" in text, text
+    assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode)

@@ -87,3 +87,60 @@ def test_logprobs_are_what_trl_compares(tmp_path, smollm):
     with pytest.raises(ValueError, match="min_p"):
         trl.GRPOTrainer(model=copy.deepcopy(model), processing_class=tok, reward_funcs=[reward],
                         args=args("b", min_p=0.1), train_dataset=ds, rollout_func=dasrl_rollout()).train()
+
+
+# ------------------------------------------------------------------------- issue 37 item 16
+def test_a_resumed_run_keys_its_seeds_on_the_trainers_step(tmp_path, smollm):
+    """A run of 2 steps checkpointed, then resumed for a 3rd: the session generating the 3rd step is at
+    step 2 (its seeds are the uninterrupted run's), not at step 0 (b46648a: step 0's seeds again)."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import copy
+
+    from dasrl.integrations.trl import dasrl_rollout
+
+    model, tok = smollm
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    ds = datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in
+                                                ("What is 3+4?", "Name a color.", "Say hi.", "Count to 5.")]})
+    seen: list[tuple[int, int]] = []  # (trainer's global_step, session step) at each reward call
+
+    def run(max_steps: int, resume: bool):
+        roll = dasrl_rollout(speculate=True, policy="das")
+
+        def reward(completions, completion_ids, **kw):
+            seen.append((trainer.state.global_step, roll.session.step))
+            return [float(len(c) % 7) / 7 for c in completion_ids]
+        args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                              max_completion_length=8, max_steps=max_steps, learning_rate=1e-5, bf16=False,
+                              gradient_checkpointing=False, use_cpu=True, report_to="none", seed=0,
+                              logging_steps=1, save_strategy="steps", save_steps=2, temperature=0.8,
+                              dataloader_num_workers=0)
+        trainer = trl.GRPOTrainer(model=copy.deepcopy(model), processing_class=tok, reward_funcs=[reward],
+                                  args=args, train_dataset=ds, rollout_func=roll)
+        trainer.train(resume_from_checkpoint=resume or None)
+    run(2, resume=False)
+    assert seen == [(0, 0), (1, 1)]
+    seen.clear()
+    run(3, resume=True)
+    assert seen == [(2, 2)]
+
+
+@pytest.mark.parametrize("prompt, msg", [
+    ([{"role": "user"}], r"prompt 0, message 0: expected \{'role': str, 'content': str or list\}"),
+    ([{"content": "hi"}], r"prompt 0, message 0: expected"),
+    (["hi"], r"prompt 0, message 0: expected"),
+    ([], r"prompt 0: expected a text or a non-empty list of chat messages"),
+    (None, r"prompt 0: expected a text or a non-empty list of chat messages"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "tool", "content": 3}],
+     r"prompt 0, message 2: expected"),
+])
+def test_bad_chat_messages_are_named(smollm, prompt, msg):
+    """Bad messages reached the chat template and failed inside jinja (KeyError / UndefinedError)."""
+    pytest.importorskip("trl")
+    from dasrl.integrations.trl import DASRollout
+
+    _, tok = smollm
+    with pytest.raises(ValueError, match=msg):
+        DASRollout()._prompt_ids(0, prompt, tok)
+    assert DASRollout()._prompt_ids(0, [{"role": "user", "content": "hi"}], tok)  # a good one still works

@@ -83,3 +83,72 @@ def test_profile_is_the_best_fitted_das_row(tmp_path):
     assert lat.c_base == 0.07 and src == {"method": "das", "temperature": 1.0, "fitted_steps": 256}
     with pytest.raises(ValueError, match="latency fit"):
         vllm_validate.bench_profile({"rows": rows[:1]})
+
+
+# ------------------------------------------------------------------------- issue 37 item 11
+def _bench_doc(tmp_path) -> dict:
+    """A bench JSON of one das run whose trace is on disk, as `dasrl bench vllm --json --trace` writes."""
+    write_run_trace(tmp_path / "tr" / trace_name("das", 0.0, 0), _result(), max_tokens=64)
+    return {"config": {"k": 8, "window": 16},
+            "rows": [{"method": "das", "temperature": 0.0, "per_step": [[{"s": 1.0, "drafted": 3, "accepted": 1}] * 2],
+                      "dasrl_stats_last_repeat": {"latency": LAT.to_dict(), "latency_steps": 40}}]}
+
+
+def _main(argv) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            vllm_validate.main([str(a) for a in argv])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("case, msg", [
+    ("args", "usage: python -m dasrl.bench.vllm_validate"),
+    ("missing bench", "No such file or directory"),
+    ("bench not JSON", "bench.json: not valid JSON"),
+    ("bench a list", "must be an object with 'config'"),
+    ("no traces", "no such trace file"),
+    ("trace dir a file", "not a folder"),
+    ("out a folder", "is a folder; give a file name"),
+])
+def test_main_checks_every_input_before_writing(tmp_path, case, msg):
+    """On b46648a each of these was a raw traceback, and a bad trace folder was found only after
+    LATENCY_OUT.json had been written."""
+    doc = _bench_doc(tmp_path)
+    bench, lat, out = tmp_path / "bench.json", tmp_path / "lat.json", tmp_path / "out.json"
+    bench.write_text(json.dumps(doc))
+    trace_dir = tmp_path / "tr"
+    argv = [bench, trace_dir, lat, out]
+    if case == "args":
+        argv = argv[:2]
+    elif case == "missing bench":
+        argv[0] = tmp_path / "missing.json"
+    elif case == "bench not JSON":
+        bench.write_text("{")
+    elif case == "bench a list":
+        bench.write_text("[1]")
+    elif case == "no traces":
+        argv[1] = tmp_path / "empty"
+        argv[1].mkdir()
+    elif case == "trace dir a file":
+        argv[1] = bench
+    elif case == "out a folder":
+        argv[3] = tmp_path
+    code, err = _main(argv)
+    assert code == 2 and msg in err, (code, err)
+    assert not lat.exists() and not out.exists()
+
+
+def test_main_on_a_good_bench_writes_both(tmp_path):
+    doc = _bench_doc(tmp_path)
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    code, err = _main([tmp_path / "bench.json", tmp_path / "tr", tmp_path / "lat.json", tmp_path / "out.json"])
+    assert code == 0, err
+    assert LatencyModel.load(tmp_path / "lat.json") == LAT
+    assert json.loads((tmp_path / "out.json").read_text())["rows"][0]["method"] == "das"

@@ -11,7 +11,7 @@ import typer
 from dasrl.atomic import write_json
 from dasrl.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
                              rows_table, user_errors)
-from dasrl.cli_args import device as device_opt, threads as threads_opt
+from dasrl.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
 from dasrl.drafter.base import MAX_DRAFT
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,7 +62,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         model: str = model_option("Model name, local folder or hub id."),
         preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short.",
                                    callback=preset_name),
-        temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's)."),
+        temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's).",
+                                                    callback=temperature_opt),
         policy: str = typer.Option("das", help="Policy of every speculative row: das (length classes from epoch 1, "
                                                "per-forward allowance) | fixed (--budget k)."),
         budget: Optional[int] = typer.Option(None, help="Draft budget k of the fixed policy.",
@@ -170,7 +171,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         group: Optional[int] = typer.Option(None, help="Requests per prompt.", callback=between(1, MAX_COUNT)),
         max_new_tokens: Optional[int] = typer.Option(None, help="Cap on each rollout's length.",
                                                      callback=between(1, MAX_COUNT)),
-        temperature: Optional[list[float]] = typer.Option(None, help="Only these temperatures (repeatable)."),
+        temperature: Optional[list[float]] = typer.Option(None, help="Only these temperatures (repeatable).",
+                                                          callback=temperature_opt),
         threads: Optional[int] = typer.Option(None, help="torch threads (default: the cores available).",
                                               callback=threads_opt),
         noise_seeds: int = typer.Option(16, help="Keys per row in the forward-shape flip measurement (0 = skip).",

@@ -13,7 +13,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, MAX_STEPS, between, json_option, model_option, user_errors
+from dasrl.cli_args import (ACTOR_BYTES, MAX_COUNT, MAX_STEPS, between, json_option, max_actors, model_option,
+                             user_errors)
 
 console = Console()
 
@@ -67,6 +68,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 raise typer.BadParameter(f"unknown router {n!r}; valid routers: {', '.join(ROUTERS)}")
         if not names:
             raise typer.BadParameter(f"no router in {routers!r}", param_hint="'--routers'")
+        most = max_actors()
+        if workers * len(names) > most:  # every router's actors live side by side, each loading the model
+            raise typer.BadParameter(
+                f"{workers} workers x {len(names)} routers = {workers * len(names)} actors that each load the model; "
+                f"this machine's memory holds about {most} (~{ACTOR_BYTES >> 20} MiB each): give --workers <= "
+                f"{max(most // len(names), 1)} or fewer --routers", param_hint="'--workers'")
         try:
             SamplingParams(temperature=temperature, top_p=0.95)  # checked before the model loads
         except ValueError as e:

@@ -18,14 +18,13 @@ the step after the first engine step (the prefill) against the replay's forwards
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from dasrl.atomic import write_json
+from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json, write_target
 from dasrl.bench.vllm_bench import trace_name
 from dasrl.drafter.arctic import ArcticDrafter
 from dasrl.drafter.store import DraftStore
@@ -112,7 +111,28 @@ def predict(trace_dir: Path, method: str, cfg: dict, latency: LatencyModel, late
     return out
 
 
+def check_bench(doc: object, trace_dir: Path) -> None:
+    """The bench JSON's fields that validate() reads, and every trace it names (read whole): ValueError
+    naming the first bad one, before anything is written."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError("the bench JSON must be an object with 'config' (an object) and 'rows' (a list), as "
+                         "`dasrl bench vllm --json` writes it")
+    for key in ("k", "window"):
+        if key not in doc["config"]:
+            raise ValueError(f"the bench JSON's config has no {key!r}")
+    for i, row in enumerate(doc["rows"]):
+        if not (isinstance(row, dict) and isinstance(row.get("method"), str)
+                and isinstance(row.get("temperature"), (int, float)) and isinstance(row.get("per_step"), list)
+                and all(isinstance(rep, list) and all(isinstance(m, dict) and isinstance(m.get("s"), (int, float))
+                                                      and m["s"] > 0 for m in rep) for rep in row["per_step"])):
+            raise ValueError(f"the bench JSON's rows[{i}] must hold 'method', 'temperature' and 'per_step' (a list "
+                             f"per repeat of steps with measured seconds 's' > 0)")
+        for r in range(len(row["per_step"])):
+            read_trace(trace_dir / trace_name(row["method"], row["temperature"], r))  # TraceError names it
+
+
 def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
+    check_bench(doc, trace_dir)
     latency, source = bench_profile(doc)
     latency.save(latency_path)
     cfg, rows = doc["config"], []
@@ -141,11 +161,29 @@ def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
             "latency": {**latency.to_dict(), "source": source, "file": str(latency_path)}, "rows": rows}
 
 
+USAGE = "usage: python -m dasrl.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json"
+
+
 def main(argv: list[str]) -> None:
+    """Every input checked, and both outputs, before anything is written: an error is one line naming the
+    value (exit code 2), not a traceback."""
     if len(argv) != 4:
-        raise SystemExit("usage: python -m dasrl.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json")
-    doc = validate(json.loads(Path(argv[0]).read_text()), Path(argv[1]), Path(argv[2]))
-    write_json(Path(argv[3]), doc)
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    bench, trace_dir, latency_out, out = map(Path, argv)
+    try:
+        for p in (latency_out, out):
+            if p.is_dir():
+                raise ValueError(f"{p} is a folder; give a file name")
+            write_target(p)  # a device or a FIFO: refused (it would be replaced)
+        if not trace_dir.is_dir():
+            raise ValueError(f"{trace_dir}: not a folder (TRACE_DIR is `dasrl bench vllm --trace`'s folder)")
+        doc = read_json(bench, MAX_JSON_BYTES, follow_symlinks=True)
+        doc = validate(doc, trace_dir, latency_out)
+    except (ValueError, OSError) as e:  # TraceError is a ValueError
+        print(f"vllm_validate: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    write_json(out, doc)
     print(f"{'method':8} {'T':>4} {'measured':>9} {'predicted':>9} {'ratio':>6} {'decode':>6}")
     for r in doc["rows"]:
         dec = "-" if r["median_decode_ratio"] is None else f"{r['median_decode_ratio']:.2f}"

@@ -60,6 +60,25 @@ def _int_list(values: Sequence, what: str) -> list[int]:
     return out
 
 
+def prompt_ids(i: int, p: object) -> list[int]:
+    """Prompt i as a list of ints, or an error saying what it is instead (a string, None, an int, a 2-D
+    array, floats). The type checks of validate_job, also run by RolloutSession.generate before it hashes
+    the prompts into problem ids."""
+    if isinstance(p, (str, bytes)):
+        raise TypeError(f"prompt {i} is a string; pass token ids (tokenize it first)")
+    if isinstance(p, (int, np.integer)):
+        raise TypeError(f"prompt {i} is the int {int(p)}: prompts is a list of prompts (wrap a single prompt "
+                        f"in a list)")
+    if hasattr(p, "ndim") and hasattr(p, "tolist"):  # numpy / torch: refused, not flattened, unless 1-D
+        if p.ndim != 1:
+            raise ValueError(f"prompt {i} is a {p.ndim}-D array of shape {tuple(p.shape)}; each prompt must "
+                             f"be 1-D token ids")
+        p = p.tolist()
+    if not isinstance(p, (list, tuple)):
+        raise TypeError(f"prompt {i} is {type(p).__name__} {p!r:.60}; each prompt is a list of token ids")
+    return _int_list(p, f"prompt {i}")
+
+
 def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None, sampling: SamplingParams,
                  max_new_tokens: int, stop_ids: set[int], stop_strings: Sequence[str],
                  req_ids: Sequence[Hashable] | None, problem_ids: Sequence[Hashable | None] | None,
@@ -71,17 +90,7 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
         raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     clean = []
     for i, p in enumerate(prompts):
-        if isinstance(p, (str, bytes)):
-            raise TypeError(f"prompt {i} is a string; pass token ids (tokenize it first)")
-        if isinstance(p, (int, np.integer)):
-            raise TypeError(f"prompt {i} is the int {int(p)}: prompts is a list of prompts (wrap a single prompt "
-                            f"in a list)")
-        if hasattr(p, "ndim") and hasattr(p, "tolist"):  # numpy / torch: refused, not flattened, unless 1-D
-            if p.ndim != 1:
-                raise ValueError(f"prompt {i} is a {p.ndim}-D array of shape {tuple(p.shape)}; each prompt must "
-                                 f"be 1-D token ids")
-            p = p.tolist()
-        ids = _int_list(p, f"prompt {i}")
+        ids = prompt_ids(i, p)
         if not ids:
             raise ValueError(f"prompt {i} is empty")
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -103,9 +112,13 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
             raise ValueError(f"seeds must fit in 64 bits, in [-2**63, 2**63); got {wide[:5]}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    _int_list(stop_ids, "stop_token_ids")  # 1.7 is refused, not truncated to 1
     bad_stop = [t for t in stop_ids if not 0 <= int(t) < vocab_size]
     if bad_stop:
         raise ValueError(f"stop token ids outside the vocabulary [0, {vocab_size}): {bad_stop}")
+    for name, value in (("stop_strings", stop_strings), ("stop_lines", stop_lines)):
+        if isinstance(value, (str, bytes)):  # a string is a sequence of one-character stops: surely not meant
+            raise TypeError(f"{name} must be a list of strings, got the string {value!r} (wrap it in a list)")
     strings = tuple(stop_strings)
     if any(not isinstance(s, str) or not s for s in strings):
         raise ValueError(f"stop strings must be non-empty strings, got {strings!r}")

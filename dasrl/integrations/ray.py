@@ -34,9 +34,9 @@ from typing import Callable, Hashable, Sequence
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
 from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import CPU_LATENCY, Rollout, SessionConfig, next_samples, sample_seed
+from dasrl.rollout.session import Rollout, SessionConfig, next_samples, sample_seed
 
 
 def _ray():

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from dasrl.atomic import write_json
-from dasrl.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, between, input_file, json_option, output_file
+from dasrl.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MIN_SCALE, MAX_WORKERS, between, input_file, json_option, output_file
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -27,7 +27,7 @@ PAPER_ABLATION = 0.15  # Figure 12: distribution-aware vs unbounded drafting, ma
 
 
 # Options every simulator command shares, checked as typer parses them (dasrl.cli_args).
-SCALE = dict(callback=between(0, MAX_SCALE, above=True), help="Scale the workload's lengths.")
+SCALE = dict(callback=between(MIN_SCALE, MAX_SCALE), help="Scale the workload's lengths.")
 STEPS = dict(callback=between(1, MAX_STEPS), help="Override the number of steps.")
 WARMUP = dict(callback=between(0, MAX_STEPS))
 MAX_TOKENS = 100_000_000
@@ -227,7 +227,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                     scale: float = typer.Option(1.0, **SCALE),
                     steps: Optional[int] = typer.Option(None, **STEPS),
                     warmup: int = typer.Option(1, help="Leading steps that only fill the length history.", **WARMUP),
-                    seed: int = typer.Option(0, help="Seed of the random router."),
+                    seed: int = typer.Option(0, help="Seed of the random router.", callback=between(0, 2**32 - 1)),
                     latency: str = typer.Option("workload", help="Forward cost: workload (its assumption) | cpu "
                                                                  "(this project's CPU engine) | a latency JSON."),
                     json_out: Optional[Path] = json_option("Write results as JSON."),

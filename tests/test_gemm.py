@@ -92,3 +92,14 @@ def test_tuned_kernels_compute_every_linear_and_follow_weight_updates(tiny_llama
         lin.weight = torch.nn.Parameter(torch.randn_like(lin.weight))  # a new tensor
     kernels.refresh()
     torch.testing.assert_close(kernels.linear(lin, x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")
+def test_engines_on_one_model_share_its_reordered_weights(tiny_llama):
+    """A baseline and a speculative session on one model hold one reordered copy of its weights, not one
+    each (a 1.5B model's copy is 6 GB); another model gets its own."""
+    from dasrl.engine.engine import SpecEngine
+
+    model, other = tiny_llama(), tiny_llama(seed=1)
+    a, b, c = SpecEngine(model), SpecEngine(model), SpecEngine(other)
+    assert a.kernels is b.kernels is not None and c.kernels is not a.kernels

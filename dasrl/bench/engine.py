@@ -292,6 +292,12 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
                     s = time_forward(engine, batch=b, q=[q] + [1] * (b - 1), context=ctx, repeats=grid.repeats)
                     out.append({"batch": b, "tokens_per_row": q, "drafting_rows": 1, "context": ctx,
                                 "n_tokens": b + q - 1, "kv_tokens": b * ctx, "draft_kv_tokens": ctx, "seconds": s})
+                    # the same token count without a drafting row: c_draft is then what drafting adds at equal
+                    # tokens, not whatever the linear terms leave unexplained at small batches
+                    n = b + q - 1
+                    s = time_forward(engine, batch=n, q=1, context=ctx, repeats=grid.repeats)
+                    out.append({"batch": n, "tokens_per_row": 1, "context": ctx, "n_tokens": n, "kv_tokens": n * ctx,
+                                "draft_kv_tokens": 0, "seconds": s})
                 tick()
     return out
 

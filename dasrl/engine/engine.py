@@ -200,7 +200,7 @@ class SpecEngine:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
         self.attn_name = register()
         cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
-        self.kernels = LinearKernels(model) if config.linear_kernels and not config.batch_invariant and cpu_fp32 \
+        self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant and cpu_fp32 \
             and onednn_available() else None
         """The linear layers' kernel per row count (CPU float32), or None: F.linear throughout."""
         self.row_padding = INVARIANT_PADDING if config.batch_invariant else \

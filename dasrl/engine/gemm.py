@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -78,13 +80,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return padded(lambda t: F.linear(t, weight, bias), x, padding)
 
 
-ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 """Row counts at which LinearKernels times both kernels; a row count uses the choice of the largest bucket
 at or below it (the kernels' costs change in steps: MKL at 1-3 / 4-7 / 8-15 / 16+ rows here)."""
 
 _CHOICES: dict[tuple, np.ndarray] = {}
 """Per (in, out, bias, threads, buckets): which kernel wins at each bucket (True = oneDNN), measured once
 per process (an engine is built per session; tests build many on the same shapes)."""
+
+
+_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, LinearKernels]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
 
 
 def onednn_available() -> bool:
@@ -104,7 +110,10 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+    t0 = time.perf_counter()
     f()  # warm-up: first-touch allocations, oneDNN primitive creation
+    if time.perf_counter() - t0 > 0.05:  # a large weight (a 1.5B model's vocabulary head): one timing will do
+        repeats = 1
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -130,6 +139,16 @@ class LinearKernels:
         self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # id(module) -> (weight, version, copy)
         self.refresh()
         self.choice = {id(m): self._choice(m, repeats) for m in self.modules}  # id(module) -> [K] bool
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> "LinearKernels":
+        """The model's one LinearKernels: engines on one model (a baseline and a speculative session, a
+        trainer's several rollouts) share its reordered weights instead of each holding a copy."""
+        with _SHARED_LOCK:
+            kernels = _SHARED.get(model)
+            if kernels is None:
+                kernels = _SHARED[model] = cls(model)
+            return kernels
 
     def refresh(self) -> None:
         """Re-reorder the weights that changed since their copy was made (new tensor or in-place update)."""

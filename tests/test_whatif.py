@@ -453,7 +453,15 @@ def test_parallel_replays_give_the_serial_figures(tok):
     serial = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=1)
     forked = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=2)
     def figures(results):  # every row but the replays' wall seconds
-        return [[{k: v for k, v in row.items() if k != "replay_s"} for row in r.rows(profs, cfg)] for r in results]
+        return [[{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in r.rows(profs, cfg)]
+                for r in results]
     assert figures(serial) == figures(forked)
     with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
         whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=0)
+    bare = whatif.run_all(named[:1], profiles=[], cfg=cfg, tokenizer=tok)[0]  # no profile: equal cap only
+    got = [{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in bare.rows([], cfg)]
+    assert got == [{k: (v if k not in ("predicted_s_per_step", "predicted_s_per_step_at_cap") else {})
+                                   for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")}
+                                  | {"steps": [{k: (v if k != "predicted_s" else {}) for k, v in st.items()}
+                                               for st in row["steps"]]}
+                                  for row in serial[0].rows(profs, cfg)]

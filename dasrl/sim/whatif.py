@@ -91,6 +91,8 @@ class Replay:
     longest: list[int]
     seconds: float = 0.0
     """Wall seconds the replay took (where whatif spends its time; not a figure of the method)."""
+    cpu_seconds: float = 0.0
+    """CPU seconds of the process during the replay (the cost, whatever else shares the core)."""
 
     def price(self, profile: Profile) -> list[float]:
         """Predicted seconds of each step under `profile` (its forwards priced one by one)."""
@@ -115,7 +117,7 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
            label: str, progress: Callable[[int], None] | None = None) -> Replay:
     """`method`'s drafter under `policy` over the steps in order (fastreplay: the simulator's run_step with
     every row in one packed forward)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter = make_drafter(method, cfg, tokenizer)
     out = []
@@ -126,7 +128,7 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
         if progress:
             progress(i)
     return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps],
-                  time.perf_counter() - t0)
+                  time.perf_counter() - t0, time.process_time() - c0)
 
 
 @dataclass
@@ -157,6 +159,9 @@ class ModelResult:
                 "replay_s": {"at_cap": round(rep.seconds, 1),
                              **{p.name: round(self.own[(m, p.name)].seconds, 1) for p in profiles
                                 if self.own[(m, p.name)] is not rep}},
+                "replay_cpu_s": {"at_cap": round(rep.cpu_seconds, 1),
+                                 **{p.name: round(self.own[(m, p.name)].cpu_seconds, 1) for p in profiles
+                                    if self.own[(m, p.name)] is not rep}},
                 "predicted_s_per_step_at_cap": {k: round(_mean(v[1:] or v), 4) for k, v in at_cap.items()},
                 "steps": [{"step": st.step, "tokens_per_forward": round(st.tokens / max(st.row_forwards, 1), 4),
                            "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,
@@ -184,11 +189,12 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str, str, object]]:
-    """(kind, method, profile or '', policy) of every replay one source needs."""
+    """(kind, method, profile or '', policy) of every replay one source needs; without profiles, the
+    equal-cap replays only (nothing is priced)."""
     out = []
     for m in cfg.methods:
         out.append(("cap", m, "", NoSpeculation() if m == "none" else FixedBudget(cfg.cap)))
-    for m in cfg.methods:
+    for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
         elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:

@@ -31,9 +31,7 @@ def _profiles(latency: list[str], shipped: bool):
         except (OSError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="'--latency'") from None
         out.append(profiles.measured(name or path.stem, lat, str(path)))
-    if not out:
-        raise typer.BadParameter("no latency profile: give --latency FILE or leave --no-shipped out")
-    return out
+    return out  # none (--no-shipped, no --latency): the hardware-independent figures only
 
 
 def table(doc: dict) -> Table:
@@ -101,7 +99,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                     help="Comma-separated methods."),
         latency: List[str] = typer.Option([], help="[NAME=]latency.json from `dasrl calibrate` / "
                                                    "`dasrl bench gpu` (repeatable)."),
-        shipped: bool = typer.Option(True, help="Include the shipped (assumed) GPU profiles."),
+        shipped: bool = typer.Option(True, help="Include the shipped (assumed) GPU profiles (--no-shipped "
+                                                "without --latency: tokens per forward only, no time)."),
         jobs: int = typer.Option(0, callback=between(0, 256), help="Worker processes replaying in parallel "
                                                                   "(0 = the cores this process may use)."),
         json_out: Optional[Path] = json_option("Write JSON here."),
@@ -118,6 +117,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         profs = _profiles(latency, shipped)
+        if png is not None and not profs:
+            raise typer.BadParameter("--png plots predicted time: give --latency FILE or leave --no-shipped out")
         models = list(champ.MODELS) if champ_model == ["all"] else champ_model
         if source != "champ" and champ_model != ["GPT-4"]:
             raise typer.BadParameter("--champ-model applies to the 'champ' source only")

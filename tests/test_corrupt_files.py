@@ -408,3 +408,40 @@ def test_crafted_session_json_is_range_checked_before_allocating(sessions, calle
     with pytest.raises(ValueError, match=msg):
         caller.load(bad)
     assert _snapshot(caller) == before
+
+
+# ------------------------------------------------------------------------- issue 37 item 18
+THREADS_AFTER_READS = """
+import os, sys
+from dasrl.rollout.trace import TraceError, read_trace
+before = len(os.listdir("/proc/self/task"))
+for i in range(int(sys.argv[2])):
+    try:
+        read_trace(sys.argv[1])
+    except TraceError:
+        pass
+print("THREADS", before, len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_reading_traces_starts_no_native_threads(tmp_path):
+    """The probe's process reading 55k damaged traces aborted at exit (rc 134, "terminate called without an
+    active exception") 2 of 2 times. pq.read_table started Arrow's IO and CPU thread pools, whose threads
+    outlive the read: a process exiting while Arrow tears them down can abort so (apache/arrow#34314,
+    #39862). The reader now starts none: the process has as many threads after 50 reads (good and
+    damaged) as before."""
+    import subprocess
+    import sys
+
+    rs = [Response(step=0, problem_id=1, sample=k, prompt_ids=np.arange(1, 6, dtype=np.int32),
+                   response_ids=np.arange(10, 30 + k, dtype=np.int32)) for k in range(4)]
+    write_trace(tmp_path / "t.parquet", rs)
+    raw = bytearray((tmp_path / "t.parquet").read_bytes())
+    raw[len(raw) // 3] ^= 0x10  # a damaged copy: refused, via a different path through the reader
+    (tmp_path / "bad.parquet").write_bytes(bytes(raw))
+    for f in ("t.parquet", "bad.parquet"):
+        out = subprocess.run([sys.executable, "-c", THREADS_AFTER_READS, str(tmp_path / f), "50"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        before, after = map(int, out.stdout.split("THREADS")[1].split())
+        assert after == before, f"{f}: {before} threads before the reads, {after} after"

@@ -35,7 +35,7 @@ import numpy as np
 
 from dasrl.atomic import open_regular
 from dasrl.rollout.trace import FORMAT as TRACE_FORMAT
-from dasrl.rollout.trace import Response, TraceError, read_trace
+from dasrl.rollout.trace import Response, TraceError, read_parquet, read_trace
 
 Tokenize = Callable[[list[str]], list[list[int]]]
 
@@ -142,11 +142,9 @@ def _jsonl(path: Path, **fields) -> list[_Row]:
 
 
 def _parquet(path: Path) -> list[_Row]:
-    import pyarrow.parquet as pq
-
     try:
         with _open(path) as f:
-            table = pq.read_table(f)
+            table = read_parquet(f)  # no Arrow thread pools (trace.read_parquet)
     except SourceError:
         raise
     except Exception as e:  # pyarrow raises several types for a file that is not Parquet

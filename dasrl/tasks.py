@@ -3,7 +3,8 @@
 `math` (the default) is the workload an RL user runs: competition-math statements from CHAMP
 (dasrl/champ.py) under the model's chat template and default system turn, each followed by a request to
 solve it briefly and end with a line "The answer is X." (MATH_INSTRUCTION), G = 8
-samples at temperature 1.0 (RL's default; 0.6 is the paper's), top-p 1.0, and a stop at the end of that
+samples at temperature 0.6 (the paper's: a 135M model at RL's default 1.0 writes text no history predicts;
+`--temperature 1.0` is one flag away), top-p 1.0, and a stop at the end of that
 final line, so that samples end where the model ends them rather than at the limit. The reward compares
 the stated answer with CHAMP's (normalised text, or exact numbers) plus a small credit for the fixed form.
 
@@ -132,7 +133,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "math": Preset("math", ("champ",), prompts=4, samples=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
+    "math": Preset("math", ("champ",), prompts=4, samples=8, max_new_tokens=512, temperature=0.6, top_p=1.0,
                    stop_lines=(ANSWER_PHRASE, ANSWER_PHRASE.lower())),
     "enumerations": Preset("enumerations", ("add", "count", "stickers", "table", "minus", "shop", "apples", "times",
                                             "pencils", "minus"),

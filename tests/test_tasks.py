@@ -54,8 +54,8 @@ def test_demo_config_presets_and_overrides():
     assert cfg.max_new_tokens == 64 and cfg.temperature == PRESETS["enumerations"].temperature and cfg.steps == 2
     assert (cfg.top_p, cfg.preset) == (0.95, "enumerations")
     math = DemoConfig()  # the default: the math preset's sizes and sampling
-    assert (math.preset, math.samples, math.temperature, math.top_p) == ("math", 8, 1.0, 1.0)
-    assert DemoConfig.for_preset("math", temperature=0.6).temperature == 0.6
+    assert (math.preset, math.samples, math.temperature, math.top_p) == ("math", 8, 0.6, 1.0)
+    assert DemoConfig.for_preset("math", temperature=1.0).temperature == 1.0
     with pytest.warns(FutureWarning, match="'long-tail' is now called 'enumerations'"):
         assert DemoConfig.for_preset("long-tail").preset == "enumerations"
     with pytest.raises(ValueError, match="--prompts must be an int >= 1, got 0"):
@@ -110,7 +110,7 @@ def test_math_reward_by_hand():
 def test_math_preset_is_champ_statements():
     pytest.importorskip("champ_dataset")
     p = PRESETS["math"]
-    assert (p.families, p.samples, p.temperature, p.top_p, p.stop_lines) == (("champ",), 8, 1.0, 1.0,
+    assert (p.families, p.samples, p.temperature, p.top_p, p.stop_lines) == (("champ",), 8, 0.6, 1.0,
                                                                              ("The answer is", "the answer is"))
     tasks = champ_tasks(12)
     assert tasks[:4] == p.tasks(4) and all(t.system is None and t.family == "math" for t in tasks)

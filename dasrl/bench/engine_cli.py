@@ -60,7 +60,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         json_out: Optional[Path] = json_option("Write the rows as JSON here."),
         quick: bool = typer.Option(False, help="16 rollouts x 384 tokens (a few minutes)."),
         model: str = model_option("Model name, local folder or hub id."),
-        preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=1) | enumerations (toy) | short.",
+        preset: str = typer.Option("math", help="Task preset: math (CHAMP, T=0.6) | enumerations (toy) | short.",
                                    callback=preset_name),
         temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the preset's).",
                                                     callback=temperature_opt),

@@ -16,7 +16,7 @@ _D = DemoConfig()
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        preset: str = typer.Option(_D.preset, help="math (CHAMP, T=1) | enumerations (toy long tail) | short."),
+        preset: str = typer.Option(_D.preset, help="math (CHAMP, T=0.6) | enumerations (toy long tail) | short."),
         steps: int = typer.Option(_D.steps, help="GRPO steps (every prompt comes back each step).",
                                   callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Distinct problems (default: the preset's).",

@@ -29,7 +29,7 @@ class DemoConfig:
     """What `dasrl demo` runs."""
 
     preset: str = "math"
-    """Task set and sizes: math (CHAMP statements, T = 1) | enumerations (a toy long tail) | short (arithmetic)."""
+    """Task set and sizes: math (CHAMP statements, T = 0.6) | enumerations (a toy long tail) | short (arithmetic)."""
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 3

@@ -99,3 +99,14 @@ def test_session_fits_its_forward_cost_online(smollm, chat_prompts):
     fixed = RolloutSession(model, tok, SessionConfig(speculate=True, fit_latency=False))
     fixed.generate(prompts, sampling=sp, max_new_tokens=16)
     assert fixed.policy.latency is CPU_LATENCY and fixed.stats()["latency"] is None
+
+
+def test_close_joins_the_upkeep_and_frees_the_store(smollm, chat_prompts):
+    model, tok = smollm
+    with RolloutSession(model, tok, SessionConfig(speculate=True)) as s:
+        s.generate([chat_prompts[0]] * 2, max_new_tokens=8)
+        s.end_step()  # upkeep in a background thread
+        store = s.store
+    assert s._upkeep is None and store.num_tokens == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        s.generate([chat_prompts[0]], max_new_tokens=4)

@@ -371,3 +371,16 @@ def test_save_load_round_trip_keeps_the_window(tmp_path):
     (tmp_path / "s" / "store.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot read a draft store"):
         DraftStore.load(tmp_path / "s")
+
+
+def test_close_frees_the_history_and_refuses_new_work():
+    with DraftStore(StoreConfig()) as store:
+        store.add_rollout("p", [1, 2, 3], [4, 5, 6, 4, 5, 6])
+        store.end_step()
+        assert store.num_tokens > 0
+    assert store.num_tokens == 0 and store.num_shards == 0
+    with pytest.raises(ValueError, match="closed"):
+        store.start("r", "p", [1, 2, 3])
+    with pytest.raises(ValueError, match="closed"):
+        store.add_rollout("p", [1], [2])
+    store.close()  # idempotent

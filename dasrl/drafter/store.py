@@ -93,6 +93,29 @@ class DraftStore:
         self._done: set[Hashable] = set()  # requests finished or aborted this step (for clear errors)
         self._next_seq = 0
         self.step = 0
+        self._closed = False
+
+    def close(self) -> None:
+        """Free the native indexes now rather than at garbage collection (a session's close(), the end of a
+        `with` block). The store is empty after, and refuses new requests and rollouts. Idempotent."""
+        self._shards.clear()
+        self._cross = None
+        self._users.clear()
+        self._steps.clear()
+        self._current.clear()
+        self._pending.clear()
+        self._live.clear()
+        self._closed = True
+
+    def __enter__(self) -> "DraftStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("this DraftStore is closed (close() freed its history)")
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -162,6 +185,7 @@ class DraftStore:
 
     # ----------------------------------------------------------------- protocol
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
+        self._check_open()
         if req_id in self._live:
             raise KeyError(f"request {req_id!r} already started")
         prompt = self._tokens(prompt_ids, "prompt_ids")
@@ -263,6 +287,7 @@ class DraftStore:
 
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         """Feed a finished rollout of this step (indexed at once, whatever the mode)."""
+        self._check_open()
         prompt = self._tokens(prompt_ids, "prompt_ids")
         if prompt.size == 0:
             raise ValueError("empty prompt in add_rollout")

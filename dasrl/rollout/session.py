@@ -199,6 +199,7 @@ class RolloutSession:
         self._upkeep: threading.Thread | None = None
         self._upkeep_s = 0.0
         self._failed: BaseException | None = None  # what the last upkeep raised (cleared by load)
+        self._closed = False
 
     # ------------------------------------------------------------------ the step
     def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
@@ -209,6 +210,8 @@ class RolloutSession:
         """Generate (part of) one training step's batch. `samples`: each request's sample index within its
         problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
         the derived seeds."""
+        if self._closed:
+            raise RuntimeError("this RolloutSession is closed: make a new one (or load() a save into one)")
         if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
             raise ValueError("generate() needs a non-empty list of prompts (token-id lists)")
         for i, p in enumerate(prompts):  # before problem_key hashes them (its int() error says nothing)
@@ -366,6 +369,23 @@ class RolloutSession:
                                f"{self._failed}); its draft window is half rolled: load() a save or start a "
                                f"new session") from self._failed
         return time.perf_counter() - t
+
+    def close(self) -> None:
+        """Join the background upkeep and free the draft store's native indexes now (not at interpreter
+        exit, where a store still reachable is reported by nanobind as leaked). The session takes no
+        more calls after; an upkeep failure is still raised here. Idempotent."""
+        try:
+            self._join_upkeep()
+        finally:
+            if self.store is not None:
+                self.store.close()
+            self._closed = True
+
+    def __enter__(self) -> "RolloutSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:

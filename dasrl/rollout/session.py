@@ -212,8 +212,10 @@ class RolloutSession:
         the derived seeds."""
         if self._closed:
             raise RuntimeError("this RolloutSession is closed: make a new one (or load() a save into one)")
-        if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
-            raise ValueError("generate() needs a non-empty list of prompts (token-id lists)")
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate() takes a list of prompts (token-id lists), got a string")
+        if len(prompts) == 0:
+            raise ValueError("generate() needs at least one prompt")
         for i, p in enumerate(prompts):  # before problem_key hashes them (its int() error says nothing)
             prompt_ids(i, p)
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]

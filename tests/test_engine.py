@@ -366,8 +366,10 @@ def test_calibration_fits_a_latency_model(engine):
 
     grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
     samples = calibrate(engine, grid)
-    # 8 grid shapes + one row drafting beside plain ones for each (batch 4, 4 tokens) shape
-    assert len(samples) == 10 and all(s["seconds"] > 0 for s in samples)
+    # 8 grid shapes + for each (batch 4, 4 tokens) shape one row drafting beside plain ones and the plain
+    # forward of the same token count (7 rows)
+    assert len(samples) == 12 and all(s["seconds"] > 0 for s in samples)
+    assert sorted((s["n_tokens"], s["kv_tokens"]) for s in samples if s["batch"] == 7) == [(7, 112), (7, 448)]
     assert {(s["n_tokens"], s["kv_tokens"]) for s in samples} >= {(1, 16), (16, 256)}
     lone = [(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) for s in samples if s.get("drafting_rows") == 1]
     assert lone == [(7, 64, 16), (7, 256, 64)]

@@ -170,3 +170,16 @@ def test_device_priors():
     derived = derive("qwen2.5-7b", "h100").latency
     for name in ("c_base", "c_tok", "c_other"):
         assert getattr(GPU_LATENCY, name) == pytest.approx(getattr(derived, name), rel=0.01), name
+
+
+def test_online_fit_without_spread_scales_the_prior():
+    """Every forward fed 6 tokens (six rows, nothing drafted): c_base and c_tok cannot be told apart, so the
+    fit is the prior at this machine's speed (median measured / predicted)."""
+    prior = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5)
+    fit = OnlineLatency(prior)
+    for i in range(30):
+        kv = 6 * (100 + i)
+        fit.record(6, kv, 0, 1.5 * prior.predict(6, kv))
+    got = fit.model()
+    assert got.c_base == pytest.approx(0.075) and got.c_tok == pytest.approx(3e-3) and got.c_other == pytest.approx(1.5e-5)
+    assert fit.error() == pytest.approx(0.0, abs=1e-12)

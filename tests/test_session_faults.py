@@ -140,7 +140,9 @@ def test_history_is_bounded_and_stats_keep_totals(tiny_llama, tmp_path):
     back = _session(tiny_llama)
     back.load(tmp_path / "s")
     got = back.stats()
-    assert {k: got[k] for k in st if k != "store_bytes"} == {k: st[k] for k in st if k != "store_bytes"}
+    # the latency fit is this process's measurement of its machine: a loaded session starts again from the prior
+    skip = ("store_bytes", "latency")
+    assert {k: got[k] for k in st if k not in skip} == {k: st[k] for k in st if k not in skip}
     assert len(back.history) == 3
     with pytest.raises(ValueError, match="history must be an int >= 1"):
         SessionConfig(history=0)

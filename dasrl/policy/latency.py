@@ -168,7 +168,8 @@ class OnlineLatency:
     forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
     core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
     model). The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards had a
-    drafting row; until then the prior's are kept. A fit without positive c_base and c_tok is not used."""
+    drafting row; until then the prior's are kept. Forwards that all fed the same number of tokens fit only
+    a scale of the prior. A fit without positive c_base and c_tok is not used."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
                  refit_every: int = 32) -> None:
@@ -207,8 +208,8 @@ class OnlineLatency:
         if len(self._samples) < self._min:
             return None
         n, kv, dkv, s = (np.array(x) for x in zip(*self._samples))  # [samples] each
-        if np.ptp(n) < 2:  # no spread in tokens: c_tok is not identified
-            return None
+        if np.ptp(n) < 2:  # no spread in tokens (every row alike, nothing drafted): only the scale is known
+            return self._scaled(n, kv, dkv, s)
         drafts = int(np.count_nonzero(dkv)) >= self._min // 2
         fit = self._solve(n, kv, dkv, s, drafts)
         ratio = s / fit.predict(n, kv, dkv)  # [samples]
@@ -218,6 +219,14 @@ class OnlineLatency:
             fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)
         self.kept = int(keep.sum())
         return fit if fit.c_base > 0 and fit.c_tok > 0 else None
+
+    def _scaled(self, n, kv, dkv, s) -> LatencyModel:
+        """The prior scaled by the median of measured / predicted seconds: this machine's speed, the prior's
+        shape (forwards that all fed the same tokens cannot tell c_base from c_tok)."""
+        k = float(np.median(s / self.prior.predict(n, kv, dkv)))
+        self.kept = len(s)
+        p = self.prior
+        return LatencyModel(p.c_base * k, p.c_tok * k, p.c_other * k, p.c_draft_kv * k, p.c_draft * k)
 
     def _solve(self, n, kv, dkv, s, drafts: bool) -> LatencyModel:
         if drafts:

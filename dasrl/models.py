@@ -72,17 +72,17 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     tokenizer.save_pretrained(str(dest))
 
 
-def ensure_hf_folder(name: str = "smollm2-135m") -> Path:
-    """The converted HF folder of an embedded model, building it once (atomically) if needed."""
-    gguf = gguf_path(name)
-    final = cache_dir() / name
-    if _folder_complete(final):
-        return final
+def convert_gguf_folder(gguf: Path, final: Path, *, check=None) -> Path:
+    """Dequantise `gguf` into the HF folder `final`, atomically: built under a unique temporary name beside
+    it (then `check(gguf, built)`, if given, may refuse it) and renamed into place; a folder another process
+    completed meanwhile is kept."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         build = tmp / "model"
         _convert_gguf(gguf, build)
+        if check is not None:
+            check(gguf, build)
         try:
             os.rename(build, final)  # atomic; fails if another process got there first
         except OSError:
@@ -91,6 +91,12 @@ def ensure_hf_folder(name: str = "smollm2-135m") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def ensure_hf_folder(name: str = "smollm2-135m") -> Path:
+    """The converted HF folder of an embedded model, building it once (atomically) if needed."""
+    final = cache_dir() / name
+    return final if _folder_complete(final) else convert_gguf_folder(gguf_path(name), final)
 
 
 def _resolve(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:

@@ -129,26 +129,13 @@ def convert(gguf: Path, dest: Path) -> None:
     """Dequantise into dest through dasrl's own GGUF conversion, atomically (temp folder, then rename)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
-    from dasrl.models import _convert_gguf
+    from dasrl.models import convert_gguf_folder
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
-        build = tmp / "model"
-        log(f"converting through transformers' GGUF loader (fp32, a few minutes; torch threads "
-            f"{torch.get_num_threads()}) into {build}")
-        t0 = time.perf_counter()
-        _convert_gguf(gguf, build)
-        log(f"converted in {time.perf_counter() - t0:.0f} s")
-        check_converted(gguf, build)
-        try:
-            os.rename(build, dest)  # atomic; fails if another process got there first
-        except OSError:
-            if not folder_complete(dest):
-                raise
-            log(f"{dest} appeared meanwhile (another run); keeping it")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"converting through transformers' GGUF loader (fp32, a few minutes; torch threads "
+        f"{torch.get_num_threads()}) into {dest}")
+    t0 = time.perf_counter()
+    convert_gguf_folder(gguf, dest, check=check_converted)
+    log(f"converted in {time.perf_counter() - t0:.0f} s")
 
 
 def check_converted(gguf: Path, folder: Path) -> None:

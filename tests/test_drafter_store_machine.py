@@ -283,7 +283,8 @@ def _set(key, value):
     (lambda f: (f / "store.json").write_text("{nope"), "cannot read a draft store"),
     (lambda f: (f / "store.json").write_bytes(b"\xff\xfe"), "cannot read a draft store"),
     (lambda f: (f / "store.json").write_text("[" * 100_000), "cannot read a draft store"),  # json: RecursionError
-    (lambda f: [p.write_bytes(p.read_bytes()[:100]) for p in f.glob("store-*.npz")], "checksum differs"),
+    # a truncated npz: its zip directory is read before the checksum (issue 37 item 6), so that refuses it
+    (lambda f: [p.write_bytes(p.read_bytes()[:100]) for p in f.glob("store-*.npz")], "not a readable npz"),
     (lambda f: [p.unlink() for p in f.glob("store-*.npz")], "cannot read a draft store"),
 ])
 def test_corrupt_store_files_are_refused_with_one_clear_error(tmp_path, case, words):
@@ -307,7 +308,7 @@ def test_truncated_or_pickled_npz_with_a_matching_checksum_is_refused(tmp_path):
     (folder / doc["data"]).write_bytes(buf.getvalue())
     doc["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
     (folder / "store.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="cannot read a draft store"):
+    with pytest.raises(ValueError, match="cannot read a draft store|not a valid draft store"):
         DraftStore.load(folder)
 
 
@@ -333,7 +334,8 @@ def test_save_is_atomic_as_a_pair(tmp_path):
     doc = json.loads(old_json)
     (folder / doc["data"]).write_bytes(new_npz)
     (folder / "store.json").write_bytes(old_json)
-    with pytest.raises(ValueError, match="does not match .*checksum differs"):
+    # the npz's offsets disagree with the JSON's sequence count, checked before its checksum is streamed
+    with pytest.raises(ValueError, match="not a valid draft store: .* offsets|does not match .*checksum differs"):
         DraftStore.load(folder)
 
 

@@ -82,14 +82,22 @@ def test_siblings_draft_for_each_other_within_a_step():
     assert d.store.num_shards == 1
 
 
-def test_other_problems_do_not_leak():
-    d, b = drafter(), Batch()
+def test_other_problems_do_not_leak_into_a_problems_shard():
+    """Per-problem shards: without the cross-problem source a new problem drafts nothing from another's
+    history; with it (the default) its first visit drafts from every problem's, as vLLM's global suffix."""
+    d, b = drafter(cross_problem=False), Batch()
     b.add("a", P)
     b.step(d, {"a": R1})
     b.drop("a")
     b.add("q", Q)
     drafts = b.step(d, {"q": [R1[0]]})
     assert drafts["q"] == [] and d.store.num_shards == 2
+    d, b = drafter(), Batch()
+    b.add("a", P)
+    b.step(d, {"a": R1})
+    b.drop("a")
+    b.add("q", Q)
+    assert b.step(d, {"q": [R1[0]]})["q"] == R1[1:]
 
 
 def test_prefilling_rows_get_no_draft_and_no_tokens():
@@ -146,7 +154,7 @@ def test_caps_by_k_and_by_the_context_limit():
 
 
 def test_drafts_are_capped_by_the_match_length():
-    d, b = drafter(max_spec_factor=1.0), Batch()
+    d, b = drafter(max_spec_factor=1.0, cross_problem=False), Batch()
     b.add("a", P)
     b.step(d, {"a": R1})
     b.drop("a")

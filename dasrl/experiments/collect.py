@@ -115,8 +115,11 @@ class Variant:
         """The SessionConfig of this variant's session (validate-sim rebuilds its policy from it)."""
         # counting=False: the variants compare history drafters as the paper does (and validate-sim replays
         # them with a DraftStore); counting drafts are measured by `dasrl demo` and `dasrl bench engine`.
+        # fit_latency=False: the policy prices with one fixed model, so the simulator can replay the session
+        # draft for draft (an online fit follows this machine's timings, which no replay can know).
         return SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store,
-                             seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE, counting=False)
+                             seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE, counting=False,
+                             fit_latency=False)
 
     def session(self, model, tokenizer, seed: int) -> RolloutSession:
         drafter = self.drafter() if self.drafter else (OracleDrafter({}) if self.oracle else None)

@@ -18,7 +18,7 @@ from dasrl.policy.budget import ClassCaps
 
 POLICIES = ("das", "fixed")
 ON_SEEDED = ("warn", "error", "ignore")
-STORE_KEYS = ("mode", "window", "decay")
+STORE_KEYS = ("mode", "window", "decay", "cross_problem")
 """Flat keys of additional_config["dasrl"] that set StoreConfig's fields of the same name."""
 PARAM_KEYS = ("max_match", "min_prob")
 """Flat keys that set the store's DraftParams."""
@@ -29,7 +29,7 @@ class VLLMDrafterConfig:
     """How the DAS proposer drafts inside vLLM."""
 
     store: StoreConfig = StoreConfig(params=DraftParams(branching=1))
-    """The history drafter (JSON keys mode, window, decay, max_match, min_prob). Chains only: vLLM
+    """The history drafter (JSON keys mode, window, decay, cross_problem, max_match, min_prob). Chains only: vLLM
     verifies one chain per request."""
     policy: str = "das"
     """das: the engine's policy stack (speculation_policy: DASPolicy's class caps inside the priced

@@ -168,8 +168,8 @@ class OnlineLatency:
     forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
     core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
     model). The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards had a
-    drafting row; until then the prior's are kept. Forwards that all fed the same number of tokens fit only
-    a scale of the prior. A fit without positive c_base and c_tok is not used."""
+    drafting row; until then the prior's are kept. Forwards that all fed the same number of tokens, or a fit
+    without positive c_base and c_tok (noise), give the prior scaled to the measured speed instead."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
                  refit_every: int = 32) -> None:
@@ -218,7 +218,9 @@ class OnlineLatency:
             drafts = drafts and int(np.count_nonzero(dkv[keep])) >= self._min // 2
             fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)
         self.kept = int(keep.sum())
-        return fit if fit.c_base > 0 and fit.c_tok > 0 else None
+        if fit.c_base > 0 and fit.c_tok > 0:
+            return fit
+        return self._scaled(n, kv, dkv, s)  # noise left a term at 0 (a loaded machine): keep the prior's shape
 
     def _scaled(self, n, kv, dkv, s) -> LatencyModel:
         """The prior scaled by the median of measured / predicted seconds: this machine's speed, the prior's

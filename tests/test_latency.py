@@ -145,14 +145,14 @@ def test_online_fit_drops_forwards_another_process_slowed():
     assert abs(naive.c_tok / true.c_tok - 1) > 0.1  # what the outliers would have done
 
 
-def test_online_fit_keeps_the_priors_drafting_terms_until_drafts_were_seen():
+def test_online_fit_scales_the_priors_drafting_terms_until_drafts_were_seen():
     true = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5)
-    prior = LatencyModel(c_base=1.0, c_tok=1.0, c_draft_kv=7e-6, c_draft=0.004)
+    prior = LatencyModel(c_base=0.1, c_tok=1.0, c_draft_kv=7e-6, c_draft=0.004)
     fit = OnlineLatency(prior)
     for row in zip(*_forwards(true, 40, drafting=0.0)):
         fit.record(*row)
-    got = fit.model()
-    assert (got.c_draft_kv, got.c_draft) == (prior.c_draft_kv, prior.c_draft)
+    got = fit.model()  # the prior's drafting terms at this machine's speed (fitted c_base / the prior's: 0.5)
+    assert got.c_draft_kv == pytest.approx(3.5e-6) and got.c_draft == pytest.approx(0.002)
     assert got.c_tok == pytest.approx(true.c_tok, rel=1e-6)
 
 

@@ -138,15 +138,13 @@ class LatencyModel:
             raise ValueError(f"{path}: a coefficient is too large for a float") from None
 
 
-CPU_LATENCY = LatencyModel(c_base=0.0732, c_tok=3.88e-3, c_other=1.04e-5, c_draft_kv=1.28e-5, c_draft=0.0263)
-"""SmolLM2-135M fp32 packed-engine forwards on one core of this project's 2-core machine (`OMP_NUM_THREADS=1
-taskset -c 0 dasrl calibrate --quick`, 2026-12-05, benchmarks/latency_1thread_quick.json, mean error 6.6%):
-the one CPU default of the session, the simulator and the benchmarks; `dasrl calibrate` measures yours.
-Its drafting terms are what the policy needs most: a forward with any drafting row pays 26 ms once (the
-drafting rows' attention group, per layer) and 12.8 µs per context token of each drafting row; without
-them a drafted token looked 5-10x cheaper than it is and the session's drafting made steps slower than
-plain decoding (docs/policy.md). At two threads c_base and c_tok roughly halve (benchmarks/latency_idle.json),
-so this default prices drafts conservatively there."""
+CPU_LATENCY = LatencyModel(c_base=0.0469, c_tok=2.43e-3, c_other=2.10e-5, c_draft_kv=0.0, c_draft=0.0084)
+"""SmolLM2-135M fp32 packed-engine forwards on one core of this project's 2-core machine, as the session's
+online fit measured them (OnlineLatency over the 512 forwards of a `dasrl demo --temperature 0.6` run,
+2026-12-06, median error 6%) after the engine computed each linear by its faster kernel (gemm.LinearKernels):
+a forward with a drafting row pays 8 ms more, not the 26 ms of MKL's slow 4-16-row band before it. Only a
+prior: a session refits it from its own forwards (OnlineLatency), and a prior whose drafting terms were too
+dear would never let the session draft, so never let it measure them."""
 
 
 GPU_LATENCY = LatencyModel(c_base=6.28e-3, c_tok=2.38e-5, c_other=2.14e-8)
@@ -168,8 +166,9 @@ class OnlineLatency:
     forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
     core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
     model). The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards had a
-    drafting row; until then the prior's are kept. Forwards that all fed the same number of tokens, or a fit
-    without positive c_base and c_tok (noise), give the prior scaled to the measured speed instead."""
+    drafting row; until then they are the prior's, scaled by fitted c_base / the prior's. Forwards that all
+    fed the same number of tokens, or a fit without positive c_base and c_tok (noise), give the prior
+    scaled to the measured speed instead."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
                  refit_every: int = 32) -> None:
@@ -235,7 +234,8 @@ class OnlineLatency:
             return LatencyModel.fit(n, s, kv, dkv)
         own = np.maximum(s - self.prior.c_draft_kv * dkv - self.prior.c_draft * (dkv > 0), 1e-9)  # [samples]
         base = LatencyModel.fit(n, own, kv)
-        return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv, self.prior.c_draft)
+        k = base.c_base / self.prior.c_base if self.prior.c_base > 0 else 1.0  # the prior's terms at this speed
+        return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv * k, self.prior.c_draft * k)
 
     def timer(self, policy) -> Callable[[object], None]:
         """An engine `on_step` callback: records each decoding forward (an engine StepInfo: step, tokens,

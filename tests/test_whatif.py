@@ -155,10 +155,13 @@ def test_replay_matches_the_engine_on_the_demo_trace(tok):
 
     doc = json.loads((ROOT / "benchmarks/demo_math_t06.json").read_text())
     steps = dict(read_trace(ROOT / "benchmarks/demo_math_t06_trace").by_step())
-    # recorded before the store's cross-problem source (issue 35): replayed with the drafter it ran
-    config = SessionConfig(counting=doc["config"]["counting"],
-                           store=replace(SessionConfig().store, cross_problem=False))
+    # recorded before the store's cross-problem source (issue 35) and before the CPU prior was refitted on
+    # the tuned engine (issue 34): replayed with the drafter it ran and the CPU_LATENCY it priced with
+    from dasrl.policy.latency import LatencyModel
+
+    config = SessionConfig(counting=doc["config"]["counting"], store=replace(SessionConfig().store, cross_problem=False))
     drafter, policy = history_drafter(config, tok), speculation_policy(config)
+    policy.latency = LatencyModel(c_base=0.0732, c_tok=3.88e-3, c_other=1.04e-5, c_draft_kv=1.28e-5, c_draft=0.0263)
     for rec in doc["steps"]:
         st = fastreplay.run_step(drafter, policy, rec["step"], steps[rec["step"]],
                                  max_new_tokens=doc["config"]["max_new_tokens"])

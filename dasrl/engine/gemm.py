@@ -128,7 +128,7 @@ class LinearKernels:
     Holds a oneDNN-reordered copy of every weight (memory: the linear weights once more) and re-reorders a
     weight whose tensor changed (a trainer's in-place update bumps its version) at `refresh()`, which the
     engine calls as each forward context opens. Per weight shape, both kernels are timed at ROW_BUCKETS
-    (medians of `repeats`, interleaved) the first time this process sees that shape at that thread count.
+    (medians of `repeats`, one kernel after the other per bucket) the first time this process sees that shape at that thread count.
     The two kernels differ in the last bits of a row, as any change of M already does with MKL; plain and
     speculative decoding use the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
 

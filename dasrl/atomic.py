@@ -157,21 +157,3 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def write_json(path: str | os.PathLike, obj: object, *, indent: int | None = 2) -> Path:
     return atomic_write(path, lambda f: f.write(json.dumps(obj, indent=indent).encode()))
 
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100, tight: bool = True) -> Path:
-    """Write a matplotlib figure as PNG, atomically, and close it (also when the write fails)."""
-    try:
-        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi,
-                                                        **({"bbox_inches": "tight"} if tight else {})))
-    finally:
-        pyplot().close(fig)

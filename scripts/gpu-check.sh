@@ -6,7 +6,7 @@
 #   scripts/gpu-check.sh --device cpu --tiny  # the same path on CPU with tiny shapes (tests/test_gpu_check.py)
 #
 # Builds the native core if `import dasrl._core` fails (pip editable install; without cmake, a direct
-# compile with nanobind's sources), then runs `python -m dasrl.bench.gpu` (= `dasrl bench gpu`) with the
+# compile with nanobind's sources), then runs `python -m dasrl_lab.bench.gpu` (= `dasrl bench gpu`) with the
 # arguments given. Results: $OUT/gpu-check.json when OUT is set (or --json PATH); a log beside it.
 # Exit status: 0 when every part ran and the fp32 ladder is exact, 1 otherwise.
 set -euo pipefail
@@ -39,7 +39,7 @@ fi
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  "$PY" -m dasrl.bench.gpu "$@" 2>&1 | tee "$OUT/gpu-check.log"
+  "$PY" -m dasrl_lab.bench.gpu "$@" 2>&1 | tee "$OUT/gpu-check.log"
   exit "${PIPESTATUS[0]}"
 fi
-exec "$PY" -m dasrl.bench.gpu "$@"
+exec "$PY" -m dasrl_lab.bench.gpu "$@"

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 import dasrl.engine.engine as engine_module  # noqa: E402
 from dasrl.engine.packing import _first_groups, _more_views  # noqa: E402
-from dasrl.drafter.baselines import NGramDrafter, OracleDrafter  # noqa: E402
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
 
@@ -132,8 +132,8 @@ def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling, mon
 def test_fidelity_bench_flag():
     from typer.testing import CliRunner
 
-    from dasrl.cli import app
-    from dasrl.bench.fidelity import FidelityConfig, engine_config
+    from dasrl_lab.cli import app
+    from dasrl_lab.bench.fidelity import FidelityConfig, engine_config
 
     assert engine_config(FidelityConfig(batch_invariant=True)).batch_invariant
     assert not engine_config(FidelityConfig()).batch_invariant

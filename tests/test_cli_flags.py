@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dasrl.cli import app
+from dasrl_lab.cli import app
 
 runner = CliRunner()
 
@@ -110,7 +110,7 @@ def test_bench_ray_bad_flags_before_the_model(args, msg, unloadable_model):
 # Every command, every class of bad input (issue 26, "Bad input and faults"): unwritable outputs, models
 # that are not models, threads and sizes out of range, malformed inputs. Each row must end in a usage error
 # naming the option and the value (exit code 2, no traceback) before any work: on the code before
-# dasrl/cli_args.py these raised from deep inside the run (IsADirectoryError after the whole bench,
+# dasrl_lab/cli_args.py these raised from deep inside the run (IsADirectoryError after the whole bench,
 # FileNotFoundError from load_model, a SIGSEGV from torch.set_num_threads(100000)) or ran for hours.
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dasrl.drafter.baselines import NGramDrafter
+from dasrl_lab.drafters.baselines import NGramDrafter
 from dasrl.drafter.counting import NUM, CountingDrafter, _items, counting_draft, digit_tokens
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
@@ -144,7 +144,7 @@ def test_counting_drafts_are_exact_on_the_model(smollm, temperature):
     from dasrl.drafter.store import DraftStore
     from dasrl.engine import EngineConfig, SamplingParams, SpecEngine
     from dasrl.policy.base import FixedBudget
-    from dasrl.tasks import chat_ids
+    from dasrl_lab.tasks import chat_ids
 
     model, tok = smollm
     engine = SpecEngine(model, tok, EngineConfig(num_threads=1))

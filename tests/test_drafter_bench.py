@@ -7,9 +7,9 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
-from dasrl.cli import app
-from dasrl.bench import drafter as B
-from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
+from dasrl_lab.cli import app
+from dasrl_lab.bench import drafter as B
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 

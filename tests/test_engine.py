@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from dasrl.drafter.base import Draft, DrafterBase, DraftParams, check_budgets  # noqa: E402
-from dasrl.drafter.baselines import NGramDrafter, OracleDrafter  # noqa: E402
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, EngineStepError, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import filtered_probs  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
@@ -362,7 +362,7 @@ def test_bad_drafts_are_refused(engine, chat_prompts):
 
 # ---------------------------------------------------------------- calibration and bench helpers
 def test_calibration_fits_a_latency_model(engine):
-    from dasrl.bench.engine import CalibrationGrid, calibrate, fit_latency
+    from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
 
     grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
     samples = calibrate(engine, grid)
@@ -378,7 +378,7 @@ def test_calibration_fits_a_latency_model(engine):
 
 
 def test_goal_lines():
-    from dasrl.bench.engine_cli import goals
+    from dasrl_lab.bench.engine_cli import goals
 
     rows = [{"drafter": d, "wall_s": w} for d, w in
             [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.experiments.batch import collapse_stats
-from dasrl.experiments.drafters import fraction_of_oracle
-from dasrl.experiments.registry import EXPERIMENTS, select
-from dasrl.experiments.replay import StaticDrafter, TimedDrafter, replay, totals
-from dasrl.experiments.similarity import by_lag, ngram_overlap, overlap_matrix
+from dasrl_lab.experiments.batch import collapse_stats
+from dasrl_lab.experiments.drafters import fraction_of_oracle
+from dasrl_lab.experiments.registry import EXPERIMENTS, select
+from dasrl_lab.experiments.replay import StaticDrafter, TimedDrafter, replay, totals
+from dasrl_lab.experiments.similarity import by_lag, ngram_overlap, overlap_matrix
 from dasrl.rollout.trace import Response
 
 
@@ -137,7 +137,7 @@ def test_select_names_and_errors():
 
 
 def test_cli_rejects_unknown_names():
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     r = CliRunner().invoke(app, ["experiments", "fig99"])
     assert r.exit_code != 0
@@ -146,7 +146,7 @@ def test_cli_rejects_unknown_names():
 
 @pytest.mark.slow
 def test_quick_latency_end_to_end(tmp_path):
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     out, md = tmp_path / "out", tmp_path / "docs" / "results.md"
     r = CliRunner().invoke(app, ["experiments", "latency", "--quick", "--out", str(out), "--results", str(md)])
@@ -167,10 +167,10 @@ def test_source_champ_replays_the_recorded_solutions_and_rejects_bad_input(tmp_p
     pytest.importorskip("champ_dataset")
     from rich.console import Console
 
-    from dasrl import champ
-    from dasrl.cli import app
-    from dasrl.experiments.base import Context, RunOptions
-    from dasrl.sim.sources import ChampSource, hf_tokenizer
+    from dasrl_lab import champ
+    from dasrl_lab.cli import app
+    from dasrl_lab.experiments.base import Context, RunOptions
+    from dasrl_lab.sim.sources import ChampSource, hf_tokenizer
 
     ctx = Context(RunOptions(out=tmp_path, source="champ", champ=ChampSource(model="GPT-4", problems=2)),
                   Console(quiet=True))
@@ -203,7 +203,7 @@ def test_source_champ_replays_the_recorded_solutions_and_rejects_bad_input(tmp_p
 
 
 def test_results_regeneration_keeps_the_hand_written_sections(tmp_path):
-    from dasrl.experiments.report import KEPT, write_results
+    from dasrl_lab.experiments.report import KEPT, write_results
 
     md = tmp_path / "results.md"
     md.write_text(f"# old generated part\n\n{KEPT}\n\n## On real text (CHAMP)\n\nby hand\n")

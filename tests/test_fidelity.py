@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from dasrl.bench.fidelity import DRAFTERS, FidelityConfig, compare, totals
-from dasrl.bench.flips import measure, noise_sigma, predicted
+from dasrl_lab.bench.fidelity import DRAFTERS, FidelityConfig, compare, totals
+from dasrl_lab.bench.flips import measure, noise_sigma, predicted
 from dasrl.engine.sampling import SamplingParams, filtered_probs
 
 
@@ -60,7 +60,7 @@ def test_predicted_flip_rates_match_monte_carlo(temperature):
 
 
 def test_tiny_fidelity_run_is_exact_with_the_race(smollm):
-    from dasrl.bench.fidelity import run_fidelity
+    from dasrl_lab.bench.fidelity import run_fidelity
 
     model, tok = smollm
     drafters = ("oracle", "trees")  # the bench runs all of DRAFTERS; two keep this test short

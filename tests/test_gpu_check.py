@@ -48,7 +48,7 @@ def test_gpu_check_script_on_cpu(tmp_path):
 
 
 def test_bad_config_is_named():
-    from dasrl.bench.gpu import GPUCheckConfig, run
+    from dasrl_lab.bench.gpu import GPUCheckConfig, run
 
     with pytest.raises(ValueError, match="unknown or no parts"):
         GPUCheckConfig(parts=("ladder", "bench"))

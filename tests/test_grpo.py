@@ -1,4 +1,4 @@
-"""The GRPO update (dasrl/demo/grpo.py) against the plain algorithm: micro-batches in the given order, full
+"""The GRPO update (dasrl_lab/demo/grpo.py) against the plain algorithm: micro-batches in the given order, full
 logits over every position, log_softmax, gather of the completion tokens, the same token-mean loss. The
 update groups sequences by length, runs the head only where a completion token is predicted and writes the
 head's gradient by hand; the loss is a sum over sequences, so both must give the same loss, gradients and
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dasrl.demo.grpo import GRPOConfig, GRPOTrainer, micro_batches  # noqa: E402
+from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, micro_batches  # noqa: E402
 
 
 def reference_step(model, prompts, completions, adv, *, lr: float, train_layers: int, micro_batch: int) -> float:

@@ -77,7 +77,7 @@ def test_simulator_and_engine_share_the_path():
     import inspect
 
     from dasrl.engine.engine import SpecEngine
-    from dasrl.sim.simulator import Simulator
+    from dasrl_lab.sim.simulator import Simulator
 
     for fn in (SpecEngine._propose, Simulator._drafts):
         assert "propose(" in inspect.getsource(fn) and "budgets(" not in inspect.getsource(fn)
@@ -102,7 +102,7 @@ def test_drafter_base_derives_the_batch_calls_from_the_per_request_ones():
     """A drafter with only propose/observe (NGramDrafter) gets propose_flat / observe_batch from DrafterBase:
     the flat batch holds exactly its Drafts, and observe_batch is observe per request."""
     from dasrl.drafter.base import Drafter, DraftBatch
-    from dasrl.drafter.baselines import NGramDrafter
+    from dasrl_lab.drafters.baselines import NGramDrafter
 
     a, b = NGramDrafter(), NGramDrafter()
     assert isinstance(a, Drafter)

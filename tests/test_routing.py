@@ -7,9 +7,9 @@ import pytest
 
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.routing import Group, LengthAwareRouter, RandomRouter, RoundRobinRouter, groups_of, make_router
-from dasrl.sim.simulator import SimConfig
-from dasrl.sim.workers import simulate_routed
-from dasrl.sim.workloads import generate, get_workload
+from dasrl_lab.sim.simulator import SimConfig
+from dasrl_lab.sim.workers import simulate_routed
+from dasrl_lab.sim.workloads import generate, get_workload
 
 LAT = LatencyModel(c_base=0.02, c_tok=20e-6)
 
@@ -83,7 +83,7 @@ def test_bad_input_names_the_value():
 def test_simulated_length_routing_beats_round_robin_and_random():
     """Throughput-bound forwards (the CPU latency model), predictable per-problem lengths, DAS drafting
     on each worker: balancing predicted makespans while keeping problems home wins."""
-    from dasrl.sim.workloads import CPU_LATENCY
+    from dasrl_lab.sim.workloads import CPU_LATENCY
 
     from dasrl.drafter.store import StoreConfig
 

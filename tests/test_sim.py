@@ -7,9 +7,9 @@ import pytest
 from dasrl.drafter.base import Draft
 from dasrl.policy import LatencyModel
 from dasrl.rollout.trace import Response
-from dasrl.sim import SimConfig, generate, get_workload, simulate
-from dasrl.sim.simulator import DRAFTERS, accepted_length, compare
-from dasrl.sim.workloads import WorkloadConfig
+from dasrl_lab.sim import SimConfig, generate, get_workload, simulate
+from dasrl_lab.sim.simulator import DRAFTERS, accepted_length, compare
+from dasrl_lab.sim.workloads import WorkloadConfig
 
 LAT = LatencyModel(0.02, 1e-3)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dasrl.drafter.base import DraftParams
-from dasrl.drafter.reference import ReferenceIndex
+from dasrl_lab.drafters.reference import ReferenceIndex
 from dasrl.drafter.suffix import SuffixIndex, extend_batch, propose_batch, propose_flat
 
 # Dyadic weights keep every weighted sum exact, so ties rank the same in both implementations.
@@ -328,7 +328,7 @@ def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget
     them growing a live sequence too when live_source) drafts what the reference's best_of gives over each
     source's own draft, as the context grows; the best continuation is the reference's largest over the
     sources."""
-    from dasrl.drafter.reference import best_of
+    from dasrl_lab.drafters.reference import best_of
     from dasrl.drafter.suffix import best_continuation_batch
 
     def build(seqs):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dasrl.demo.run import DemoConfig, tail_share
-from dasrl.tasks import (FAMILIES, FORMAT_CREDIT, MATH_INSTRUCTION, PRESETS, answers_match, as_number, champ_tasks,
+from dasrl_lab.demo.run import DemoConfig, tail_share
+from dasrl_lab.tasks import (FAMILIES, FORMAT_CREDIT, MATH_INSTRUCTION, PRESETS, answers_match, as_number, champ_tasks,
                          make_tasks, normalise, preset, reward, stated_answer)
 
 
@@ -68,7 +68,7 @@ def test_a_small_real_demo_run(tmp_path):
     pytest.importorskip("torch")
     from rich.console import Console
 
-    from dasrl.demo.run import run_demo
+    from dasrl_lab.demo.run import run_demo
 
     cfg = DemoConfig(steps=2, prompts=2, samples=2, max_new_tokens=24, out=str(tmp_path))  # the math preset
     out = run_demo(cfg, console=Console(width=80, quiet=True))
@@ -129,7 +129,7 @@ def test_math_prompt_formatting():
     from dasrl.models import ensure_hf_folder
     from transformers import AutoTokenizer
 
-    from dasrl.tasks import chat_ids
+    from dasrl_lab.tasks import chat_ids
 
     tok = AutoTokenizer.from_pretrained(ensure_hf_folder("smollm2-135m"))
     task = champ_tasks(1)[0]

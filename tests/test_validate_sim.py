@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dasrl.experiments.base import Context, RunOptions
-from dasrl.experiments.collect import BASELINE, VARIANTS, CollectConfig, ensure_collection
-from dasrl.experiments.validate import StepOverhead, find_collection, summary, validate
+from dasrl_lab.experiments.base import Context, RunOptions
+from dasrl_lab.experiments.collect import BASELINE, VARIANTS, CollectConfig, ensure_collection
+from dasrl_lab.experiments.validate import StepOverhead, find_collection, summary, validate
 from dasrl.policy.latency import LatencyModel
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_overhead_adds_its_terms(collection):
 
 
 def test_cli_writes_json_and_png(collection, tmp_path):
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     lat = tmp_path / "lat.json"
     LAT.save(lat)
@@ -69,7 +69,7 @@ def test_cli_writes_json_and_png(collection, tmp_path):
 
 
 def test_cli_names_a_bad_run(tmp_path):
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     r = CliRunner().invoke(app, ["validate-sim", str(tmp_path)])
     assert r.exit_code == 2 and "no collect.json" in r.output
@@ -105,9 +105,9 @@ def test_fitted_overhead_is_added_to_the_prediction(collection):
 def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
     """`dasrl experiments simulator` on the cached collection: the same rows as validate-sim, a figure and
     a section of docs/results.md."""
-    from dasrl.experiments.base import run_experiment
-    from dasrl.experiments.registry import EXPERIMENTS
-    from dasrl.experiments.report import write_results
+    from dasrl_lab.experiments.base import run_experiment
+    from dasrl_lab.experiments.registry import EXPERIMENTS
+    from dasrl_lab.experiments.report import write_results
 
     out = collection.folder.parent
     ctx = Context(RunOptions(out=out, collect=SIZES), Console(quiet=True))

@@ -28,7 +28,7 @@ BIND = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """none, das and das-fixed on the same RL-like workload: 3 prompts x 2 samples x 2 steps, greedy."""
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, run_method
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_method
     from dasrl.models import ensure_hf_folder
 
     try:
@@ -86,7 +86,7 @@ def test_temperature_one_keeps_the_length_and_reward_distribution(tmp_path):
     is ~10%."""
     from statistics import fmean
 
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, run_method
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_method
 
     cfg = VLLMBenchConfig(model=_model_or_skip(), tasks="enumerations", prompts=4, samples=8, steps=2, max_tokens=96,
                           temperature=1.0, k=8, kv_space_gib=2, threads_bind=BIND)
@@ -105,7 +105,7 @@ def test_preempted_requests_keep_their_history(tmp_path):
     """A KV cache of 6 blocks x 128 tokens (one is vLLM's null block; 4 failed engine init) for 6 requests of up to ~230 tokens: vLLM preempts (its own
     counter says so). The proposer must pause them (not finish or re-start them), the step must end only
     when the batch drains, and greedy outputs still equal the no-speculation run's."""
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, run_method
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_method
 
     cfg = VLLMBenchConfig(model=_model_or_skip(), tasks="questions", prompts=3, samples=2, steps=2, max_tokens=160,
                           temperature=0.0, k=6, kv_blocks=6, max_model_len=512, threads_bind=BIND)
@@ -126,7 +126,7 @@ OVERLAP = r'''
 import json, sys
 from transformers import AutoTokenizer
 from vllm import LLM, SamplingParams
-from dasrl.bench.vllm_run import workload
+from dasrl_lab.bench.vllm_run import workload
 
 model, out = sys.argv[1], sys.argv[2]
 llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
@@ -170,7 +170,7 @@ def test_overlapping_steps_with_the_callers_signal(tmp_path):
     import subprocess
     import sys
 
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, _env
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, _env
 
     out = tmp_path / "overlap.json"
     env = _env(VLLMBenchConfig(kv_space_gib=2, threads_bind=BIND))
@@ -194,7 +194,7 @@ LINE_STOP = r'''
 import json, sys
 from transformers import AutoTokenizer
 from vllm import LLM, SamplingParams
-from dasrl.bench.vllm_run import generate, workload
+from dasrl_lab.bench.vllm_run import generate, workload
 from dasrl.engine.stops import LineStop
 
 model, out = sys.argv[1], sys.argv[2]
@@ -232,7 +232,7 @@ def test_line_stop_cuts_after_the_newline_of_the_stop_line(tmp_path):
 
     from transformers import AutoTokenizer
 
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, _env
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, _env
     from dasrl.engine.stops import LineStop
 
     model, out = _model_or_skip(), tmp_path / "stop.json"
@@ -290,7 +290,7 @@ def test_trl_vllm_serve_with_das(tmp_path):
 
     trl_serve = pytest.importorskip("trl.scripts.vllm_serve", reason="TRL is not installed next to vLLM "
                                     "(pip install --no-deps trl==1.16.0 into .venv-vllm)")
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, _env
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, _env
 
     model = _model_or_skip()
     with socket.socket() as s:
@@ -346,8 +346,8 @@ def test_bench_trace_reads_back(tmp_path):
     prompts as the workload built them and the outputs as long as the bench counted."""
     from transformers import AutoTokenizer
 
-    from dasrl.bench.vllm_bench import VLLMBenchConfig, run_bench
-    from dasrl.bench.vllm_run import workload
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_bench
+    from dasrl_lab.bench.vllm_run import workload
     from dasrl.rollout.trace import read_trace
 
     model = _model_or_skip()

@@ -484,7 +484,7 @@ def test_proposer_passes_the_runners_held_requests():
 def test_bench_compares_without_per_request_seeds_by_default():
     from dataclasses import asdict
 
-    from dasrl.bench.vllm_bench import VLLMBenchConfig
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig
 
     cfg = VLLMBenchConfig(temperature=1.0)
     assert cfg.seeded is False and asdict(cfg)["seeded"] is False  # what vllm_run reads
@@ -496,12 +496,12 @@ def test_bench_modules_import_one_way():
     import ast
     from pathlib import Path
 
-    import dasrl.bench.vllm_run as child
+    import dasrl_lab.bench.vllm_run as child
 
     tree = ast.parse(Path(child.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "dasrl.bench.vllm_bench" not in imported, imported
+    assert "dasrl_lab.bench.vllm_bench" not in imported, imported
 
 
 # ------------------------------------------------------------------ vLLM's step cost (StepClock) prices the policy

@@ -1,4 +1,4 @@
-"""`dasrl bench vllm --trace` and the step-time validation (dasrl/bench/vllm_validate.py) without vLLM:
+"""`dasrl bench vllm --trace` and the step-time validation (dasrl_lab/bench/vllm_validate.py) without vLLM:
 the run trace writer, its refusal to overwrite, and the replay's prediction against whatif's own."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from dasrl.bench import vllm_validate
-from dasrl.bench.vllm_bench import VLLMBenchConfig, check_trace_free, trace_name, write_run_trace
+from dasrl_lab.bench import vllm_validate
+from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, check_trace_free, trace_name, write_run_trace
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import read_trace
-from dasrl.sim import whatif
-from dasrl.sim.profiles import measured
-from dasrl.sim.simulator import group_steps
+from dasrl_lab.sim import whatif
+from dasrl_lab.sim.profiles import measured
+from dasrl_lab.sim.simulator import group_steps
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
 LAT = LatencyModel(c_base=0.08, c_tok=0.004, c_other=3e-5)
@@ -51,8 +51,8 @@ def test_trace_folder_is_never_overwritten(tmp_path):
 
 def test_arctic_takes_a_traces_read_only_ids():
     pytest.importorskip("arctic_inference")
-    from dasrl.drafter.arctic import ArcticDrafter
-    from dasrl.sim.vllm_baselines import VLLM_SUFFIX
+    from dasrl_lab.drafters.arctic import ArcticDrafter
+    from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX
 
     ids = np.arange(1, 9, dtype=np.int32)
     ids.flags.writeable = False  # what read_trace hands out (views of Arrow buffers)
@@ -109,7 +109,7 @@ def _main(argv) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("case, msg", [
-    ("args", "usage: python -m dasrl.bench.vllm_validate"),
+    ("args", "usage: python -m dasrl_lab.bench.vllm_validate"),
     ("missing bench", "No such file or directory"),
     ("bench not JSON", "bench.json: not valid JSON"),
     ("bench a list", "must be an object with 'config'"),

@@ -15,9 +15,9 @@ import pytest
 
 from dasrl.policy.base import FixedBudget, NoSpeculation
 from dasrl.rollout.trace import Response, write_trace
-from dasrl.sim import fastreplay, profiles, sources, whatif
-from dasrl.sim.simulator import SimConfig, Simulator, group_steps
-from dasrl.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
+from dasrl_lab.sim import fastreplay, profiles, sources, whatif
+from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,7 +233,7 @@ def test_parquet_sources(tmp_path):
 
 def test_champ_source_and_its_errors():
     pytest.importorskip("champ_dataset")
-    from dasrl import champ
+    from dasrl_lab import champ
 
     probs = champ.load_problems()
     assert len(probs) == 270 and probs[0].answer == "239"
@@ -286,7 +286,7 @@ def test_cli_end_to_end_on_a_champ_slice(tmp_path):
     pytest.importorskip("champ_dataset")
     from typer.testing import CliRunner
 
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     methods = "das,das-suffix,global,ngram,none"
     lat = tmp_path / "cpu.json"
@@ -338,7 +338,7 @@ def test_cli_whatif_on_a_prompt_less_jsonl_prints_its_table(tmp_path):
     request (0, 0)" on b46648a: no prompt, an empty id list, empty text, and a VeRL line with an empty input."""
     from typer.testing import CliRunner
 
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     lines = {"none.jsonl": ['{"step": 0, "problem_id": "a", "response": "The answer is 4."}',
                             '{"step": 0, "problem_id": "a", "response": "The answer is 5."}',
@@ -428,7 +428,7 @@ def test_token_ids_outside_the_tokenizer_are_refused(tmp_path, tok):
 def test_cli_whatif_tokenizer_that_is_not_one(tmp_path, what, msg):
     from typer.testing import CliRunner
 
-    from dasrl.cli import app
+    from dasrl_lab.cli import app
 
     src = tmp_path / "r.jsonl"
     src.write_text('{"step": 0, "problem_id": "a", "response": "b"}\n')

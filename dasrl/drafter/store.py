@@ -225,7 +225,7 @@ class DraftStore:
     def best_continuation(self, req_ids: Sequence[Hashable], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """[n] int64: for request i, the longest prefix of targets[offsets[i]:offsets[i+1]] (its true next
         tokens) that follows an occurrence of its context's longest match in one of its sources. Not a
-        drafter's call: the lab's oracle bound (dasrl.sim.oracle) asks what the history held."""
+        drafter's call: the lab's oracle bound (dasrl_lab.sim.oracle) asks what the history held."""
         live = self._live
         cursors = [live[r].cursor if r in live else self._request(r).cursor for r in req_ids]
         return best_continuation_batch(cursors, targets, np.asarray(offsets, np.int64))

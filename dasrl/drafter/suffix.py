@@ -223,7 +223,7 @@ def best_continuation_batch(cursors: Sequence[Cursor], targets: np.ndarray, offs
     """[n] int64: for cursors[i], the longest prefix of targets[offsets[i]:offsets[i+1]] that follows an
     occurrence of the cursor's longest match in one of its sources (its index and its added sources, each
     matched on its own): the best continuation any draft from those matches could hold. The lab's oracle
-    bound (dasrl.sim.oracle), not a drafter."""
+    bound (dasrl_lab.sim.oracle), not a drafter."""
     return _core.best_continuation_batch([c._c for c in cursors], as_tokens(targets, what="targets"), offsets)
 
 

@@ -16,7 +16,7 @@ takes the first argmax.
 The draw over the kept set: an exponential race, ``argmax_i (logit_i / T + G(seed, position, i))`` with
   G standard Gumbel noise keyed on the token id. A token flips under logit noise only when the two best
   perturbed scores are within the noise of each other: P(flip) ~ 0.56 sigma (1 - sum p^2) per token for
-  iid logit noise sigma, whatever the size of the kept set (dasrl/bench/flips.py, docs/sampling.md). To touch only
+  iid logit noise sigma, whatever the size of the kept set (dasrl_lab/bench/flips.py, docs/sampling.md). To touch only
   ~V/256 + 256 random numbers per row instead of V, the race runs in two exact levels: blocks of 256
   token ids race with their total mass (the max of a block's Gumbel-perturbed scores is Gumbel around its
   log-mass, independent of which token attains it), then the tokens of the winning block race among

@@ -148,7 +148,7 @@ dear would never let the session draft, so never let it measure them."""
 
 
 GPU_LATENCY = LatencyModel(c_base=6.28e-3, c_tok=2.38e-5, c_other=2.14e-8)
-"""The prior of a session on a CUDA device: the assumed Qwen2.5-7B bf16 / H100 profile (`dasrl.sim.profiles`
+"""The prior of a session on a CUDA device: the assumed Qwen2.5-7B bf16 / H100 profile (`dasrl_lab.sim.profiles`
 derive("qwen2.5-7b", "h100"): weights streamed at 80% of HBM bandwidth + 1 ms per step, matmuls at 60% of
 dense bf16 peak). Only a prior: the session's OnlineLatency replaces it after its first forwards."""
 

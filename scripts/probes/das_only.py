@@ -3,7 +3,7 @@ import sys, json, numpy as np, torch, time
 from dasrl.models import load_model
 from dasrl.engine.engine import SpecEngine, EngineConfig, Completion
 from dasrl.engine.sampling import SamplingParams
-from dasrl.bench.engine import das_policy
+from dasrl_lab.bench.engine import das_policy
 from dasrl.drafter.store import DraftStore, StoreConfig
 th = int(sys.argv[1]); M = 512
 runs = json.load(open(os.environ.get('PROBE_DIR', '/tmp/p') + '/runs.json'))

@@ -12,8 +12,8 @@ import torch
 from dasrl.engine.sampling import SamplingParams
 from dasrl.models import load_model
 from dasrl.rollout.session import RolloutSession, SessionConfig
-from dasrl.demo.run import step_batch
-from dasrl.tasks import preset
+from dasrl_lab.demo.run import step_batch
+from dasrl_lab.tasks import preset
 
 rows, tokens, repeats = (int(a) for a in (sys.argv[1:] + ["32", "128", "3"][len(sys.argv) - 1:]))
 torch.set_num_threads(1)

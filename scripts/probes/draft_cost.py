@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from dasrl.bench.engine import time_forward
+from dasrl_lab.bench.engine import time_forward
 from dasrl.engine.engine import EngineConfig, SpecEngine
 from dasrl.models import load_model
 from dasrl.policy.latency import CPU_LATENCY

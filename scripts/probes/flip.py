@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 from dasrl.models import load_model
 from dasrl.engine.engine import EngineConfig, SpecEngine
 from dasrl.engine.sampling import SamplingParams, kept, token_noise, _key, _RACE, _gumbel, _BLOCK_STREAM, BLOCK
-from dasrl.bench.engine import PROBLEMS, chat_prompts
+from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
 m, tok = load_model()
 eng = SpecEngine(m, tok, EngineConfig(num_threads=1))
 base = chat_prompts(tok, [PROBLEMS[i % 24] for i in range(24)])

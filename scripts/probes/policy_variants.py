@@ -21,7 +21,7 @@ from dasrl.policy.budget import ClassCaps, DASPolicy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.session import SessionConfig, speculation_policy
 from dasrl.rollout.trace import read_trace
-from dasrl.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 
 args = [a for a in sys.argv[1:] if a != "--counting"]
 steps = group_steps(read_trace(args[0]).responses())

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from dasrl.drafter.suffix import SuffixIndex, best_continuation_batch, extend_batch, propose_flat
-from dasrl.sim import sources
-from dasrl.sim.simulator import group_steps
+from dasrl_lab.sim import sources
+from dasrl_lab.sim.simulator import group_steps
 
 K, WINDOW, DECAY, MAX_MATCH = 16, 16, 0.8, 64
 SOURCES = ("shard", "own", "cross")

@@ -3,10 +3,10 @@ import sys, json, time, numpy as np, torch
 from dasrl.models import load_model
 from dasrl.engine.engine import SpecEngine, EngineConfig
 from dasrl.engine.sampling import SamplingParams
-from dasrl.bench.engine import das_policy
+from dasrl_lab.bench.engine import das_policy
 from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.drafter.baselines import OracleDrafter
-from dasrl.tasks import chat_ids, preset
+from dasrl_lab.drafters.baselines import OracleDrafter
+from dasrl_lab.tasks import chat_ids, preset
 P, G, M = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]); T = float(sys.argv[4]); th = int(sys.argv[5])
 which = sys.argv[6].split(',')
 model, tok = load_model("smollm2-135m")

@@ -11,7 +11,7 @@ from dasrl.policy.budget import ClassCaps, DASPolicy
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.session import SessionConfig, speculation_policy
 from dasrl.rollout.trace import read_trace
-from dasrl.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 
 steps = group_steps(read_trace(sys.argv[1]).responses())
 lat = LatencyModel.load(sys.argv[2])

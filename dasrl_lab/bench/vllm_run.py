@@ -1,0 +1,267 @@
+"""One method of `dasrl bench vllm`, in its own process (vLLM's engine and KV cache are per process):
+
+    python -m dasrl_lab.bench.vllm_run CONFIG.json METHOD OUT.json       # one run, then exit
+    python -m dasrl_lab.bench.vllm_run CONFIG.json METHOD --serve FD     # many runs, one engine
+
+`--serve`: the engine is built once; each stdin line is a JSON command {"temperature", "repeat", "out"}:
+the drafter's history is reset (BenchWorkerExtension.dasrl_bench_reset: DAS's store, vLLM suffix's
+cache; ngram has none), `steps` RL steps run at that temperature, the result goes to "out", and a line
+"done <out>" is written to file descriptor FD. The parent interleaves methods that way without paying an
+engine start per (method, temperature, repeat).
+
+Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
+sampled `samples` times, every step; no per-request seed unless the config says `seeded`, see
+VLLMBenchConfig.seeded), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
+token ids to OUT.json. The parent (vllm_bench.py) compares methods; this module imports nothing of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+from dasrl.integrations.vllm.proposer import DASWorkerExtension
+
+METHODS = ("none", "ngram", "suffix", "das", "das-static", "das-fixed")
+"""das-static: das with a constant acceptance floor (latency_floor off), the ablation of the fitted one."""
+
+QUESTIONS = [
+    "Explain step by step how to compute 17 times 23.",
+    "Write a short story about a robot who learns to paint.",
+    "List five prime numbers and explain why each one is prime.",
+    "Describe how a bicycle works, part by part.",
+    "What is photosynthesis? Explain it to a ten-year-old.",
+    "Give three tips for writing clear Python code, with an example for each.",
+    "Tom has 12 apples and buys 7 more, then eats 3. How many apples does he have? Show your work.",
+    "Summarise the water cycle in a few sentences.",
+    "Write a haiku about the sea, then explain its imagery.",
+    "How do you make a cup of tea? Give numbered steps.",
+    "Explain the difference between a list and a tuple in Python.",
+    "A train travels 60 km in 45 minutes. What is its speed in km/h? Explain.",
+]
+
+
+TASK_SETS = ("math", "enumerations", "long-tail", "questions")  # long-tail: the old name of enumerations
+"""math, enumerations: dasrl_lab.tasks' presets (their prompts, answers and stop lines); questions: QUESTIONS."""
+
+
+def bench_questions(n: int) -> list[str]:
+    if not 1 <= n <= len(QUESTIONS):
+        raise ValueError(f"--prompts must be in [1, {len(QUESTIONS)}], got {n}")
+    return QUESTIONS[:n]
+
+
+_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+
+
+def speculative_config(method: str, k: int) -> dict | None:
+    """vLLM's speculative_config of a bench method (None = no speculation)."""
+    if method == "none":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    if method.startswith("das"):
+        return {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer", "num_speculative_tokens": k}
+    raise ValueError(f"unknown vLLM bench method {method!r}; valid: {', '.join(METHODS)}")
+
+
+def _counters(llm) -> dict[str, int]:
+    out = dict.fromkeys(_COUNTERS.values(), 0)
+    for m in llm.get_metrics():
+        if m.name in _COUNTERS:
+            out[_COUNTERS[m.name]] = int(getattr(m, "value", 0) or 0)
+    return out
+
+
+def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
+    ids = []
+    for q in questions:
+        t = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          return_dict=False)
+        ids.append([int(x) for x in t])
+    return ids
+
+
+def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
+    """Prompt token ids, answers (None: no reward) and stop lines of the config's task set: a preset's are
+    built as the demo builds them (Preset.tasks, chat_ids, Preset.stop_lines)."""
+    if cfg.get("tasks", "questions") == "questions":
+        qs = bench_questions(cfg["prompts"])
+        return chat_prompts(tok, qs), [None] * len(qs), ()
+    from dasrl_lab.tasks import chat_ids, preset
+
+    p = preset(cfg["tasks"])
+    tasks = p.tasks(cfg["prompts"], seed=cfg["seed"])
+    return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines
+
+
+def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[float] | None = None) -> list[list[int]]:
+    """Every request's output token ids. stop (a LineStop, or None): a request ends with the newline that
+    closes a line holding a stop phrase, as in the engine (dasrl/engine/stops.py). vLLM's stop strings
+    cannot say "the end of the line holding X", so the requests are stepped here and such a request is
+    aborted the way vLLM's own stop strings end one (LLMEngine.step: abort_requests, the core possibly a
+    step further on), its output cut after that newline. `step_s` (stop given): the wall seconds
+    up to each engine step's output are appended (the first holds the prefill; what `dasrl whatif`'s
+    prediction is checked against)."""
+    if stop is None:
+        return [list(map(int, o.outputs[0].token_ids)) for o in llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)]
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    rids = [f"dasrl-{next(_REQUEST_IDS)}" for _ in prompts]
+    out: dict[str, list[int]] = {rid: [] for rid in rids}
+    for rid, ids, sp in zip(rids, prompts, params):
+        sp = sp.clone()
+        sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens (LLM.generate's FINAL_ONLY hides them)
+        engine.add_request(rid, {"prompt_token_ids": ids}, sp)
+    stopped: set[str] = set()
+    t = time.perf_counter()
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if outputs and step_s is not None:  # a step() with no output yet (the engine core runs apart) is not one
+            step_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+        for o in outputs:
+            if o.request_id in stopped:
+                continue
+            toks = out[o.request_id]
+            for tid in o.outputs[0].token_ids:  # not `t`: that is the step timer
+                toks.append(int(tid))
+                if stop.hit(toks):
+                    stopped.add(o.request_id)
+                    if not o.finished:
+                        engine.abort_request([o.request_id])
+                    break
+    return [out[rid] for rid in rids]
+
+
+_REQUEST_IDS = itertools.count()
+
+
+class BenchWorkerExtension(DASWorkerExtension):
+    """Worker extension of the bench: DASWorkerExtension's calls plus dasrl_bench_reset, which drops the
+    drafter's history so that every (temperature, repeat) run starts cold, whatever the method."""
+
+    def dasrl_bench_reset(self) -> str:
+        runner = getattr(self, "model_runner", None)
+        drafter = getattr(runner, "drafter", None)
+        if hasattr(drafter, "reset"):  # DASProposer
+            drafter.reset()
+        elif hasattr(drafter, "suffix_cache"):  # vLLM's SuffixDecodingProposer: a fresh SuffixDecodingCache
+            drafter.__init__(runner.vllm_config)
+        return type(drafter).__name__
+
+
+def build(cfg: dict, method: str):
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    from dasrl.models import ensure_hf_folder
+
+    model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
+    das = method.startswith("das")
+    fix = cfg.get("fix_cpu_sampling", True)
+    extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
+                       "fix_cpu_sampling": fix, "latency_floor": method != "das-static",
+                       **cfg.get("dasrl", {})}} if das else {}
+    kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
+    t0 = time.perf_counter()
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
+              speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,
+              additional_config=extra, worker_extension_cls="dasrl_lab.bench.vllm_run.BenchWorkerExtension",
+              **kw)
+    init_s = time.perf_counter() - t0
+    if fix:  # every method's worker, vLLM's own included: compare methods on correct sampling
+        llm.collective_rpc("dasrl_fix_cpu_sampling")
+    return llm, AutoTokenizer.from_pretrained(model), init_s
+
+
+def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict:
+    from vllm import SamplingParams
+
+    if llm is None:
+        llm, tok, init_s = build(cfg, method)
+    das = method.startswith("das")
+    prompts, answers, stop_lines = workload(tok, cfg)
+    from dasrl.engine.stops import LineStop
+
+    stop = LineStop(stop_lines, tok) if stop_lines else None
+    steps = []
+    for step in range(cfg["steps"]):
+        reqs, params = [], []
+        for p, ids in enumerate(prompts):
+            for s in range(cfg["samples"]):
+                reqs.append(ids)
+                seed = cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s if cfg.get("seeded") else None
+                params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
+                                             seed=seed))
+        before = _counters(llm)
+        pre = _preemptions(llm)
+        engine_s: list[float] = []
+        t = time.perf_counter()
+        tokens = generate(llm, reqs, params, stop, engine_s)
+        wall = time.perf_counter() - t
+        after = _counters(llm)
+        rewards = [None if answers[i // cfg["samples"]] is None else
+                   _reward(tok.decode(t, skip_special_tokens=True), answers[i // cfg["samples"]])
+                   for i, t in enumerate(tokens)]
+        row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
+               **{k: after[k] - before[k] for k in after}, "preemptions": _preemptions(llm) - pre,
+               "outputs": tokens, "rewards": rewards, "engine_steps_s": engine_s}
+        row["tokens_per_s"] = row["gen_tokens"] / wall if wall > 0 else 0.0
+        steps.append(row)
+        print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "
+              f"accepted {row['accepted']}", file=sys.stderr, flush=True)
+    result = {"method": method, "init_s": init_s, "speculative_config": speculative_config(method, cfg["k"]),
+              "steps": steps, "prompts": prompts, "samples": cfg["samples"]}  # request i = prompt i // samples
+    if das:
+        result["dasrl_stats"] = llm.collective_rpc("dasrl_stats")[0]
+    return result
+
+
+def _reward(text: str, answer) -> float:
+    from dasrl_lab.tasks import reward
+
+    return float(reward(text, answer))
+
+
+def _preemptions(llm) -> int:
+    return sum(int(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+def serve(cfg: dict, method: str, fd: int) -> None:
+    import os
+
+    llm, tok, init_s = build(cfg, method)
+    os.write(fd, b"ready\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        llm.collective_rpc("dasrl_bench_reset")
+        res = run(dict(cfg, temperature=cmd["temperature"]), method, llm, tok, init_s)
+        res.update(temperature=cmd["temperature"], repeat=cmd["repeat"])
+        Path(cmd["out"]).write_text(json.dumps(res))
+        os.write(fd, f"done {cmd['out']}\n".encode())
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 4 and argv[2] == "--serve":
+        serve(json.loads(Path(argv[0]).read_text()), argv[1], int(argv[3]))
+        return
+    if len(argv) != 3:
+        raise SystemExit("usage: python -m dasrl_lab.bench.vllm_run CONFIG.json METHOD OUT.json "
+                         "| CONFIG.json METHOD --serve FD")
+    cfg = json.loads(Path(argv[0]).read_text())
+    Path(argv[2]).write_text(json.dumps(run(cfg, argv[1])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

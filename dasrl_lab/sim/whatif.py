@@ -1,0 +1,288 @@
+"""`dasrl whatif`: what would speculative decoding, and which drafter, do to these recorded rollouts?
+
+Every method replays the same recorded steps through the simulator (dasrl_lab.sim.simulator, the code path
+`validate-sim` checks against the engine): a drafted token is accepted iff it equals the recorded token
+(exact for our position-keyed sampler; for vLLM's rejection sampler with one-hot drafts, the same in
+expectation), tree drafts follow the matching child, and every row of a step sits in one packed forward
+(static batching, the step's G samples of every problem at once: the recorded lengths give the tail).
+
+Two kinds of figures come out:
+- hardware-independent, from the replay at one equal draft cap K for every drafter: tokens per
+  verification forward (all rows: tokens / row-forwards; the critical path: each step's longest response
+  over the step's forwards, i.e. the step's speedup in forwards), accepted per drafted token, and drafted
+  tokens wasted per generated token;
+- predicted rollout seconds per step under each latency profile, each method at its own defaults: vLLM's
+  `suffix` at its default 24 tokens, `ngram`, `global` and `das-suffix` at K, and `das` under the session's
+  policy (DAS length classes inside the per-forward allowance), whose drafting depends on the profile,
+  so it is replayed once per profile.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
+from dasrl.drafter.store import DraftStore, StoreConfig
+from dasrl.policy.allowance import ForwardAllowance
+from dasrl.policy.base import FixedBudget, NoSpeculation
+from dasrl.policy.budget import make_policy
+from dasrl.rollout.session import SessionConfig, history_drafter
+from dasrl.rollout.trace import Response
+from dasrl_lab.sim.profiles import Profile
+from dasrl_lab.sim import fastreplay
+from dasrl_lab.sim.oracle import HistoryOracle
+from dasrl_lab.sim.simulator import StepStats, group_steps
+from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
+
+FORMAT = "dasrl.whatif/1"
+METHODS = ("das", "das-suffix", "global", "suffix", "ngram", "oracle", "none")
+
+
+@dataclass(frozen=True)
+class WhatifConfig:
+    cap: int = 16
+    """K: the equal draft cap of the hardware-independent replay."""
+    methods: tuple[str, ...] = METHODS
+    store: StoreConfig = SessionConfig().store
+    """The das drafters' history settings (the session's defaults)."""
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"draft cap K must be >= 1, got {self.cap}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(METHODS)}")
+
+
+def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
+    """The drafter of `method`, fresh (its history starts empty)."""
+    if method == "das":  # the session's drafter: the DraftStore wrapped in counting drafts where the tokenizer allows
+        return history_drafter(replace(SessionConfig(), store=cfg.store), tokenizer)
+    if method == "das-suffix":
+        return DraftStore(cfg.store)
+    if method == "global":  # one ever-growing index of every problem's history, as vLLM's / arctic's suffix cache
+        return DraftStore(replace(cfg.store, mode="global", window=0, decay=1.0))
+    if method == "suffix":
+        return ArcticDrafter(VLLM_SUFFIX)
+    if method == "ngram":
+        return VLLMNGramDrafter()
+    if method == "oracle":  # the headroom: the best continuation the same history holds (dasrl_lab.sim.oracle)
+        return HistoryOracle(cfg.store)
+    return None
+
+
+def session_policy(latency) -> ForwardAllowance:
+    """What `speculation_policy(SessionConfig(latency=...))` builds, for a LatencyModel in hand."""
+    return ForwardAllowance(make_policy("das"), latency=latency)
+
+
+@dataclass
+class Replay:
+    """One method's replay: per-step simulator stats and the step's longest response."""
+
+    method: str
+    label: str
+    steps: list[StepStats]
+    longest: list[int]
+    seconds: float = 0.0
+    """Wall seconds the replay took (where whatif spends its time; not a figure of the method)."""
+    cpu_seconds: float = 0.0
+    """CPU seconds of the process during the replay (the cost, whatever else shares the core)."""
+
+    def price(self, profile: Profile) -> list[float]:
+        """Predicted seconds of each step under `profile` (its forwards priced one by one)."""
+        out = []
+        for st in self.steps:
+            s = np.asarray(st.shapes, np.float64).reshape(-1, 4)
+            out.append(float(np.sum(profile.latency.predict(s[:, 1], s[:, 2], s[:, 3]))) if len(s) else 0.0)
+        return out
+
+    def figures(self, first: int = 0) -> dict:
+        sts, longest = self.steps[first:], self.longest[first:]
+        tok, rf = sum(s.tokens for s in sts), sum(s.row_forwards for s in sts)
+        drafted, acc = sum(s.proposed for s in sts), sum(s.accepted for s in sts)
+        return {"tokens_per_forward": tok / rf if rf else 0.0,
+                "critical_tokens_per_forward": sum(longest) / max(sum(s.forwards for s in sts), 1),
+                "acceptance": acc / drafted if drafted else 0.0,
+                "wasted_per_token": (drafted - acc) / tok if tok else 0.0,
+                "drafted": drafted, "accepted": acc, "tokens": tok, "forwards": sum(s.forwards for s in sts)}
+
+
+def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, cfg: WhatifConfig, tokenizer,
+           label: str, progress: Callable[[int], None] | None = None) -> Replay:
+    """`method`'s drafter under `policy` over the steps in order (fastreplay: the simulator's run_step with
+    every row in one packed forward)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
+    drafter = make_drafter(method, cfg, tokenizer)
+    out = []
+    for i, (step, rs) in enumerate(steps):
+        if isinstance(drafter, HistoryOracle):
+            drafter.expect(dict(zip(fastreplay.request_ids(step, len(rs)), (r.response_ids for r in rs))))
+        out.append(fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new))
+        if progress:
+            progress(i)
+    return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps],
+                  time.perf_counter() - t0, time.process_time() - c0)
+
+
+@dataclass
+class ModelResult:
+    """Every method on one recorded set of rollouts (one CHAMP model, one user source)."""
+
+    model: str
+    at_cap: dict[str, Replay] = field(default_factory=dict)
+    """Hardware-independent replays, every drafter at the cap K."""
+    own: dict[tuple[str, str], Replay] = field(default_factory=dict)
+    """(method, profile) -> the replay of the method at its own defaults under that profile."""
+
+    def rows(self, profiles: Sequence[Profile], cfg: WhatifConfig) -> list[dict]:
+        out = []
+        for m, rep in self.at_cap.items():
+            fig, later = rep.figures(), rep.figures(1)
+            per_step = {p.name: self.own[(m, p.name)].price(p) for p in profiles}
+            at_cap = {p.name: rep.price(p) for p in profiles}
+            out.append({
+                "model": self.model, "drafter": m, "cap": cfg.cap,
+                "tokens_per_forward": round(fig["tokens_per_forward"], 4),
+                "tokens_per_forward_from_step2": round(later["tokens_per_forward"], 4),
+                "critical_tokens_per_forward": round(fig["critical_tokens_per_forward"], 4),
+                "critical_tokens_per_forward_from_step2": round(later["critical_tokens_per_forward"], 4),
+                "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
+                "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
+                "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
+                "replay_s": {"at_cap": round(rep.seconds, 1),
+                             **{p.name: round(self.own[(m, p.name)].seconds, 1) for p in profiles
+                                if self.own[(m, p.name)] is not rep}},
+                "replay_cpu_s": {"at_cap": round(rep.cpu_seconds, 1),
+                                 **{p.name: round(self.own[(m, p.name)].cpu_seconds, 1) for p in profiles
+                                    if self.own[(m, p.name)] is not rep}},
+                "predicted_s_per_step_at_cap": {k: round(_mean(v[1:] or v), 4) for k, v in at_cap.items()},
+                "steps": [{"step": st.step, "tokens_per_forward": round(st.tokens / max(st.row_forwards, 1), 4),
+                           "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,
+                           "forwards": st.forwards, "longest": rep.longest[i],
+                           "predicted_s": {k: round(v[i], 4) for k, v in per_step.items()}}
+                          for i, st in enumerate(rep.steps)],
+            })
+        return out
+
+
+OWN_DEFAULTS = {
+    "das": "session policy (DAS classes in the per-forward allowance of each profile), counting drafts",
+    "das-suffix": "per-problem suffix index, fixed cap {cap}",
+    "global": "one unwindowed index over all problems, fixed cap {cap}",
+    "suffix": f"vLLM suffix defaults (arctic-inference, depth 24, {VLLM_SUFFIX_TOKENS} tokens, factor 1.0, "
+              "p >= 0.1, 10000 cached)",
+    "ngram": "vLLM ngram defaults (n = 5, earliest match), {cap} tokens",
+    "oracle": "the history oracle (best continuation of each source's longest match, das's window), cap {cap}",
+    "none": "plain decoding",
+}
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str, str, object]]:
+    """(kind, method, profile or '', policy) of every replay one source needs; without profiles, the
+    equal-cap replays only (nothing is priced)."""
+    out = []
+    for m in cfg.methods:
+        out.append(("cap", m, "", NoSpeculation() if m == "none" else FixedBudget(cfg.cap)))
+    for m in cfg.methods if profiles else ():
+        if m == "das":
+            out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
+        elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:
+            out.append(("own", m, "", FixedBudget(VLLM_SUFFIX_TOKENS)))
+    return out
+
+
+def run(name: str, responses: Sequence[Response], *, profiles: Sequence[Profile], cfg: WhatifConfig, tokenizer,
+        progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
+    """Every planned replay of one source, one after the other; `progress(label, done_steps, total_steps)`."""
+    return run_all([(name, responses)], profiles=profiles, cfg=cfg, tokenizer=tokenizer, jobs=1,
+                   progress=lambda _, label, done, total: progress(label, done, total) if progress else None)[0]
+
+
+def default_jobs() -> int:
+    """Worker processes for run_all: the cores this process may run on (`taskset -c 1` gives 1)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_TASKS: list = []
+"""run_all's tasks, read by its forked workers (inherited, not sent: the steps hold millions of tokens)."""
+
+
+def _run_task(i: int) -> tuple[int, "Replay"]:
+    steps, kind, m, prof, policy, cfg, tokenizer, label = _TASKS[i]
+    return i, replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label)
+
+
+def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequence[Profile], cfg: WhatifConfig,
+            tokenizer, jobs: int = 1, progress: Callable[[str, str, int, int], None] | None = None
+            ) -> list[ModelResult]:
+    """Every planned replay of every source. Replays are independent (each drafter and policy starts
+    fresh), so with jobs > 1 they run in that many forked worker processes, the longest first; the
+    figures do not depend on jobs. `progress(source, label, done, total)`: steps of a replay (jobs = 1) or
+    replays of a source done (jobs > 1)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if "suffix" in cfg.methods and arctic_status() is not None:
+        raise RuntimeError(f"method 'suffix' needs arctic-inference ({arctic_status()}): `make arctic-install`, "
+                           f"or leave suffix out of --methods")
+    tasks = []  # (source index, steps, kind, method, profile, policy, label)
+    for src, (_, responses) in enumerate(named):
+        steps = group_steps(responses)
+        for kind, m, prof, policy in plan(cfg, profiles):
+            label = f"{m}@{cfg.cap}" if kind == "cap" else f"{m} ({prof or 'defaults'})"
+            tasks.append((src, steps, kind, m, prof, policy, label))
+    reps: list[Replay | None] = [None] * len(tasks)
+    if jobs == 1 or len(tasks) == 1:
+        for i, (src, steps, kind, m, prof, policy, label) in enumerate(tasks):
+            name = named[src][0]
+            tick = (lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n)) if progress else None
+            reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
+    else:
+        import multiprocessing
+
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a forked child must not use the parent's pool
+        _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label)
+                     for _, steps, kind, m, prof, policy, label in tasks]
+        # the policy-priced and arctic replays take longest: started first, the pool ends together
+        order = sorted(range(len(tasks)), key=lambda i: (tasks[i][2] != "own", tasks[i][3] not in ("das", "suffix")))
+        done = [0] * len(named)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
+                for i, rep in pool.imap_unordered(_run_task, order):
+                    reps[i] = rep
+                    src = tasks[i][0]
+                    done[src] += 1
+                    if progress:
+                        progress(named[src][0], rep.label, done[src], sum(t[0] == src for t in tasks))
+        finally:
+            _TASKS.clear()
+    out = [ModelResult(name) for name, _ in named]
+    for (src, _, kind, m, prof, _, _), rep in zip(tasks, reps):
+        res = out[src]
+        if kind == "cap":
+            res.at_cap[m] = rep
+            if not (m == "das" or (m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS)):
+                res.own.update({(m, p.name): rep for p in profiles})
+        elif prof:
+            res.own[(m, prof)] = rep
+        else:
+            res.own.update({(m, p.name): rep for p in profiles})
+    return out
+
+
+def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg: WhatifConfig, source: str,
+             tokenizer_name: str, started: float, extra: dict | None = None) -> dict:
+    rows = [r for res in results for r in res.rows(profiles, cfg)]
+    return {"format": FORMAT, "source": source, "tokenizer": tokenizer_name, "cap": cfg.cap,
+            "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
+            "elapsed_s": round(time.perf_counter() - started, 1), **(extra or {}), "rows": rows}

@@ -4,9 +4,14 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import Draft
-from dasrl.policy import (AcceptanceStats, ClassCaps, LatencyModel, RequestState, make_policy, optimal_budgets,
-                          solve_n_fwd)
-from dasrl.policy.budget import POLICIES, forwards_needed, marginal_sum, trim_draft
+from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, LatencyModel, RequestState, make_policy
+from dasrl_lab.policies import (ALL_POLICIES, AcceptanceStats, make_lab_policy, marginal_sum, optimal_budgets,
+                                solve_n_fwd, trim_draft)
+
+
+def forwards_needed(p, *, l, k, alpha):
+    """N_i(p) of the closed form's model (the inverse of optimal_budgets), written out as the oracle."""
+    return [li * (1 - (1 - math.exp(-alpha * pi / li)) / k) for pi, li in zip(p, l)]
 
 
 def test_closed_form_hand_worked():
@@ -82,7 +87,7 @@ def states(gen, pid="a", max_new=1000):
 
 
 def test_das_policy_classes_and_learning():
-    pol = make_policy("das", caps=ClassCaps(short=0, medium=3, long=9))
+    pol = make_lab_policy("classes", caps=ClassCaps(short=0, medium=3, long=9))
     for L in [10, 12, 11, 9, 13, 10, 500, 520]:
         pol.lengths.record("a", L)
     for L in [30] * 8:
@@ -96,7 +101,7 @@ def test_das_policy_classes_and_learning():
 
 
 def test_history_policy_learns_from_vanished_requests():
-    pol = make_policy("das")
+    pol = make_lab_policy("classes")
     st = states([5, 7], pid="z")
     pol.budgets(st)
     pol.budgets(st[:1])  # request 1 finished
@@ -106,7 +111,7 @@ def test_history_policy_learns_from_vanished_requests():
 
 
 def test_optimal_policy_gives_long_more():
-    pol = make_policy("optimal", latency=LatencyModel(0.02, 1e-4))
+    pol = make_lab_policy("optimal", latency=LatencyModel(0.02, 1e-4))
     for L in [100, 110, 90]:
         pol.lengths.record("short", L)
     for L in [5000, 6000, 5500]:
@@ -122,7 +127,7 @@ def test_confidence_trim_tree():
     t = trim_draft(d, 0.4)
     assert list(t.tokens) == [1, 3] and list(t.parents) == [-1, 0]
     chain = Draft.chain([5, 6, 7], [0.9, 0.5, 0.1])
-    pol = make_policy("confidence", threshold=0.3, cap=8)
+    pol = make_lab_policy("confidence", threshold=0.3, cap=8)
     assert pol.budgets(states([0, 0])) == [8, 8]
     assert [list(x.tokens) for x in pol.trim([], [chain, Draft.empty()])] == [[5, 6], []]
 
@@ -130,8 +135,20 @@ def test_confidence_trim_tree():
 def test_registry_errors():
     with pytest.raises(ValueError, match="valid policies: " + ", ".join(POLICIES)):
         make_policy("greedy")
-    with pytest.raises(ValueError, match="fixed"):
-        make_policy("fixed", bogus=1)
+    with pytest.raises(ValueError, match="valid policies: " + ", ".join(ALL_POLICIES)):
+        make_lab_policy("greedy")
+    with pytest.raises(ValueError, match="k must be an int >= 0, got -1"):
+        make_policy("fixed", k=-1)
+    with pytest.raises(ValueError, match="'unbounded': bad arguments"):
+        make_lab_policy("unbounded", bogus=1)
     assert make_policy("fixed", k=3).budgets(states([0])) == [3]
     assert make_policy("none").budgets(states([0, 1])) == [0, 0]
-    assert make_policy("unbounded").budgets(states([0])) == [256]
+    assert make_lab_policy("unbounded").budgets(states([0])) == [256]
+
+
+def test_das_is_the_priced_session_policy_everywhere():
+    """The library's das and the lab's das are one object kind: the class caps inside the priced allowance."""
+    lat = LatencyModel(0.05, 2e-3)
+    for pol in (make_policy("das", latency=lat), make_lab_policy("das", latency=lat)):
+        assert isinstance(pol, ForwardAllowance) and pol.latency == lat and pol.lengths is not None
+    assert make_policy("das", caps=ClassCaps(0, 0, 0), latency=lat).budgets(states([0, 3])) == [0, 0]

@@ -27,7 +27,7 @@ from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, EngineStepError, SpecEngine, UnsupportedModel  # noqa: E402
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
 from dasrl.policy.allowance import ForwardAllowance  # noqa: E402
-from dasrl.policy.budget import DASPolicy  # noqa: E402
+from dasrl.policy import DASPolicy  # noqa: E402
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)

@@ -9,7 +9,8 @@ import pytest
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, RequestState
-from dasrl.policy.budget import AcceptancePrior, AcceptanceStats, DASPolicy
+from dasrl.policy import DASPolicy
+from dasrl_lab.policies import AcceptancePrior, AcceptanceStats
 from dasrl.policy.length import LengthClassifier, LengthConfig
 
 

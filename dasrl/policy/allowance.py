@@ -45,13 +45,6 @@ from dasrl.policy.length import LengthClassifier
 from dasrl.policy.latency import LatencyModel
 
 
-def allowance_for(latency: LatencyModel, *, overhead: float = 1.0) -> int:
-    """Draft tokens per forward that cost at most `overhead` x the forward's base cost."""
-    if latency.c_tok <= 0:
-        return 1 << 20
-    return max(1, int(overhead * latency.c_base / latency.c_tok))
-
-
 def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
     """Per row, the draft length d in [0, most] with the fewest expected seconds per emitted token,
     (share + row + c_tok * d + [d > 0] * kv) / E(d, p): `share` the part of the forward's fixed cost the

@@ -9,9 +9,13 @@ to `abort` (forgotten: its output is partial). `end_step` ends the RL step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Hashable, Protocol, Sequence, runtime_checkable
 
 from dasrl.drafter.base import Draft
+
+if TYPE_CHECKING:
+    from dasrl.policy.latency import LatencyModel
+    from dasrl.policy.length import LengthClassifier
 
 
 @dataclass
@@ -56,11 +60,39 @@ class BudgetPolicy(Protocol):
         """The RL step is over."""
 
 
+@runtime_checkable
+class SessionPolicy(BudgetPolicy, Protocol):
+    """What a RolloutSession needs of its policy beyond the engine's BudgetPolicy (ForwardAllowance, the
+    policy `make_policy` builds, is one; PolicyBase gives every other policy the unpriced defaults)."""
+
+    latency: "LatencyModel | None"
+    """The model drafts are priced with (the session refits it online); None: unpriced."""
+    lengths: "LengthClassifier | None"
+    """The length history the session feeds with recorded rollouts; None: the policy keeps none."""
+
+    def take_spent(self) -> dict[str, int]:
+        """Drafted tokens per length class since the last call (and reset)."""
+
+    def parts(self) -> dict[str, object]:
+        """The learnt state a session saves, by name (each with state_dict / load_state_dict)."""
+
+
 class PolicyBase:
-    """Defaults: keep drafts as proposed; nothing learnt from finished requests, nothing kept per request."""
+    """Defaults: keep drafts as proposed; nothing learnt from finished requests, nothing kept per request,
+    nothing priced (a SessionPolicy with no latency model, no length history and no saved parts)."""
 
     trims = False
     """Whether trim() may change drafts (the engine skips it when False)."""
+    latency = None
+    """No latency model: drafts are not priced."""
+    lengths = None
+    """No length history."""
+
+    def take_spent(self) -> dict[str, int]:
+        return {}
+
+    def parts(self) -> dict[str, object]:
+        return {}
 
     def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
         return drafts

@@ -4,7 +4,7 @@
     for step in range(steps):
         rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.8), max_new_tokens=256)
         ... rewards, policy update ...
-        session.end_step(rewards)      # history upkeep runs in the background during the next update
+        session.end_step()             # history upkeep runs in the background during the next update
 
 Samples of the same prompt (GRPO's G samples) share a problem id (the prompt-token hash unless given).
 Seeds: a sample's seed is sample_seed(run seed, step, problem, sample index), so a spec-on and a spec-off
@@ -50,9 +50,8 @@ from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.rows import prompt_ids
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.base import NoSpeculation
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.budget import make_policy
+from dasrl.policy.base import NoSpeculation, SessionPolicy
+from dasrl.policy.factory import make_policy
 from dasrl.policy.latency import LatencyModel, OnlineLatency, prior_for
 
 
@@ -63,9 +62,10 @@ class SessionConfig:
     speculate: bool = True
     """Draft from history and verify (False = plain decoding, the baseline)."""
     policy: str = "das"
-    """Budget policy: none | fixed | unbounded | das | optimal | confidence."""
+    """Speculation policy (dasrl.policy.make_policy): das (priced class caps) | fixed | none; any other policy
+    object goes to RolloutSession(policy=...)."""
     policy_kw: tuple[tuple[str, object], ...] = ()
-    """Keyword arguments of the policy's constructor as (name, value) pairs, e.g. (("limit", 24),)."""
+    """make_policy's keyword arguments as (name, value) pairs, e.g. (("caps", ClassCaps(0, 8, 24)),), (("k", 4),)."""
     store: StoreConfig = StoreConfig()
     """The history drafter's scope, window and decay."""
     counting: bool = True
@@ -162,30 +162,35 @@ def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
     return with_counting(store, tokenizer) if config.counting else store
 
 
-def speculation_policy(config: SessionConfig, device: str = "cpu") -> ForwardAllowance:
-    """The policy a speculating session drafts under: config.policy inside the per-forward allowance, priced
-    by config.latency (or the device's prior). The simulator's validation replays sessions with it."""
+def speculation_policy(config: SessionConfig, device: str = "cpu") -> SessionPolicy:
+    """The policy a speculating session drafts under: make_policy(config.policy), priced by config.latency
+    (or the device's prior), at most config.draft_allowance draft tokens per forward."""
     latency = LatencyModel.load(config.latency) if config.latency else prior_for(device)
-    return ForwardAllowance(make_policy(config.policy, **dict(config.policy_kw)), config.draft_allowance,
-                            latency=latency)
+    return make_policy(config.policy, latency=latency, max_tokens=config.draft_allowance, **dict(config.policy_kw))
 
 
 class RolloutSession:
     """See the module docstring. `drafter` (optional) replaces the DraftStore that `config.store`
     describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
     be reassigned between steps (`session.drafter = ...`, e.g. a fresh oracle per step). Only a DraftStore
-    is saved by save() and counted in stats()."""
+    is saved by save() and counted in stats(). `policy` (optional) replaces the one `config.policy` names
+    with any SessionPolicy (e.g. make_policy(...) with other settings, or a PolicyBase subclass)."""
 
     def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig(), *,
-                 drafter: Drafter | None = None) -> None:
-        if drafter is not None and not config.speculate:
-            raise ValueError("a drafter was given but config.speculate is False: nothing would use it")
+                 drafter: Drafter | None = None, policy: SessionPolicy | None = None) -> None:
+        for name, given in (("drafter", drafter), ("policy", policy)):
+            if given is not None and not config.speculate:
+                raise ValueError(f"a {name} was given but config.speculate is False: nothing would use it")
+        if policy is not None and not isinstance(policy, SessionPolicy):
+            raise TypeError(f"policy must be a SessionPolicy (budgets, trim, finish, abort, end_step, latency, "
+                            f"lengths, take_spent, parts), got {type(policy).__name__}")
         self.config = config
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
             history_drafter(config, tokenizer) if config.speculate else None)
         device = self.engine.lm_head.weight.device.type
-        self.policy: ForwardAllowance | None = speculation_policy(config, device) if config.speculate else None
+        self.policy: SessionPolicy | None = policy if policy is not None else (
+            speculation_policy(config, device) if config.speculate else None)
         """The speculation policy (None: plain decoding; the engine then gets NoSpeculation)."""
         self.latency: OnlineLatency | None = OnlineLatency(self.policy.latency) \
             if self.policy is not None and self.policy.latency is not None and config.fit_latency else None

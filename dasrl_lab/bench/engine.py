@@ -29,10 +29,7 @@ from dasrl.engine.cache import RowCache
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
 from dasrl.engine.packing import pack_drafts
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.base import FixedBudget
-from dasrl.policy.budget import ClassCaps, DASPolicy
-from dasrl.policy.latency import CPU_LATENCY, LatencyModel, OnlineLatency, prior_for
+from dasrl.policy import CPU_LATENCY, ClassCaps, FixedBudget, LatencyModel, OnlineLatency, make_policy, prior_for
 from dasrl_lab.tasks import PRESETS, chat_ids, preset
 
 
@@ -102,11 +99,11 @@ class EngineBenchConfig:
 
 def das_policy(problem_ids: list[int], history: list[Completion], latency: LatencyModel = CPU_LATENCY,
                caps: ClassCaps = ClassCaps()):
-    """DAS's policy with its length history taken from `history` (epoch 1), priced by `latency`."""
-    inner = DASPolicy(caps=caps)
+    """The session's das policy with its length history taken from `history` (epoch 1), priced by `latency`."""
+    pol = make_policy("das", latency=latency, caps=caps)
     for pid, c in zip(problem_ids, history):
-        inner.lengths.record(pid, len(c.token_ids))
-    return ForwardAllowance(inner, latency=latency)
+        pol.lengths.record(pid, len(c.token_ids))
+    return pol
 
 
 def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list[Completion] | None) -> dict:
@@ -187,7 +184,7 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
     idle = ("spec-idle", das_suffix, lambda: das_policy(problem_ids, epoch1, prior_for(device), ClassCaps(0, 0, 0)))
     for name, make, make_policy in [(n, m, policy) for n, m in makers] + [idle]:  # spec-idle: speculation on,
         pol = make_policy()  # every cap 0 -- what the machinery costs a session that drafts nothing
-        fit = OnlineLatency(pol.latency) if isinstance(pol, ForwardAllowance) else None  # as a session prices
+        fit = OnlineLatency(pol.latency) if pol.latency is not None else None  # as a session prices
         out = gen(name, seeds2, drafter=make(), policy=pol, timer=None if fit is None else fit.timer(pol))
         rows.append(_row(name, out, engine, ref))
     rows.append(hf_generate_row(model, tokenizer, prompts, cfg, engine.eos_ids))

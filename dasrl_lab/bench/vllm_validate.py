@@ -29,7 +29,7 @@ from dasrl_lab.bench.vllm_bench import trace_name
 from dasrl_lab.drafters.arctic import ArcticDrafter
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import make_policy, match_capped
+from dasrl.integrations.vllm.tracker import match_capped, proposer_policy
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import read_trace
@@ -92,7 +92,7 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
         return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
     if method == "das":
         vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path)})  # as vllm_run.build
-        return _ProposerStore(vc), _WithinK(make_policy(vc, cfg["k"]), cfg["k"])
+        return _ProposerStore(vc), _WithinK(proposer_policy(vc, cfg["k"]), cfg["k"])
     raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
 
 

@@ -66,7 +66,7 @@ class DemoConfig:
 
     def validate(self) -> None:
         """Every check that needs no model: bad settings fail before any work and before any folder."""
-        from dasrl.policy.budget import POLICIES
+        from dasrl.policy import POLICIES
 
         preset(self.preset)
         for name in ("steps", "prompts", "samples", "max_new_tokens"):

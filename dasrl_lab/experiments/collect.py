@@ -27,9 +27,10 @@ from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import StoreConfig
 from dasrl.engine.engine import RunStats
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.budget import ClassCaps
+from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, SessionPolicy, prior_for
+from dasrl_lab.policies import make_lab_policy
 from dasrl_lab.experiments.machine import load_avg
-from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary
+from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
 from dasrl.rollout.trace import Trace, TraceWriter, read_trace
 
 FORMAT = "dasrl-experiments-collect/3"
@@ -99,7 +100,7 @@ class Variant:
     description: str
     """One line for docs/results.md."""
     policy: str = "das"
-    """Budget policy (make_policy name)."""
+    """Budget policy (make_lab_policy name; a lab policy runs inside the session's priced allowance)."""
     policy_kw: tuple[tuple[str, object], ...] = ()
     """Its keyword arguments."""
     store: StoreConfig = StoreConfig()
@@ -117,13 +118,24 @@ class Variant:
         # them with a DraftStore); counting drafts are measured by `dasrl demo` and `dasrl bench engine`.
         # fit_latency=False: the policy prices with one fixed model, so the simulator can replay the session
         # draft for draft (an online fit follows this machine's timings, which no replay can know).
-        return SessionConfig(speculate=True, policy=self.policy, policy_kw=self.policy_kw, store=self.store,
+        return SessionConfig(speculate=True, policy=self.policy if self.policy in POLICIES else "das",
+                             policy_kw=self.policy_kw if self.policy in POLICIES else (), store=self.store,
                              seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE, counting=False,
                              fit_latency=False)
 
     def session(self, model, tokenizer, seed: int) -> RolloutSession:
         drafter = self.drafter() if self.drafter else (OracleDrafter({}) if self.oracle else None)
-        return RolloutSession(model, tokenizer, self.session_config(seed), drafter=drafter)
+        return RolloutSession(model, tokenizer, self.session_config(seed), drafter=drafter,
+                              policy=self.session_policy(seed))
+
+    def session_policy(self, seed: int) -> SessionPolicy:
+        """The variant's policy: the library's by name (the session's own), or the lab's inside the session's
+        priced per-forward allowance (the replay of validate-sim rebuilds it the same way)."""
+        cfg = self.session_config(seed)
+        if self.policy in POLICIES:
+            return speculation_policy(cfg)
+        return ForwardAllowance(make_lab_policy(self.policy, **dict(self.policy_kw)), cfg.draft_allowance,
+                                latency=prior_for("cpu"))
 
 
 ARCTIC_STORE = StoreConfig(mode="global", window=0, decay=1.0, params=DraftParams(max_match=24, min_prob=0.1))

@@ -6,7 +6,7 @@ each engine variant, with its forward shapes and drafted / accepted counts. The 
 simulator what each variant's session had:
 
 - the same drafter (a DraftStore of the variant's StoreConfig, n-gram, or a per-step oracle) and the
-  same policy object (`speculation_policy` of the variant's SessionConfig: its budgets inside the
+  same policy object (`Variant.session_policy`: its budgets inside the
   per-forward allowance, priced by the session's own latency model);
 - the same history: steps without variants are taken in as the session's `record()` took them;
 - the engine's batching (every row in one packed forward) and its prefill forward.
@@ -31,7 +31,6 @@ from dasrl.atomic import MAX_JSON_BYTES, read_json
 from dasrl.drafter.store import DraftStore
 from dasrl_lab.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl.policy.latency import LatencyModel, nonnegative_lstsq
-from dasrl.rollout.session import speculation_policy
 from dasrl.rollout.trace import read_trace
 from dasrl_lab.sim.simulator import Simulator, StepStats
 
@@ -125,7 +124,7 @@ def _price(lat: LatencyModel, shapes) -> float:
 def _simulator(variant: Variant | None, seed: int) -> Simulator:
     if variant is None:
         return Simulator(drafter="none", policy="none", label=BASELINE)
-    policy = speculation_policy(variant.session_config(seed))
+    policy = variant.session_policy(seed)
     if variant.oracle:
         return Simulator(drafter="oracle", policy=policy, label=variant.name)  # a fresh oracle per step
     drafter = variant.drafter() if variant.drafter else DraftStore(variant.store)

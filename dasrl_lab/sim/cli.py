@@ -16,7 +16,7 @@ from rich.table import Table
 
 from dasrl.drafter.base import MAX_DRAFT
 from dasrl.drafter.store import StoreConfig
-from dasrl.policy.budget import POLICIES
+from dasrl_lab.policies import ALL_POLICIES as POLICIES
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import Response, TraceError, read_trace, summarize, write_trace
 from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate

@@ -25,7 +25,7 @@ from dasrl.drafter.base import Draft, Drafter
 from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.budget import make_policy
+from dasrl_lab.policies import make_lab_policy
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.propose import propose
 from dasrl.rollout.trace import Response
@@ -212,7 +212,7 @@ class Simulator:
     def __init__(self, *, drafter: str | Drafter = "das", policy: str | BudgetPolicy = "das",
                  config: SimConfig = SimConfig(), policy_kw: dict | None = None, label: str | None = None) -> None:
         """`drafter`: a name from DRAFTERS, or any Drafter object, used for every step (its own window and
-        history rules apply; SimConfig.store does not). `policy`: a make_policy name (with `policy_kw`) or
+        history rules apply; SimConfig.store does not). `policy`: a make_lab_policy name (with `policy_kw`; das is priced by SimConfig.latency) or
         a policy object (e.g. a session's ForwardAllowance, to replay what that session decided). `label`
         names the drafter in the result (default: the name, or the object's class name)."""
         self.config = config
@@ -221,10 +221,7 @@ class Simulator:
         else:
             self.drafter_name, self.drafters = label or type(drafter).__name__, _Persistent(drafter)
         if isinstance(policy, str):
-            kw = dict(policy_kw or {})
-            if policy == "optimal":
-                kw.setdefault("latency", config.latency)
-            self.policy_name, self.policy = policy, make_policy(policy, **kw)
+            self.policy_name, self.policy = policy, make_lab_policy(policy, latency=config.latency, **(policy_kw or {}))
         elif policy_kw:
             raise ValueError("policy_kw applies to a policy name, not to a policy object")
         else:

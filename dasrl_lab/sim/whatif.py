@@ -30,7 +30,7 @@ from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, NoSpeculation
-from dasrl.policy.budget import make_policy
+from dasrl.policy import make_policy
 from dasrl.rollout.session import SessionConfig, history_drafter
 from dasrl.rollout.trace import Response
 from dasrl_lab.sim.profiles import Profile
@@ -77,8 +77,8 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
 
 
 def session_policy(latency) -> ForwardAllowance:
-    """What `speculation_policy(SessionConfig(latency=...))` builds, for a LatencyModel in hand."""
-    return ForwardAllowance(make_policy("das"), latency=latency)
+    """The session's policy (make_policy("das")), priced by a LatencyModel in hand."""
+    return make_policy("das", latency=latency)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dasrl.drafter.counting import CountingDrafter, digit_tokens
 from dasrl.drafter.store import DraftStore
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance, allowance_for
-from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.policy import ClassCaps, DASPolicy
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.session import SessionConfig, speculation_policy
 from dasrl.rollout.trace import read_trace

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 from dasrl.drafter.store import DraftStore
 from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.policy import ClassCaps, DASPolicy
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.session import SessionConfig, speculation_policy
 from dasrl.rollout.trace import read_trace

@@ -32,12 +32,11 @@ class VLLMDrafterConfig:
     """The history drafter (JSON keys mode, window, decay, cross_problem, max_match, min_prob). Chains only: vLLM
     verifies one chain per request."""
     policy: str = "das"
-    """das: the engine's policy stack (speculation_policy: DASPolicy's class caps inside the priced
+    """das: the session's policy (dasrl.policy.make_policy: DASPolicy's class caps inside the priced
     ForwardAllowance) | fixed: num_speculative_tokens for every request, like vLLM's own suffix method."""
-    caps: ClassCaps = ClassCaps(short=4, medium=8, long=24)
+    caps: ClassCaps = ClassCaps()
     """das: upper bounds of the short, medium and long classes' drafts (each clipped to
-    num_speculative_tokens); what a row drafts under them is priced (docs/policy.md). vLLM packs a step's
-    tokens, so short requests may draft too (the engine's own default, ClassCaps(), is 24 for every class)."""
+    num_speculative_tokens); what a row drafts under them is priced (docs/policy.md)."""
     latency_floor: bool = True
     """das: price drafts with vLLM's own step cost, fitted by the proposer's StepClock from the time
     between its calls (`latency`'s model until 32 steps are in); False: always `latency`'s model."""

@@ -27,7 +27,7 @@ This class turns that view into the Drafter protocol of a DraftStore:
 
 Draft caps: the policy's budget, clipped to num_speculative_tokens and the room left before
 max_model_len and max_tokens; each draft is then cut to max_spec_factor x its match length and trimmed by
-the policy. The das policy is the engine's own stack (`speculation_policy`, dasrl/rollout/session.py):
+the policy. The das policy is the session's own (`dasrl.policy.make_policy`):
 DASPolicy's length classes (its problem's past lengths, its length so far) give upper bounds, and the
 ForwardAllowance prices every row's draft with the latency model and its acceptance estimate, so a row
 whose drafts stop paying stops drafting and the collapsed tail drafts deep (docs/policy.md, "Never
@@ -57,10 +57,9 @@ from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.base import BudgetPolicy, FixedBudget, RequestState
-from dasrl.policy.latency import LatencyModel
-from dasrl.rollout.session import SessionConfig, speculation_policy
+from dasrl.policy.base import BudgetPolicy, RequestState
+from dasrl.policy.factory import make_policy
+from dasrl.policy.latency import LatencyModel, prior_for
 
 
 @dataclass
@@ -124,12 +123,11 @@ def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
     return batch if factor <= 0 else batch.capped((factor * batch.match_len).astype(np.int64))
 
 
-def make_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
-    """das: the engine's own stack, `speculation_policy` of a session with these caps and latency file;
-    fixed: k for every request."""
-    if config.policy == "fixed":
-        return FixedBudget(k)
-    return speculation_policy(SessionConfig(policy="das", policy_kw=(("caps", config.caps),), latency=config.latency))
+def proposer_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
+    """The session's policy (dasrl.policy.make_policy): das with these caps, priced by the latency file (or the
+    CPU prior), or fixed: k for every request."""
+    latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
+    return make_policy(config.policy, latency=latency, caps=config.caps, k=k)
 
 
 class BatchDrafter:
@@ -145,7 +143,7 @@ class BatchDrafter:
         self.k = int(num_speculative_tokens)
         self.max_model_len = int(max_model_len)
         self.store = DraftStore(config.store_config(vocab_size))
-        self.policy = make_policy(config, self.k)
+        self.policy = proposer_policy(config, self.k)
         self.stats = DrafterStats()
         self.clock = StepClock(window=config.latency_window)
         self._reqs: dict[str, _Req] = {}
@@ -161,7 +159,7 @@ class BatchDrafter:
     @property
     def latency(self) -> LatencyModel | None:
         """The model the policy prices drafts with (None: the fixed policy prices nothing)."""
-        return self.policy.latency if isinstance(self.policy, ForwardAllowance) else None
+        return self.policy.latency
 
     def _state(self, rid: str, problem: object, prompt_len: int, max_new_tokens: int, generated: int = 0) -> RequestState:
         self._serial += 1

@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 
+__all__ = ["fsync_dir", "temp_pattern", "MAX_JSON_BYTES", "open_regular", "read_regular", "read_json", "write_target",
+           "atomic_write", "write_json"]
+
 def fsync_dir(folder: Path) -> None:
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
     try:

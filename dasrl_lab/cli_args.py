@@ -167,14 +167,14 @@ def input_file(value: Path | None) -> Path | None:
 
 def model_source(value: str) -> str:
     """--model: an embedded model name, a folder with a config.json and weights, or a hub id (org/name)."""
-    from dasrl.models import EMBEDDED, _resolve
+    from dasrl.models import EMBEDDED, resolve_source
 
     if value in EMBEDDED:
         return value  # resolving would convert it now (seconds); it is always loadable
     if Path(value).is_file():
         raise typer.BadParameter(f"{value!r} is a file; give a model folder, a hub id or one of {sorted(EMBEDDED)}")
     try:
-        source, _ = _resolve(value)
+        source, _ = resolve_source(value)
     except FileNotFoundError as e:
         raise typer.BadParameter(f"{e}; give a model folder, a hub id or one of {sorted(EMBEDDED)}") from None
     folder = Path(source)
@@ -215,7 +215,7 @@ def temperature(value):
     floor), checked before any model loads."""
     if value is None:
         return value
-    from dasrl.engine.sampling import SamplingParams
+    from dasrl.engine import SamplingParams
 
     for t in value if isinstance(value, (list, tuple)) else [value]:
         try:

@@ -168,10 +168,10 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     import torch
 
     from dasrl_lab.drafters.baselines import NGramDrafter
-    from dasrl.engine.engine import EngineConfig, SpecEngine
-    from dasrl.engine.sampling import SamplingParams
+    from dasrl.engine import EngineConfig, SpecEngine
+    from dasrl.engine import SamplingParams
     from dasrl.models import load_model
-    from dasrl.policy.base import FixedBudget
+    from dasrl.policy import FixedBudget
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def time_forwards(engine, model, prompts: list[list[int]], rounds: int = 3) -> N
 
     import torch
 
-    from dasrl.engine.sampling import SamplingParams
+    from dasrl.engine import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
     for batch in (1, 8):

@@ -1,23 +1,33 @@
-"""The package's floors (DESIGN.md): drafter -> policy -> engine -> rollout -> (sim | demo | integrations)
--> (bench | experiments). No module imports one on a higher floor (lazy imports inside functions included; each
-package's cli.py registers commands and may reach up), and no two modules import each other."""
+"""One library, one lab (../shared/DESIGN.md "Layout").
+
+The library's floors: drafter -> policy -> engine -> rollout -> integrations. No library module imports one on
+a higher floor (lazy imports inside functions included), no two modules import each other, and nothing in
+the library imports the lab. The lab (dasrl_lab/, and scripts/) reaches the library through its public names
+only: the `__all__` of the public modules below. `import dasrl` pulls neither the lab nor its extras."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "dasrl"
-FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "sim": 4, "demo": 4, "integrations": 4,
-          "bench": 5, "experiments": 5}
-UTILITIES = {"dasrl", "dasrl._core", "dasrl.atomic", "dasrl.models", "dasrl_lab.tasks"}
-"""Top-level modules every floor may use (they import no floor themselves)."""
-KNOWN_CYCLES: set[tuple[str, str]] = set()
-"""Pairs that still import each other lazily (issue 14); remove a pair here when it is broken."""
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "dasrl"
+LAB = [REPO / "dasrl_lab", REPO / "scripts"]
+FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "integrations": 4}
+UTILITIES = {"dasrl", "dasrl._core", "dasrl.atomic", "dasrl.models"}
+"""Top-level modules every floor may use (they import no floor themselves; `dasrl` re-exports the API)."""
+PUBLIC = ("dasrl", "dasrl.atomic", "dasrl.models", "dasrl.drafter", "dasrl.policy", "dasrl.engine", "dasrl.rollout",
+          "dasrl.integrations.trl", "dasrl.integrations.ray", "dasrl.integrations.vllm", "dasrl.integrations.verl",
+          "dasrl.integrations.verl.router")
+"""The library's public modules: their `__all__` is the public API."""
+MAX_PUBLIC_NAMES = 150
 
 
 def _module(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -39,23 +49,69 @@ def _imports() -> dict[str, set[str]]:
 
 def _floor(module: str) -> int | None:
     parts = module.split(".")
-    return FLOORS.get(parts[1]) if len(parts) > 1 else None
+    return FLOORS.get(parts[1]) if len(parts) > 1 and parts[0] == "dasrl" else None
 
 
 def test_no_module_imports_a_higher_floor():
-    bad = [f"{m} -> {o}" for m, outs in _imports().items() if not m.endswith(".cli") for o in sorted(outs)
+    bad = [f"{m} -> {o}" for m, outs in _imports().items() for o in sorted(outs)
            if _floor(m) is not None and _floor(o) is not None and _floor(o) > _floor(m)]
     assert not bad, "imports up a floor: " + "; ".join(sorted(bad))
 
 
 def test_utilities_import_no_floor():
     edges = _imports()
-    bad = [f"{u} -> {o}" for u in UTILITIES if u in edges for o in edges[u] if _floor(o) is not None]
+    bad = [f"{u} -> {o}" for u in UTILITIES - {"dasrl"} if u in edges for o in edges[u] if _floor(o) is not None]
     assert not bad, "; ".join(bad)
 
 
 def test_no_two_modules_import_each_other():
     edges = _imports()
-    cycles = {tuple(sorted((m, o))) for m, outs in edges.items() for o in outs if m in edges.get(o, ())}
-    assert cycles - KNOWN_CYCLES == set(), f"new import cycles: {sorted(cycles - KNOWN_CYCLES)}"
-    assert KNOWN_CYCLES - cycles == set(), f"fixed, drop from KNOWN_CYCLES: {sorted(KNOWN_CYCLES - cycles)}"
+    cycles = {tuple(sorted((m, o))) for m, outs in edges.items() if m != "dasrl" for o in outs
+              if o != "dasrl" and m in edges.get(o, ())}
+    assert not cycles, f"import cycles: {sorted(cycles)}"
+
+
+def test_the_library_imports_no_lab_module():
+    bad = [f"{m} -> {o}" for m, outs in _imports().items() for o in outs if o.split(".")[0] == "dasrl_lab"]
+    assert not bad, "; ".join(bad)
+
+
+def _public_names() -> dict[str, set[str]]:
+    return {m: set(importlib.import_module(m).__all__) for m in PUBLIC}
+
+
+def test_the_lab_reaches_the_library_through_public_names_only():
+    public = _public_names()
+    bad = []
+    for path in [p for d in LAB for p in d.rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "dasrl":
+                if node.module not in public:
+                    bad.append(f"{where} imports from private module {node.module}")
+                    continue
+                bad += [f"{where} imports {a.name} from {node.module}, not in its __all__"
+                        for a in node.names if a.name not in public[node.module]]
+            elif isinstance(node, ast.Import):
+                bad += [f"{where} imports {a.name}" for a in node.names
+                        if a.name.split(".")[0] == "dasrl" and a.name not in public]
+    assert not bad, "\n".join(bad)
+
+
+def test_public_names_are_few_and_real():
+    public = _public_names()
+    for m, names in public.items():
+        mod = importlib.import_module(m)
+        missing = sorted(n for n in names if not hasattr(mod, n))
+        assert not missing, f"{m}.__all__ names what it lacks: {missing}"
+    total = set().union(*public.values())
+    assert len(total) <= MAX_PUBLIC_NAMES, f"{len(total)} public names (at most {MAX_PUBLIC_NAMES})"
+    assert len(public["dasrl"]) <= 20, sorted(public["dasrl"])
+
+
+def test_import_dasrl_pulls_neither_the_lab_nor_its_extras():
+    code = ("import sys, dasrl, dasrl.integrations.trl, dasrl.integrations.ray, dasrl.integrations.vllm; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'matplotlib', 'rich', 'typer', 'dasrl_lab', 'vllm', 'ray', 'trl'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,8 +1,13 @@
 """The generation engine: batched, lossless speculative decoding over a Hugging Face causal LM."""
 
-from dasrl.engine.engine import Completion, EngineConfig, EngineStepError, RunStats, SpecEngine, StepInfo
+from dasrl.engine.cache import RowCache
+from dasrl.engine.engine import (Completion, EngineConfig, EngineStepError, RunStats, SpecEngine, StepInfo,
+                                 default_threads, model_lock)
 from dasrl.engine.guards import UnsupportedModel
-from dasrl.engine.sampling import SamplingParams
+from dasrl.engine.packing import pack_drafts
+from dasrl.engine.sampling import SamplingParams, draw, filtered_probs
+from dasrl.engine.stops import LineStop
 
-__all__ = ["Completion", "EngineConfig", "EngineStepError", "RunStats", "SamplingParams", "SpecEngine", "StepInfo",
-           "UnsupportedModel"]
+__all__ = ["RowCache", "Completion", "EngineConfig", "EngineStepError", "RunStats", "SpecEngine", "StepInfo",
+           "default_threads", "model_lock", "UnsupportedModel", "pack_drafts", "SamplingParams", "draw",
+           "filtered_probs", "LineStop"]

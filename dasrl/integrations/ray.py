@@ -39,6 +39,8 @@ from dasrl.rollout.routing import ROUTERS, groups_of, make_router
 from dasrl.rollout.session import Rollout, SessionConfig, next_samples, sample_seed
 
 
+__all__ = ["is_loopback", "init_local", "DistributedConfig", "RolloutWorker", "DistributedStep", "DistributedRolloutSession"]
+
 def _ray():
     try:
         import ray

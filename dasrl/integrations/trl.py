@@ -33,6 +33,8 @@ from dasrl.engine.sampling import SamplingParams
 from dasrl.rollout.session import RolloutSession, SessionConfig
 
 
+__all__ = ["DASRollout", "dasrl_rollout"]
+
 def _require_trl() -> None:
     try:
         import trl  # noqa: F401

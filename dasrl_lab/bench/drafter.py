@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dasrl.drafter.base import DraftParams, Drafter
-from dasrl.drafter.suffix import SuffixIndex, extend_batch
-from dasrl.drafter.suffix import propose_flat as propose_flat_core
+from dasrl.drafter import DraftParams, Drafter
+from dasrl.drafter import SuffixIndex, extend_batch
+from dasrl.drafter import propose_flat as propose_flat_core
 
 VOCAB, BASE_LEN, PROMPT_LEN, ROLLOUTS_PER_PROBLEM = 32_000, 4_000, 256, 16
 MAX_BENCH_BUDGET = 4_096

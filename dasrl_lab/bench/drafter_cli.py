@@ -14,10 +14,10 @@ from rich.progress import Progress
 
 from dasrl.atomic import write_json
 from dasrl_lab.cli_args import between, json_option, rows_table
-from dasrl.drafter.base import MAX_DRAFT
+from dasrl.drafter import MAX_DRAFT
 from dasrl_lab.bench import drafter as B
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter.store import DraftStore, StoreConfig
+from dasrl.drafter import DraftStore, StoreConfig
 
 
 def _rss() -> int:

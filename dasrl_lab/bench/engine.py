@@ -22,13 +22,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dasrl.drafter.base import DraftBatch
+from dasrl.drafter import DraftBatch
 from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter.counting import with_counting
-from dasrl.engine.cache import RowCache
-from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
-from dasrl.engine.packing import pack_drafts
-from dasrl.engine.sampling import SamplingParams
+from dasrl.drafter import with_counting
+from dasrl.engine import RowCache
+from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
+from dasrl.engine import pack_drafts
+from dasrl.engine import SamplingParams
 from dasrl.policy import CPU_LATENCY, ClassCaps, FixedBudget, LatencyModel, OnlineLatency, make_policy, prior_for
 from dasrl_lab.tasks import PRESETS, chat_ids, preset
 
@@ -157,7 +157,7 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
     rows = []
     ref = gen("none", seeds2)
     rows.append(_row("none", ref, engine, None))
-    from dasrl.drafter.store import DraftStore, StoreConfig
+    from dasrl.drafter import DraftStore, StoreConfig
 
     makers: list[tuple[str, Callable[[], object]]] = [
         ("ngram", NGramDrafter),
@@ -300,7 +300,7 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
 
 
 def fit_latency(samples: list[dict]):
-    from dasrl.policy.latency import LatencyModel
+    from dasrl.policy import LatencyModel
 
     n = np.array([s["n_tokens"] for s in samples], dtype=float)
     kv = np.array([s["kv_tokens"] for s in samples], dtype=float)

@@ -12,7 +12,7 @@ from dasrl.atomic import write_json
 from dasrl_lab.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
                              rows_table, user_errors)
 from dasrl_lab.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
-from dasrl.drafter.base import MAX_DRAFT
+from dasrl.drafter import MAX_DRAFT
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -124,7 +124,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import torch
 
         from dasrl.engine import EngineConfig, SpecEngine
-        from dasrl.engine.engine import default_threads
+        from dasrl.engine import default_threads
         from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
         from dasrl.models import load_model
 

@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
-from dasrl.engine.sampling import SamplingParams, draw
+from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
+from dasrl.engine import SamplingParams, draw
 
 DRAFTERS = ("ngram", "global", "das", "oracle", "trees")
 SAMPLER = "gumbel"
@@ -139,9 +139,9 @@ def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> fl
 
 
 def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: list[Completion]):
-    from dasrl.drafter.base import DraftParams
+    from dasrl.drafter import DraftParams
     from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-    from dasrl.drafter.store import DraftStore, StoreConfig
+    from dasrl.drafter import DraftStore, StoreConfig
 
     if name == "ngram":
         return NGramDrafter()
@@ -160,7 +160,7 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
                  progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """One row per (variant, temperature). progress(name, total_tokens) returns an on_step callback."""
     from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
-    from dasrl.policy.base import FixedBudget
+    from dasrl.policy import FixedBudget
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     base = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(cfg.problems)])

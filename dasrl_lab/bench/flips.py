@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from dasrl.engine.sampling import SamplingParams, draw, filtered_probs
+from dasrl.engine import SamplingParams, draw, filtered_probs
 
 
 def predicted(probs: torch.Tensor, sigma: float) -> float:

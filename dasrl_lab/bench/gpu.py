@@ -103,12 +103,12 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     """Speculative vs plain decoding on the device for every (sampler, drafter, budget); rows of results."""
     import torch
 
-    from dasrl.drafter.base import DraftParams
+    from dasrl.drafter import DraftParams
     from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-    from dasrl.drafter.store import DraftStore, StoreConfig
-    from dasrl.engine.engine import EngineConfig, SpecEngine, default_threads
-    from dasrl.engine.sampling import SamplingParams
-    from dasrl.policy.base import FixedBudget
+    from dasrl.drafter import DraftStore, StoreConfig
+    from dasrl.engine import EngineConfig, SpecEngine, default_threads
+    from dasrl.engine import SamplingParams
+    from dasrl.policy import FixedBudget
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     shape = (64, 2, 4, 2, 128, 256, False) if cfg.tiny else (512, 4, 8, 2, 1536, 4096, False)
@@ -159,8 +159,8 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     import torch
 
     from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency, time_forward
-    from dasrl.engine.engine import EngineConfig, SpecEngine, default_threads
-    from dasrl.policy.latency import LatencyModel
+    from dasrl.engine import EngineConfig, SpecEngine, default_threads
+    from dasrl.policy import LatencyModel
 
     shape = (TINY_SHAPES if cfg.tiny else SHAPES)[name]
     t0 = time.perf_counter()
@@ -204,7 +204,7 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
 def whatif(cfg: GPUCheckConfig, latency: dict | None, log: Callable[[str], None]) -> dict:
     """The paper-math workload (scaled) simulated with no speculation and DAS, priced by the measured
     latency model (when there is one) and by the assumed PAPER_LATENCY."""
-    from dasrl.policy.latency import LatencyModel
+    from dasrl.policy import LatencyModel
     from dasrl_lab.sim.simulator import SimConfig, simulate
     from dasrl_lab.sim.workloads import PAPER_LATENCY, generate, get_workload
 

@@ -56,11 +56,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             import ray
         except ImportError:
             raise typer.BadParameter("this bench needs Ray: pip install 'dasrl[ray]'") from None
-        from dasrl.engine.sampling import SamplingParams
+        from dasrl.engine import SamplingParams
         from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession, init_local
         from dasrl.models import load_model
-        from dasrl.rollout.routing import ROUTERS
-        from dasrl.rollout.session import SessionConfig
+        from dasrl.rollout import ROUTERS
+        from dasrl.rollout import SessionConfig
 
         names = [r.strip() for r in routers.split(",") if r.strip()]
         for n in names:

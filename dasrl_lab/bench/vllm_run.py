@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from dasrl.integrations.vllm.proposer import DASWorkerExtension
+from dasrl.integrations.vllm import DASWorkerExtension
 
 METHODS = ("none", "ngram", "suffix", "das", "das-static", "das-fixed")
 """das-static: das with a constant acceptance floor (latency_floor off), the ablation of the fitted one."""
@@ -190,7 +190,7 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
         llm, tok, init_s = build(cfg, method)
     das = method.startswith("das")
     prompts, answers, stop_lines = workload(tok, cfg)
-    from dasrl.engine.stops import LineStop
+    from dasrl.engine import LineStop
 
     stop = LineStop(stop_lines, tok) if stop_lines else None
     steps = []

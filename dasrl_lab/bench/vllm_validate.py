@@ -27,12 +27,12 @@ import numpy as np
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json, write_target
 from dasrl_lab.bench.vllm_bench import trace_name
 from dasrl_lab.drafters.arctic import ArcticDrafter
-from dasrl.drafter.store import DraftStore
-from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import match_capped, proposer_policy
-from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
-from dasrl.policy.latency import LatencyModel
-from dasrl.rollout.trace import read_trace
+from dasrl.drafter import DraftStore
+from dasrl.integrations.vllm import VLLMDrafterConfig
+from dasrl.integrations.vllm import match_capped, proposer_policy
+from dasrl.policy import FixedBudget, NoSpeculation, PolicyBase
+from dasrl.policy import LatencyModel
+from dasrl.rollout import read_trace
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.simulator import group_steps
 from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX

@@ -9,7 +9,7 @@ import numpy as np
 
 from dasrl.atomic import write_json
 from dasrl_lab.plots import pyplot, save_figure
-from dasrl.rollout.session import RolloutSession
+from dasrl.rollout import RolloutSession
 
 
 GPU_PROFILE = "qwen2.5-7b-h100"
@@ -20,7 +20,7 @@ def gpu_prediction(steps: list[tuple[int, list]], das: RolloutSession, tokenizer
     """Predicted seconds per step of these rollouts on GPU_PROFILE, plain and DAS: `dasrl whatif`'s replay
     (the simulator, each forward priced by the profile) with the DAS session's drafter and its policy under
     that profile's latency (the allowance, hence the drafting, depends on the hardware)."""
-    from dasrl.policy.base import NoSpeculation
+    from dasrl.policy import NoSpeculation
     from dasrl_lab.sim.profiles import derive
     from dasrl_lab.sim.whatif import WhatifConfig, replay, session_policy
 

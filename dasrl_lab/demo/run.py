@@ -19,9 +19,9 @@ from rich.table import Table
 
 from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl_lab.tasks import PRESETS, Task, chat_ids, preset, reward
-from dasrl.engine.sampling import SamplingParams
-from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig
-from dasrl.rollout.trace import Response, TraceWriter
+from dasrl.engine import SamplingParams
+from dasrl.rollout import Rollout, RolloutSession, SessionConfig
+from dasrl.rollout import Response, TraceWriter
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DrafterBase, check_budgets
+from dasrl.drafter import Draft, DrafterBase, check_budgets
 
 
 def arctic_status() -> str | None:

@@ -10,7 +10,7 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DrafterBase, check_budgets
+from dasrl.drafter import Draft, DrafterBase, check_budgets
 
 
 class NGramDrafter(DrafterBase):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dasrl.drafter.base import MAX_DRAFT, DraftParams
+from dasrl.drafter import MAX_DRAFT, DraftParams
 
 ORDER = 4
 """Length of the context tail that picks a match's candidates (the native index's 4-gram chains)."""

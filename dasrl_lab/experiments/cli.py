@@ -134,7 +134,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         a recorded run (docs/simulator.md, "Validation")."""
         from dasrl.atomic import write_json
         from dasrl_lab.experiments.validate import StepOverhead, find_collection, scatter, summary, validate
-        from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+        from dasrl.policy import CPU_LATENCY, LatencyModel
 
         console = Console()
         try:

@@ -22,16 +22,16 @@ from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
 from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl_lab.demo.run import score, step_batch, trace_rows
 from dasrl_lab.tasks import preset
-from dasrl.drafter.base import DraftParams, Drafter
+from dasrl.drafter import DraftParams, Drafter
 from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter.store import StoreConfig
-from dasrl.engine.engine import RunStats
-from dasrl.engine.sampling import SamplingParams
+from dasrl.drafter import StoreConfig
+from dasrl.engine import RunStats
+from dasrl.engine import SamplingParams
 from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, SessionPolicy, prior_for
 from dasrl_lab.policies import make_lab_policy
 from dasrl_lab.experiments.machine import load_avg
-from dasrl.rollout.session import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
-from dasrl.rollout.trace import Trace, TraceWriter, read_trace
+from dasrl.rollout import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
+from dasrl.rollout import Trace, TraceWriter, read_trace
 
 FORMAT = "dasrl-experiments-collect/3"
 UNBOUNDED_CAP = ClassCaps().long

@@ -11,12 +11,12 @@ import numpy as np
 
 from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
 from dasrl_lab.experiments.base import REAL_FORWARDS, Context, Experiment, Outcome, pyplot, save_figure
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy import LatencyModel
 
 
 def run(ctx: Context) -> Outcome:
     from dasrl.engine import EngineConfig, SpecEngine
-    from dasrl.engine.engine import default_threads
+    from dasrl.engine import default_threads
 
     model, tok = ctx.model()
     engine = SpecEngine(model, tok, EngineConfig(num_threads=default_threads()))

@@ -14,9 +14,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, Drafter, DrafterBase
-from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.rollout.trace import Response
+from dasrl.drafter import Draft, Drafter, DrafterBase
+from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.rollout import Response
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 
 REPLAY_BUDGET = 16

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dasrl.drafter.store import MODES, DraftStore, StoreConfig
+from dasrl.drafter import MODES, DraftStore, StoreConfig
 from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
 from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay, totals
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from dasrl.atomic import MAX_JSON_BYTES, read_json
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy import LatencyModel
 from dasrl_lab.sim.workloads import CPU_LATENCY
 
 

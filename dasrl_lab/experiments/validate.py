@@ -28,10 +28,10 @@ from typing import Callable
 import numpy as np
 
 from dasrl.atomic import MAX_JSON_BYTES, read_json
-from dasrl.drafter.store import DraftStore
+from dasrl.drafter import DraftStore
 from dasrl_lab.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
-from dasrl.policy.latency import LatencyModel, nonnegative_lstsq
-from dasrl.rollout.trace import read_trace
+from dasrl.policy import LatencyModel, nonnegative_lstsq
+from dasrl.rollout import read_trace
 from dasrl_lab.sim.simulator import Simulator, StepStats
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dasrl.drafter.store import DraftStore, StoreConfig
+from dasrl.drafter import DraftStore, StoreConfig
 from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
 from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay, totals
 

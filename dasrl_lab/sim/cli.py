@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl.drafter.base import MAX_DRAFT
-from dasrl.drafter.store import StoreConfig
+from dasrl.drafter import MAX_DRAFT
+from dasrl.drafter import StoreConfig
 from dasrl_lab.policies import ALL_POLICIES as POLICIES
-from dasrl.policy.latency import LatencyModel
-from dasrl.rollout.trace import Response, TraceError, read_trace, summarize, write_trace
+from dasrl.policy import LatencyModel
+from dasrl.rollout import Response, TraceError, read_trace, summarize, write_trace
 from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
 from dasrl_lab.sim.workloads import CPU_LATENCY, WORKLOADS, generate, get_workload
 
@@ -235,7 +235,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                         callback=output_file)) -> None:
         """Many rollout workers: length-aware routing (LPT on the predicted makespan) vs round-robin vs
         random, each problem's samples kept on one worker, simulated step makespan."""
-        from dasrl.rollout.routing import ROUTERS
+        from dasrl.rollout import ROUTERS
         from dasrl_lab.sim.workers import simulate_routed
 
         _check(drafter, DRAFTERS, "drafter")

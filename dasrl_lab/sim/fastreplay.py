@@ -15,10 +15,10 @@ from typing import Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import DraftBatch
-from dasrl.policy.base import RequestState
-from dasrl.policy.propose import propose
-from dasrl.rollout.trace import Response
+from dasrl.drafter import DraftBatch
+from dasrl.policy import RequestState
+from dasrl.policy import propose
+from dasrl.rollout import Response
 from dasrl_lab.sim.simulator import StepStats, accepted_length
 
 

@@ -21,9 +21,9 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import DraftBatch, budget_array
-from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.drafter.suffix import Cursor, SuffixIndex, best_continuation_batch, token_array
+from dasrl.drafter import DraftBatch, budget_array
+from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.drafter import Cursor, SuffixIndex, best_continuation_batch, token_array
 
 
 class HistoryOracle:

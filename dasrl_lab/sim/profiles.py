@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy import LatencyModel
 
 # (hidden, layers, heads, kv_heads, intermediate, vocab, tied embeddings) from the models' HF config.json
 MODELS = {

@@ -21,14 +21,14 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, Drafter
+from dasrl.drafter import Draft, Drafter
 from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.policy.base import BudgetPolicy, RequestState
+from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.policy import BudgetPolicy, RequestState
 from dasrl_lab.policies import make_lab_policy
-from dasrl.policy.latency import LatencyModel
-from dasrl.policy.propose import propose
-from dasrl.rollout.trace import Response
+from dasrl.policy import LatencyModel
+from dasrl.policy import propose
+from dasrl.rollout import Response
 
 BATCH_MODES = ("static", "continuous")
 

@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl.atomic import open_regular
-from dasrl.rollout.trace import FORMAT as TRACE_FORMAT
-from dasrl.rollout.trace import Response, TraceError, read_parquet, read_trace
+from dasrl.rollout import FORMAT as TRACE_FORMAT
+from dasrl.rollout import Response, TraceError, read_parquet, read_trace
 
 Tokenize = Callable[[list[str]], list[list[int]]]
 

@@ -17,7 +17,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticConfig
-from dasrl.drafter.base import Draft, DrafterBase, check_budgets
+from dasrl.drafter import Draft, DrafterBase, check_budgets
 
 VLLM_SUFFIX = ArcticConfig(max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1, max_cached_requests=10000)
 VLLM_SUFFIX_TOKENS = 24

@@ -27,12 +27,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter.store import DraftStore, StoreConfig
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.base import FixedBudget, NoSpeculation
+from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.policy import ForwardAllowance
+from dasrl.policy import FixedBudget, NoSpeculation
 from dasrl.policy import make_policy
-from dasrl.rollout.session import SessionConfig, history_drafter
-from dasrl.rollout.trace import Response
+from dasrl.rollout import SessionConfig, history_drafter
+from dasrl.rollout import Response
 from dasrl_lab.sim.profiles import Profile
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.oracle import HistoryOracle

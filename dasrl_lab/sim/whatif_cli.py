@@ -19,7 +19,7 @@ console = Console()
 
 
 def _profiles(latency: list[str], shipped: bool):
-    from dasrl.policy.latency import LatencyModel
+    from dasrl.policy import LatencyModel
     from dasrl_lab.sim import profiles
 
     out = profiles.shipped() if shipped else []

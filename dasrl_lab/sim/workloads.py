@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dasrl.policy.latency import CPU_LATENCY, LatencyModel
-from dasrl.rollout.trace import Response
+from dasrl.policy import CPU_LATENCY, LatencyModel
+from dasrl.rollout import Response
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from dasrl.drafter.base import problem_key
 from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
+__all__ = ["RouterConfig", "DASLoadBalancer"]
+
 @dataclass(frozen=True)
 class RouterConfig:
     """The YAML fields DASLoadBalancer reads (besides router_class)."""

@@ -17,7 +17,7 @@ check_supported()
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.proposer import (DASProposer, DASWorkerExtension, dasrl_end_step, dasrl_stats,
                                               install_runner_hook)
-from dasrl.integrations.vllm.tracker import BatchDrafter, DrafterStats
+from dasrl.integrations.vllm.tracker import BatchDrafter, DrafterStats, match_capped, proposer_policy
 
 __all__ = ["BatchDrafter", "UnsupportedVLLM", "check_supported", "DASProposer", "DASWorkerExtension", "DrafterStats", "VLLMDrafterConfig",
-           "dasrl_end_step", "dasrl_stats", "install_runner_hook"]
+           "dasrl_end_step", "dasrl_stats", "install_runner_hook", "match_capped", "proposer_policy"]

@@ -15,10 +15,10 @@ from dasrl.drafter import DraftStore, StoreConfig
 from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine
 from dasrl.models import load_model
 from dasrl.policy import ClassCaps, LatencyModel, OnlineLatency, make_policy
-from dasrl.rollout import Rollout, RolloutSession, SessionConfig, read_trace, write_trace
+from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
 
 __version__ = "0.1.0"
 
 __all__ = ["DraftStore", "StoreConfig", "Completion", "EngineConfig", "SamplingParams", "SpecEngine", "load_model",
-           "ClassCaps", "LatencyModel", "OnlineLatency", "make_policy", "Rollout", "RolloutSession", "SessionConfig",
+           "ClassCaps", "LatencyModel", "OnlineLatency", "make_policy", "Rollout", "RolloutSession", "Session", "SessionConfig",
            "read_trace", "write_trace", "__version__"]

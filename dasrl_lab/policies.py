@@ -28,7 +28,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft
+from dasrl.drafter import Draft, DraftBatch
 from dasrl.policy import (POLICIES, ClassCaps, DASPolicy, HistoryPolicy, LatencyModel, PolicyBase, RequestState,
                           make_policy)
 
@@ -255,8 +255,8 @@ class ConfidencePolicy(PolicyBase):
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         return [self.cap] * len(states)
 
-    def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
-        return [trim_draft(d, self.threshold) for d in drafts]
+    def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
+        return DraftBatch.from_drafts([trim_draft(d, self.threshold) for d in drafts.drafts()])
 
 
 def trim_draft(d: Draft, threshold: float) -> Draft:

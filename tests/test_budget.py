@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from dasrl.drafter.base import Draft
+from dasrl.drafter.base import Draft, DraftBatch
 from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, LatencyModel, RequestState, make_policy
 from dasrl_lab.policies import (ALL_POLICIES, AcceptanceStats, make_lab_policy, marginal_sum, optimal_budgets,
                                 solve_n_fwd, trim_draft)
@@ -129,7 +129,8 @@ def test_confidence_trim_tree():
     chain = Draft.chain([5, 6, 7], [0.9, 0.5, 0.1])
     pol = make_lab_policy("confidence", threshold=0.3, cap=8)
     assert pol.budgets(states([0, 0])) == [8, 8]
-    assert [list(x.tokens) for x in pol.trim([], [chain, Draft.empty()])] == [[5, 6], []]
+    got = pol.trim([], DraftBatch.from_drafts([chain, Draft.empty()])).drafts()
+    assert [list(x.tokens) for x in got] == [[5, 6], []]
 
 
 def test_registry_errors():

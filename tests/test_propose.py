@@ -33,8 +33,7 @@ class Halve(PerRow):
     trims = True
 
     def trim(self, states, drafts):
-        return [Draft(d.tokens[: len(d) // 2], d.parents[: len(d) // 2], d.probs[: len(d) // 2], d.match_len)
-                for d in drafts]
+        return drafts.capped(drafts.lengths // 2)
 
 
 def states(n):

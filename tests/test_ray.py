@@ -125,6 +125,13 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     want_again = local.generate(prompts[:2], sampling=sp, max_new_tokens=4)
     assert [r.seed for r in again] == [r.seed for r in want_again]
     assert not {r.seed for r in again} & {r.seed for r in got}
+    # the Session protocol's samples= and stop_lines= reach the workers as a local session takes them
+    kw = dict(samples=[7, 9], sampling=sp, max_new_tokens=12, stop_lines=["."])
+    by_index, want_index = dist.generate(prompts[:2], **kw), local.generate(prompts[:2], **kw)
+    assert [(r.sample, r.seed, r.completion_ids) for r in by_index] == \
+        [(r.sample, r.seed, r.completion_ids) for r in want_index]
+    with pytest.raises(ValueError, match="sample index 7 .* drawn twice"):
+        dist.generate(prompts[:1], samples=[7], sampling=sp, max_new_tokens=4)
     dist.save(tmp_path / "dist")
     assert (tmp_path / "dist" / "distributed.json").is_file() and (tmp_path / "dist" / "worker-0").is_dir()
     before = dist.step
@@ -134,7 +141,7 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, 
     with pytest.raises(ValueError, match="field 'step' must be an int >= 0, got 'x'"):
         dist.load(tmp_path / "dist")
     assert dist.step == 2  # the failed load changed nothing
-    dist.shutdown()
+    dist.close()
 
 
 @pytest.mark.slow

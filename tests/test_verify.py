@@ -3,8 +3,16 @@
 import numpy as np
 import pytest
 
-from dasrl.drafter.base import Draft
-from dasrl.engine.verify import depths, verify, verify_chain, verify_tree
+from dasrl.drafter.base import Draft, DraftBatch
+from dasrl.engine.verify import accepted_counts, depths, verify
+
+
+def verify_chain(tokens, targets):
+    return verify(Draft.chain(tokens.tolist(), [1.0] * len(tokens)), targets)
+
+
+def verify_tree(tokens, parents, targets):
+    return verify(Draft(np.asarray(tokens, np.int32), np.asarray(parents, np.int32), np.ones(len(tokens)), 0), targets)
 
 
 def arr(*x):
@@ -97,3 +105,19 @@ def test_depths_and_bad_parents():
         depths(np.asarray([-1, 2, 0]))
     with pytest.raises(ValueError, match="parents must come before"):
         verify_tree(arr(1, 2), np.asarray([1, -1]), arr(1, 2, 3))
+
+
+def test_accepted_counts_is_the_verdicts_rule_on_mixed_batches():
+    """accepted_counts (what replays and the vLLM tracker count with) == each row's verdict, chains and trees."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        drafts = []
+        for _ in range(int(rng.integers(1, 5))):
+            n = int(rng.integers(0, 6))
+            parents = [int(rng.integers(-1, i)) if rng.random() < 0.5 else i - 1 for i in range(n)]
+            drafts.append(Draft(rng.integers(0, 3, n).astype(np.int32), np.asarray(parents, np.int32), np.ones(n), 0))
+        batch = DraftBatch.from_drafts(drafts)
+        starts = np.concatenate([[0], np.cumsum(batch.lengths + 1)])
+        targets = rng.integers(0, 3, int(starts[-1]))
+        got = accepted_counts(batch, targets, starts)
+        assert got.tolist() == [verify(d, targets[starts[b]: starts[b + 1]]).accepted for b, d in enumerate(drafts)]

@@ -506,6 +506,10 @@ def test_bench_modules_import_one_way():
 
 # ------------------------------------------------------------------ vLLM's step cost (StepClock) prices the policy
 
+PRIOR = LatencyModel(0.05, 0.0025)
+"""The model a clock prices with until its fit is trusted."""
+
+
 class FakeTime:
     def __init__(self) -> None:
         self.t = 0.0
@@ -516,7 +520,7 @@ class FakeTime:
 
 def test_step_clock_fits_the_line_from_the_time_between_calls():
     now = FakeTime()
-    clock = StepClock(window=64, min_samples=32, now=now)
+    clock = StepClock(PRIOR, window=64, min_samples=32, now=now)
     clock.tick(10)
     for i in range(40):
         n = 10 + (i % 20)  # the step after this call computes n tokens
@@ -528,11 +532,13 @@ def test_step_clock_fits_the_line_from_the_time_between_calls():
 
 def test_step_clock_skips_prefill_steps_and_needs_enough_spread():
     now = FakeTime()
-    clock = StepClock(window=64, min_samples=32, now=now)
-    for _ in range(40):  # every step 4 tokens: no spread, no fit
+    clock = StepClock(PRIOR, window=64, min_samples=32, now=now)
+    for _ in range(40):  # every step 4 tokens: no spread, so only the speed is known: the prior, scaled
         clock.tick(4)
         now.t += 0.1
-    assert clock.num_samples == 39 and clock.model() is None
+    lat = clock.model()
+    assert clock.num_samples == 39 and lat.predict(4) == pytest.approx(0.1)
+    assert lat.c_base / lat.c_tok == pytest.approx(PRIOR.c_base / PRIOR.c_tok)
     clock.skip()  # the step since the last call prefilled: not recorded
     now.t += 5.0
     clock.tick(4)
@@ -543,7 +549,7 @@ def test_step_clock_skips_prefill_steps_and_needs_enough_spread():
     clock.tick(4)  # so this one is not recorded
     assert clock.num_samples == 40
     with pytest.raises(ValueError, match="min_samples"):
-        StepClock(window=8, min_samples=16)
+        StepClock(PRIOR, window=8, min_samples=16)
 
 
 def test_step_clock_fits_the_kv_term_and_refits_only_every_so_often():
@@ -551,7 +557,7 @@ def test_step_clock_fits_the_kv_term_and_refits_only_every_so_often():
     model (c_other included). It is redone only after refit_every new steps: until then model() is the
     same object, so the policy prices with one model between refits, even when the costs change."""
     now = FakeTime()
-    clock = StepClock(window=64, min_samples=32, refit_every=16, now=now)
+    clock = StepClock(PRIOR, window=64, min_samples=32, refit_every=16, now=now)
     clock.tick(10, 1000)
     for i in range(40):
         n, kv = 10 + i % 7, 1000 + 300 * (i % 5)  # the step after this call
@@ -576,7 +582,7 @@ def test_the_policy_prices_with_the_clocks_fit():
     (before the fit: the engine's CPU default)."""
     d, b = drafter(policy="das", k=4, caps=[4, 4, 4], latency_floor=True), Batch(width=256)
     now = FakeTime()
-    d.clock = StepClock(window=64, min_samples=32, now=now)
+    d.clock = StepClock(PRIOR, window=64, min_samples=32, now=now)
     assert d.latency == CPU_LATENCY
     H = list(range(100, 200))
     b.add("h", P)

@@ -63,69 +63,60 @@ def depths(parents: np.ndarray) -> np.ndarray:
     return out
 
 
-def verify_chain(draft_tokens: np.ndarray, targets: np.ndarray) -> Verdict:
-    """Chain draft [n] against targets [n+1] (target at the pending token, then at each draft token)."""
-    n = len(draft_tokens)
-    if len(targets) != n + 1:
-        raise ValueError(f"{n} draft tokens need {n + 1} targets, got {len(targets)}")
-    mismatch = np.flatnonzero(np.asarray(draft_tokens) != np.asarray(targets[:n]))
-    a = int(mismatch[0]) if mismatch.size else n
-    emit_at = np.arange(a + 1, dtype=np.int64)
-    return Verdict(emit_at, np.asarray(targets, dtype=np.int64)[emit_at], bonus=a == n)
-
-
-def verify_tree(draft_tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> Verdict:
-    """Tree draft (tokens [n], parents [n], ROOT = -1) against targets [n+1] (pending, then each node)."""
-    n = len(draft_tokens)
-    if len(targets) != n + 1 or len(parents) != n:
-        raise ValueError(f"{n} draft tokens need {n} parents and {n + 1} targets, "
-                         f"got {len(parents)} and {len(targets)}")
+def _tree_path(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> list[int]:
+    """The accepted nodes of a tree (tokens [n], parents [n], ROOT = -1), root to tip, against the targets
+    [n+1] at each input (pending, then each node): the first child equal to the target at its parent."""
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         p = int(p)
         if p != ROOT and not 0 <= p < i:
             raise ValueError(f"draft node {i} has parent {p}: parents must come before their children")
         children.setdefault(p, []).append(i)
-    emit_at, node = [0], ROOT
+    path, node = [], ROOT
     while True:
-        want = int(targets[emit_at[-1]])
-        kids = children.get(node, [])
-        nxt = next((c for c in kids if int(draft_tokens[c]) == want), None)
-        if nxt is None:
-            idx = np.asarray(emit_at, dtype=np.int64)
-            return Verdict(idx, np.asarray(targets, dtype=np.int64)[idx], bonus=not kids)
-        emit_at.append(nxt + 1)
-        node = nxt
+        want = int(targets[node + 1])  # the target sampled at the node's input (ROOT: the pending token's)
+        node = next((c for c in children.get(node, []) if int(tokens[c]) == want), None)
+        if node is None:
+            return path
+        path.append(node)
+
+
+def accepted_counts(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """[B] accepted draft tokens of every row: the one accept rule (module docstring). Row b's targets are
+    targets[starts[b]:starts[b+1]] (pending, then each node; a replay passes the recorded continuation at each
+    input's depth, -1 past its end). Chains at once, trees walked row by row."""
+    n = drafts.lengths  # [B]
+    row_of = np.repeat(np.arange(len(n)), n)  # [T] row of each draft node
+    local = np.arange(len(drafts.tokens)) - drafts.offsets[row_of]  # [T] node index within its row
+    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
+    match = drafts.tokens == targets[starts[row_of] + local]  # [T]
+    out = n.astype(np.int64)  # [B] leading matches per row
+    np.minimum.at(out, row_of[~match], local[~match])
+    for b in np.unique(row_of[drafts.parents != local - 1]):  # rows whose draft is not a chain
+        d = drafts.draft(int(b))
+        out[b] = len(_tree_path(d.tokens, d.parents, targets[starts[b]: starts[b + 1]]))
+    return out
 
 
 def verify(draft: Draft, targets: np.ndarray) -> Verdict:
     """Verify a Draft (chain or tree) against its targets [len(draft)+1]."""
-    if draft.is_chain:
-        return verify_chain(draft.tokens, targets)
-    return verify_tree(draft.tokens, draft.parents, targets)
+    if len(targets) != len(draft) + 1:
+        raise ValueError(f"{len(draft)} draft tokens need {len(draft) + 1} targets, got {len(targets)}")
+    return verify_batch(DraftBatch.from_drafts([draft]), np.asarray(targets), np.array([0, len(targets)]))[0]
 
 
 def verify_batch(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> list[Verdict]:
-    """Every row's verdict: row b's targets are targets[starts[b]:starts[b+1]] (pending, then each node).
-    Chains are verified for the whole batch at once; trees row by row."""
-    n = drafts.lengths  # [B]
-    batch = len(n)
-    row_of = np.repeat(np.arange(batch), n)  # [T] row of each draft node
-    local = np.arange(len(drafts.tokens)) - drafts.offsets[row_of]  # [T] node index within its row
-    tree = np.zeros(batch, bool)
-    tree[row_of[drafts.parents != local - 1]] = True  # [B] rows whose draft is not a chain
-    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
-    match = drafts.tokens == targets[starts[row_of] + local]  # [T]
-    accepted = n.copy()  # [B] leading matches per row
-    np.minimum.at(accepted, row_of[~match], local[~match])
+    """Every row's verdict (accepted_counts' rule; row b's targets are targets[starts[b]:starts[b+1]])."""
+    counts = accepted_counts(drafts, targets, starts)  # [B]
     out = []
-    for b in range(batch):
-        row_targets = targets[starts[b] : starts[b + 1]]
-        if tree[b]:
-            d = drafts.draft(b)
-            out.append(verify_tree(d.tokens, d.parents, row_targets))
-            continue
-        a = int(accepted[b])
-        emit_at = np.arange(a + 1, dtype=np.int64)
-        out.append(Verdict(emit_at, np.asarray(row_targets[: a + 1], dtype=np.int64), bonus=a == int(n[b])))
+    for b, a in enumerate(counts.tolist()):
+        row_targets = np.asarray(targets[starts[b]: starts[b + 1]], dtype=np.int64)
+        d = drafts.draft(b)
+        if d.is_chain:
+            emit_at, bonus = np.arange(a + 1, dtype=np.int64), a == len(d)
+        else:
+            path = _tree_path(d.tokens, d.parents, row_targets)
+            emit_at = np.asarray([0] + [i + 1 for i in path], dtype=np.int64)
+            bonus = not np.any(d.parents == (path[-1] if path else ROOT))
+        out.append(Verdict(emit_at, row_targets[emit_at], bonus=bonus))
     return out

@@ -36,7 +36,7 @@ from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import Rollout, SessionConfig, next_samples, sample_seed
+from dasrl.rollout.session import Rollout, SessionConfig, sample_indices, sample_seed
 
 
 __all__ = ["is_loopback", "init_local", "DistributedConfig", "RolloutWorker", "DistributedStep", "DistributedRolloutSession"]
@@ -140,9 +140,10 @@ class RolloutWorker:
         m, self.tokenizer = load_model(model, dtype=getattr(torch, dtype))
         self.session = RolloutSession(m, self.tokenizer, config)
 
-    def generate(self, prompts, *, problem_ids, seeds, sampling, max_new_tokens, stop_token_ids):
-        rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, sampling=sampling,
-                                         max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+    def generate(self, prompts, *, problem_ids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines):
+        rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, samples=samples,
+                                         sampling=sampling, max_new_tokens=max_new_tokens,
+                                         stop_token_ids=stop_token_ids, stop_lines=stop_lines)
         return rollouts, asdict(self.session.history[-1])
 
     def end_step(self) -> None:
@@ -217,7 +218,8 @@ def _check_weights(weights: dict, shapes: dict[str, tuple[int, ...]]) -> None:
 
 
 class DistributedRolloutSession:
-    """RolloutSession's interface (generate / end_step / stats / save / load) over Ray actors."""
+    """The Session protocol (dasrl.rollout.Session: generate / end_step / stats / save / load / close, with
+    RolloutSession's arguments) over Ray actors."""
 
     def __init__(self, model: str, config: DistributedConfig = DistributedConfig(), *,
                  dtype: str = "float32") -> None:
@@ -254,11 +256,14 @@ class DistributedRolloutSession:
 
     # ------------------------------------------------------------------ the step
     def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
-                 seeds: Sequence[int] | None = None, sampling: SamplingParams = SamplingParams(),
-                 max_new_tokens: int = 256, stop_token_ids: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None, samples: Sequence[int] | None = None,
+                 sampling: SamplingParams = SamplingParams(), max_new_tokens: int = 256,
+                 stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = (),
                  on_dispatch: Callable[[dict[int, list[int]]], None] | None = None) -> list[Rollout]:
-        """Generate one step's batch across the workers; rollouts come back in the order of `prompts`.
-        `on_dispatch(worker -> request indices)` is called each time shares are sent out."""
+        """Generate one step's batch across the workers (RolloutSession.generate's arguments: `samples` each
+        request's sample index in its problem this step, None = the next unused ones; `seeds` overrides the
+        derived seeds); rollouts come back in the order of `prompts`. `on_dispatch(worker -> request
+        indices)` is called each time shares are sent out."""
         ray = _ray()
         if len(prompts) == 0:
             raise ValueError("generate() needs at least one prompt")
@@ -268,8 +273,8 @@ class DistributedRolloutSession:
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
         if seeds is None:
             # counted per problem over the step's calls, as a session counts them: a prompt seen again in
-            # the same step gets fresh seeds
-            samples = next_samples(self._drawn, pids)
+            # the same step gets fresh seeds; given indices are checked as a session checks them
+            samples = sample_indices(self._drawn, pids, samples, self.step)
             for pid, k in zip(pids, samples):
                 self._drawn.setdefault(pid, set()).add(k)
             seeds = [sample_seed(self.config.session.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
@@ -278,7 +283,7 @@ class DistributedRolloutSession:
         t0 = time.perf_counter()
         info = DistributedStep(step=self.step, rollout_s=0.0)
         results: list[Rollout | None] = [None] * len(prompts)
-        kw = dict(sampling=sampling, max_new_tokens=max_new_tokens,
+        kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, stop_lines=list(stop_lines),
                   stop_token_ids=list(stop_token_ids) if stop_token_ids is not None else None)
         pending: dict = {}  # ObjectRef -> (worker, request indices)
 
@@ -293,7 +298,9 @@ class DistributedRolloutSession:
                 shares.setdefault(where[pids[i]], []).append(i)
             for w, idx in shares.items():
                 ref = self.workers[w].generate.remote([prompts[i] for i in idx], problem_ids=[pids[i] for i in idx],
-                                                      seeds=[int(seeds[i]) for i in idx], **kw)
+                                                      seeds=[int(seeds[i]) for i in idx],
+                                                      samples=None if samples is None else [int(samples[i]) for i in idx],
+                                                      **kw)
                 pending[ref] = (w, idx)
             if on_dispatch is not None:
                 on_dispatch({w: list(idx) for w, idx in shares.items()})
@@ -403,9 +410,17 @@ class DistributedRolloutSession:
         _gather(ray, {w: self.workers[w].load.remote(p) for w, p in parts.items()}, f"{folder}: loaded in part")
         self.step, self.router, self._drawn = step, router, {}
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """Stop the actors (the Ray runtime stays up)."""
         ray = _ray()
         for a in self.workers.values():
             ray.kill(a)
         self.workers.clear()
+
+    shutdown = close
+
+    def __enter__(self) -> "DistributedRolloutSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -37,7 +37,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft
+from dasrl.drafter.base import DraftBatch
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.budget import HistoryPolicy
@@ -246,7 +246,7 @@ class ForwardAllowance:
     def trims(self) -> bool:
         return self.latency is not None or self.inner.trims
 
-    def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
+    def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
         """The wrapped policy's trim, then each draft cut to the prefix with the fewest expected seconds per
         emitted token, node i accepted with probability its path probability x the calibration (accepted /
         expected over the verified drafts): a draft as long as the cap but sure only of its first tokens
@@ -256,20 +256,20 @@ class ForwardAllowance:
             return drafts
         a, x = self._calib
         calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
-        out = []
-        for s, d in zip(states, drafts):
-            if len(d) == 0 or s.req_id not in self._price:
-                out.append(d)
+        q = np.minimum(drafts.probs * calib, 1.0)  # [T] P(node accepted); prefixes of best-first trees are trees
+        keep = drafts.lengths.copy()  # [B] nodes each row keeps
+        bounds = drafts.offsets.tolist()
+        for b, s in enumerate(states):
+            lo, hi = bounds[b], bounds[b + 1]
+            if hi == lo or s.req_id not in self._price:
                 continue
             share, row, kv = self._price[s.req_id]
-            q = np.minimum(d.probs * calib, 1.0)  # [n] P(node accepted); prefixes of best-first trees are trees
-            n = np.arange(len(d) + 1)  # [n+1] kept nodes
-            cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q)]))
-            keep = int(np.argmin(cost))
-            if keep:
-                self._expected[s.req_id] = float(q[:keep].sum() / calib)  # raw path probabilities
-            out.append(d.prefix(keep))
-        return out
+            n = np.arange(hi - lo + 1)  # [n+1] kept nodes
+            cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q[lo:hi])]))
+            keep[b] = int(np.argmin(cost))
+            if keep[b]:
+                self._expected[s.req_id] = float(q[lo:lo + keep[b]].sum() / calib)  # raw path probabilities
+        return drafts.capped(keep)
 
     def parts(self) -> dict[str, object]:
         """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance

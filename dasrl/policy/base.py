@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Protocol, Sequence, runtime_checkable
 
-from dasrl.drafter.base import Draft
+from dasrl.drafter.base import DraftBatch
 
 if TYPE_CHECKING:
     from dasrl.policy.latency import LatencyModel
@@ -47,8 +47,8 @@ class BudgetPolicy(Protocol):
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         """The draft cap of each live request this step (0 = plain decoding for that row)."""
 
-    def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
-        """Cut proposed drafts further (identity for most policies)."""
+    def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
+        """Cut proposed drafts further, on the flat batch (identity for most policies)."""
 
     def finish(self, state: RequestState) -> None:
         """The request completed (its final state)."""
@@ -94,7 +94,7 @@ class PolicyBase:
     def parts(self) -> dict[str, object]:
         return {}
 
-    def trim(self, states: Sequence[RequestState], drafts: list[Draft]) -> list[Draft]:
+    def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
         return drafts
 
     def finish(self, state: RequestState) -> None:

@@ -42,7 +42,7 @@ def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[Requ
         return DraftBatch.empty(n)
     drafts = drafter.propose_flat(req_ids, caps.tolist())
     if policy.trims:
-        drafts = DraftBatch.from_drafts(list(policy.trim(states, drafts.drafts())))
+        drafts = policy.trim(states, drafts)
     if len(drafts) != n:
         raise ValueError(f"drafter/policy returned {len(drafts)} drafts for {n} live requests")
     drafts = drafts.capped(caps)

@@ -40,7 +40,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Hashable, Protocol, Sequence, runtime_checkable
 
 from dasrl.atomic import MAX_JSON_BYTES, fsync_dir, open_regular, read_json, write_json
 from dasrl.drafter.base import Drafter, problem_key
@@ -137,6 +137,33 @@ class StepSummary:
         return self.new_tokens / max(self.row_forwards, 1)
 
 
+@runtime_checkable
+class Session(Protocol):
+    """What an RL loop calls, one object per run: RolloutSession here, DistributedRolloutSession over Ray
+    actors (dasrl.integrations.ray); both take generate()'s arguments below (tests/test_session_protocol.py)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
+                 seeds: Sequence[int] | None = None, samples: Sequence[int] | None = None,
+                 sampling: SamplingParams = SamplingParams(), max_new_tokens: int = 256,
+                 stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = ()) -> list[Rollout]:
+        """One step's batch (or part of it): one Rollout per prompt, in order."""
+
+    def end_step(self) -> None:
+        """The RL step is over: its rollouts become drafting history."""
+
+    def stats(self) -> dict:
+        """Totals over the run."""
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """The drafting history and policy statistics, crash-safe, no pickle."""
+
+    def load(self, folder: str | os.PathLike) -> None:
+        """Restore a save (all or nothing)."""
+
+    def close(self) -> None:
+        """Release what the session holds (threads, actors)."""
+
+
 def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> int:
     """A 63-bit seed that depends only on (run seed, step, problem, sample index)."""
     key = json.dumps([run_seed, step, str(problem_id), sample]).encode()
@@ -152,6 +179,28 @@ def next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable
     for pid in problem_ids:
         out.append(nxt.get(pid, 0))
         nxt[pid] = out[-1] + 1
+    return out
+
+
+def sample_indices(drawn: dict[Hashable, set[int]], pids: Sequence[Hashable], given: Sequence[int] | None,
+                   step: int) -> list[int]:
+    """Each request's sample index (given, or the next unused of its problem: next_samples), none drawn
+    before in this step (`drawn`) nor twice in this call. Does not change `drawn`."""
+    if given is None:
+        return next_samples(drawn, pids)
+    out = list(given)
+    if len(out) != len(pids):
+        raise ValueError(f"{len(pids)} prompts but {len(out)} sample indices")
+    seen: set = set()
+    for i, (pid, k) in enumerate(zip(pids, out)):
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"sample indices must be ints >= 0, got {k!r}")
+        k = int(k)
+        if k in drawn.get(pid, ()) or (pid, k) in seen:
+            raise ValueError(f"sample index {k} of problem {pid!r} is drawn twice in step {step}: "
+                             f"its seed would repeat (give each sample of a problem its own index)")
+        seen.add((pid, k))
+        out[i] = k
     return out
 
 
@@ -239,7 +288,7 @@ class RolloutSession:
         seeds, as a rerun would)."""
         t0 = time.perf_counter()
         wait = self._join_upkeep()
-        samples = self._samples(pids, samples)
+        samples = sample_indices(self._drawn, pids, samples, self.step)
         if seeds is None:
             seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
         curve: list[tuple[float, int]] = []
@@ -279,26 +328,6 @@ class RolloutSession:
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,
                         forwards=c.forwards, drafted=c.drafted, accepted=c.accepted)
                 for pid, k, seed, c in zip(pids, samples, seeds, outs)]
-
-    def _samples(self, pids: list, given: Sequence[int] | None) -> list[int]:
-        """Each request's sample index (given, or the next unused of its problem), none drawn before in
-        this step nor twice in this call."""
-        if given is None:
-            return next_samples(self._drawn, pids)
-        out = list(given)
-        if len(out) != len(pids):
-            raise ValueError(f"{len(pids)} prompts but {len(out)} sample indices")
-        seen: set = set()
-        for i, (pid, k) in enumerate(zip(pids, out)):
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-                raise ValueError(f"sample indices must be ints >= 0, got {k!r}")
-            k = int(k)
-            if k in self._drawn.get(pid, ()) or (pid, k) in seen:
-                raise ValueError(f"sample index {k} of problem {pid!r} is drawn twice in step {self.step}: "
-                                 f"its seed would repeat (give each sample of a problem its own index)")
-            seen.add((pid, k))
-            out[i] = k
-        return out
 
     def _append(self, summary: StepSummary) -> None:
         """Add a step summary; beyond config.history the oldest is folded into the stats() totals."""

@@ -19,30 +19,13 @@ from dasrl.drafter import DraftBatch
 from dasrl.policy import RequestState
 from dasrl.policy import propose
 from dasrl.rollout import Response
-from dasrl_lab.sim.simulator import StepStats, accepted_length
+from dasrl.engine import accepted_counts
+from dasrl_lab.sim.simulator import StepStats, replay_targets
 
 
 def _accepted(batch, rows_tgt_start: np.ndarray, gen: np.ndarray, tlen: np.ndarray, flat_tgt: np.ndarray) -> np.ndarray:
-    """[B] accepted draft tokens of every row: chains compared in one vectorised pass, trees walked."""
-    lens = np.diff(batch.offsets)
-    out = np.zeros(lens.size, np.int64)
-    if not lens.any():
-        return out
-    row = np.repeat(np.arange(lens.size), lens)  # [N] row of each draft node
-    j = np.arange(batch.tokens.size) - batch.offsets[row]  # [N] index within its draft
-    chain_node = batch.parents == j - 1
-    pos = gen[row] + j
-    inside = pos < tlen[row]
-    tgt = flat_tgt[np.where(inside, rows_tgt_start[row] + pos, 0)]
-    miss = ~(inside & (batch.tokens == tgt))
-    first = np.full(lens.size, np.iinfo(np.int64).max)
-    np.minimum.at(first, row[miss], j[miss])
-    out = np.minimum(first, lens)
-    trees = np.flatnonzero(np.bincount(row[~chain_node], minlength=lens.size))
-    for b in trees:
-        a0 = int(rows_tgt_start[b] + gen[b])
-        out[b] = accepted_length(batch.draft(int(b)), flat_tgt[a0: rows_tgt_start[b] + tlen[b]])
-    return out
+    """[B] accepted draft tokens of every row: the engine's rule on the recorded continuations."""
+    return accepted_counts(batch, *replay_targets(batch, flat_tgt, rows_tgt_start, gen, tlen))
 
 
 def request_ids(step: int, n: int) -> list[tuple[int, int]]:

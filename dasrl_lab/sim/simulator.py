@@ -21,14 +21,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft, Drafter
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.policy import BudgetPolicy, RequestState
-from dasrl_lab.policies import make_lab_policy
-from dasrl.policy import LatencyModel
-from dasrl.policy import propose
+from dasrl.drafter import Draft, DraftBatch, Drafter, DraftStore, StoreConfig
+from dasrl.engine import accepted_counts, depths
+from dasrl.policy import BudgetPolicy, LatencyModel, RequestState, propose
 from dasrl.rollout import Response
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
+from dasrl_lab.policies import make_lab_policy
 
 BATCH_MODES = ("static", "continuous")
 
@@ -181,22 +179,33 @@ class SimResult:
 # ------------------------------------------------------------------------------- replay
 
 
+def replay_targets(batch: DraftBatch, recorded: np.ndarray, start: np.ndarray, gen: np.ndarray,
+                   length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The target at every input of a replayed batch, for the engine's accept rule (dasrl.engine.accepted_counts):
+    row b's recorded continuation is recorded[start[b] + gen[b] : start[b] + length[b]]; the input of a node at
+    depth d (the pending token: d = -1) targets its token at d + 1, -1 past its end. Returns (targets, starts)."""
+    n = batch.lengths  # [B]
+    starts = np.concatenate([[0], np.cumsum(n + 1)]).astype(np.int64)  # [B+1]
+    row = np.repeat(np.arange(n.size), n + 1)  # [T+B] row of each input
+    k = np.arange(int(starts[-1])) - starts[row]  # [T+B] input index within its row (0 = pending)
+    depth = k.copy()  # chains: input k targets the token at depth k
+    node_row = np.repeat(np.arange(n.size), n)  # [T] row of each draft node
+    local = np.arange(batch.tokens.size) - batch.offsets[node_row]  # [T] node index within its row
+    for b in np.unique(node_row[batch.parents != local - 1]):  # rows whose draft is not a chain
+        d = batch.draft(int(b))
+        depth[starts[b] + 1: starts[b + 1]] = depths(d.parents) + 1
+    pos = gen[row] + depth  # [T+B] index into the row's recorded response
+    inside = pos < length[row]
+    targets = np.where(inside, recorded[np.where(inside, start[row] + pos, 0)], -1)
+    return targets, starts
+
+
 def accepted_length(draft: Draft, target: np.ndarray) -> int:
-    """Draft tokens accepted against the recorded continuation `target` (follow the matching child)."""
-    n = len(draft)
-    if n == 0 or target.size == 0:
-        return 0
-    if draft.is_chain:
-        m = min(n, target.size)
-        neq = np.flatnonzero(draft.tokens[:m] != target[:m])
-        return int(neq[0]) if neq.size else m
-    node, depth = -1, 0
-    while depth < target.size:
-        kids = np.flatnonzero((draft.parents == node) & (draft.tokens == target[depth]))
-        if kids.size == 0:
-            break
-        node, depth = int(kids[0]), depth + 1
-    return depth
+    """Draft tokens accepted against the recorded continuation `target` (the engine's rule)."""
+    one = np.zeros(1, np.int64)
+    targets, starts = replay_targets(DraftBatch.from_drafts([draft]), np.asarray(target), one, one,
+                                     np.array([len(target)]))
+    return int(accepted_counts(DraftBatch.from_drafts([draft]), targets, starts)[0])
 
 
 def _downsample(points: list[tuple[float, int]], n: int = 200) -> list[tuple[float, int]]:

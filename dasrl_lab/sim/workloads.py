@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dasrl.policy import CPU_LATENCY, LatencyModel
+from dasrl.policy import CPU_LATENCY, LatencyModel, GPU_LATENCY
 from dasrl.rollout import Response
 
 
@@ -102,11 +102,9 @@ class Workload:
     """One line on what it models."""
 
 
-# Latency of the paper setting, assumed: a 7B model on one H100-class GPU decodes a forward in ~20 ms
-# (weights read at ~3 TB/s), and each token in the forward adds ~20 us (about 14 GFLOP per token at
-# ~700 TFLOP/s effective). A full batch of 2048 rows then costs ~60 ms per forward, a straggler ~20 ms.
-# The KV-read term is left out (c_other = 0).
-PAPER_LATENCY = LatencyModel(c_base=0.020, c_tok=20e-6, c_other=0.0)
+# Latency of the paper setting: the one 7B/H100 profile (dasrl.policy.GPU_LATENCY = sim/profiles.derive of
+# Qwen2.5-7B bf16 on an H100, from its datasheet; an assumption until a device measures it).
+PAPER_LATENCY = GPU_LATENCY
 # The CPU engine here (SmolLM2-135M fp32, DESIGN.md): ~50 ms per forward, ~2.5 ms per token, ~4 ms per 1k
 # row-context tokens.
 

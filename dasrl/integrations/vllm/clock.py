@@ -9,36 +9,29 @@ and this is how the priced allowance (dasrl/policy/allowance.py) tells them apar
 
 Intervals in which new requests were prefilled are not recorded (their prompt tokens may be served
 from vLLM's prefix cache, so their count is unknown), nor the gap across an RL step boundary. The fit is
-redone only every `refit_every` recorded steps: between refits the policy prices with one model, so
-its drafts are a function of the batch alone.
+the session's own (dasrl.policy.OnlineLatency: windowed, outliers dropped, refitted every `refit_every`
+recorded steps, the prior scaled to the measured speed while the steps cannot separate the terms): between
+refits the policy prices with one model, so its drafts are a function of the batch alone.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable
 
-import numpy as np
-
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy.latency import LatencyModel, OnlineLatency
 
 
 class StepClock:
-    """Sliding-window fit of step seconds against step tokens and context tokens (LatencyModel.fit)."""
+    """Times vLLM's engine steps from inside the proposer and feeds them to an OnlineLatency over `prior`."""
 
-    def __init__(self, *, window: int = 256, min_samples: int = 32, refit_every: int = 32,
+    def __init__(self, prior: LatencyModel, *, window: int = 256, min_samples: int = 32, refit_every: int = 32,
                  now: Callable[[], float] = time.perf_counter) -> None:
-        if window < 2 or not 2 <= min_samples <= window or refit_every < 1:
-            raise ValueError(f"StepClock needs 2 <= min_samples <= window and refit_every >= 1, got "
-                             f"min_samples={min_samples}, window={window}, refit_every={refit_every}")
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)  # (tokens, kv, seconds)
-        self._min, self._every = min_samples, refit_every
+        self.fit = OnlineLatency(prior, window=window, min_samples=min_samples, refit_every=refit_every)
+        """The fit of vLLM's step cost (its report() is the proposer's latency statistics)."""
         self._now = now
         self._pending: tuple[float, int, int] | None = None
         """(time of the last call, tokens and kv of the step after it), or None: that step is not recorded."""
-        self._new = 0  # samples recorded since the last fit
-        self._model: LatencyModel | None = None
 
     def tick(self, tokens_next: int | None, kv_next: int = 0) -> None:
         """A proposer call: closes the step since the last call, opens the next one, whose forward will
@@ -47,8 +40,7 @@ class StepClock:
         t = self._now()
         if self._pending is not None:
             t0, n, kv = self._pending
-            self._samples.append((n, kv, t - t0))
-            self._new += 1
+            self.fit.record(n, kv, 0, t - t0)  # vLLM's drafting rows read no second KV group: no draft term
         self._pending = None if tokens_next is None else (t, int(tokens_next), int(kv_next))
 
     def skip(self) -> None:
@@ -57,24 +49,8 @@ class StepClock:
 
     @property
     def num_samples(self) -> int:
-        return len(self._samples)
+        return self.fit.num_samples
 
-    def model(self) -> LatencyModel | None:
-        """The current fit: refitted once `refit_every` steps were recorded since the last fit, else the
-        last one. None while there are too few steps, too little spread in tokens, or the fit has no
-        positive c_base or c_tok. Steps over 5x the median time (a pause of the caller) are left out."""
-        if self._new >= self._every or (self._model is None and self._new and len(self._samples) >= self._min):
-            self._new = 0
-            self._model = self._fit() or self._model
-        return self._model
-
-    def _fit(self) -> LatencyModel | None:
-        if len(self._samples) < self._min:
-            return None
-        n, kv, s = (np.array(x, dtype=np.float64) for x in zip(*self._samples))  # [samples]
-        keep = (s > 0) & (s <= 5 * np.median(s))
-        n, kv, s = n[keep], kv[keep], s[keep]
-        if n.size < self._min or np.ptp(n) < 2:
-            return None
-        lat = LatencyModel.fit(n, s, kv)
-        return lat if lat.c_base > 0 and lat.c_tok > 0 else None
+    def model(self) -> LatencyModel:
+        """The model to price with: the prior until the fit is trusted, then the fit (OnlineLatency.model)."""
+        return self.fit.model()

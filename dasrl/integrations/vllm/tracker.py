@@ -53,8 +53,9 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import DraftBatch, problem_key
+from dasrl.drafter.base import Draft, DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
+from dasrl.engine.verify import accepted_counts
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.policy.base import BudgetPolicy, RequestState
@@ -107,15 +108,14 @@ class DrafterStats:
         return d
 
 
-def _accepted(draft: list[int], new: list[int]) -> int:
-    """Draft tokens that verification kept: the common prefix of draft and new tokens, minus the
-    target's own token that always follows."""
-    n = 0
-    for d, t in zip(draft, new[:-1]):
-        if d != t:
-            break
-        n += 1
-    return n
+def _accepted(draft: list[int], new: np.ndarray) -> int:
+    """Draft tokens that verification kept, by the engine's rule (dasrl.engine.accepted_counts): the inputs'
+    targets are the tokens vLLM emitted but its last (the recovered or bonus token, compared with nothing);
+    inputs past them were never verified (-1)."""
+    targets = np.full(len(draft) + 1, -1, np.int64)
+    seen = min(len(new) - 1, len(draft) + 1)
+    targets[:max(seen, 0)] = new[:max(seen, 0)]
+    return int(accepted_counts(DraftBatch.from_drafts([Draft.chain(draft)]), targets, np.array([0, len(draft) + 1]))[0])
 
 
 def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
@@ -145,7 +145,7 @@ class BatchDrafter:
         self.store = DraftStore(config.store_config(vocab_size))
         self.policy = proposer_policy(config, self.k)
         self.stats = DrafterStats()
-        self.clock = StepClock(window=config.latency_window)
+        self.clock = StepClock(self.policy.latency or prior_for("cpu"), window=config.latency_window)
         self._reqs: dict[str, _Req] = {}
         """Requests vLLM holds: in the batch, or paused (absent from it but still in `live`)."""
         self._serial = 0
@@ -284,11 +284,10 @@ class BatchDrafter:
         drafting = [i for i, c in zip(rows, caps) if c > 0]
         if drafting:
             ids = [req_ids[i] for i in drafting]
-            out = match_capped(self.store.propose_flat(ids, [c for c in caps if c > 0]),
-                               self.config.max_spec_factor).drafts()
+            out = match_capped(self.store.propose_flat(ids, [c for c in caps if c > 0]), self.config.max_spec_factor)
             if self.policy.trims:
                 out = self.policy.trim([self._reqs[rid].state for rid in ids], out)
-            for i, rid, d in zip(drafting, ids, out):
+            for i, rid, d in zip(drafting, ids, out.drafts()):
                 drafts[i] = self._reqs[rid].draft = d.tokens.tolist()
                 if drafts[i]:
                     self.stats.proposals += 1
@@ -321,7 +320,7 @@ class BatchDrafter:
         self.store.observe(rid, new)
         s = req.state
         if req.draft:  # verified in the step just run: drafted and accepted move together, as in the engine
-            acc = _accepted(req.draft, new.tolist())
+            acc = _accepted(req.draft, new)
             s.drafted += len(req.draft)
             s.accepted += acc
             self.stats.accepted += acc
@@ -334,7 +333,7 @@ class BatchDrafter:
     def _caps(self, rids: list[str], num_tokens: list[int]) -> list[int]:
         """Each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""
         lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
-        if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: StepClock)
+        if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: OnlineLatency)
             self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         states = [req.state for req in self._reqs.values()]

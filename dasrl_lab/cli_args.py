@@ -248,7 +248,7 @@ def user_errors(option: str) -> Iterator[None]:
 
 
 def preset_name(value: str | None) -> str | None:
-    """--preset: a task preset of dasrl_lab/tasks.py (or an alias of one), given back as its name."""
+    """--preset: a task preset of dasrl_lab/tasks.py, given back as its name."""
     if value is None:
         return value
     from dasrl_lab.tasks import preset

@@ -16,14 +16,12 @@ The toy presets use generated problems in two families, so that lengths differ b
   rewarded on how much of the expected sequence appears, in order.
 
 `enumerations` mixes them: most samples end early, a few problems run many times longer, and the
-generation limit sits far above the median (a toy long tail; its old name `long-tail` still works, with a
-warning). `short` is the earlier demo setting (arithmetic only, 128 tokens): the limit cuts off the tail.
+generation limit sits far above the median (a toy long tail). `short` is the earlier demo setting (arithmetic only, 128 tokens): the limit cuts off the tail.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -141,8 +139,6 @@ PRESETS: dict[str, Preset] = {
     "short": Preset("short", ("add", "times", "apples", "pencils", "stickers", "minus"),
                     prompts=4, samples=8, max_new_tokens=128, temperature=0.6),
 }
-DEPRECATED = {"long-tail": "enumerations"}
-"""Old preset names (recorded commands and benchmark JSONs use them) -> today's."""
 
 
 def chat_ids(tokenizer, question: str, system: str | None = SYSTEM) -> list[int]:
@@ -154,9 +150,6 @@ def chat_ids(tokenizer, question: str, system: str | None = SYSTEM) -> list[int]
 
 
 def preset(name: str) -> Preset:
-    if name in DEPRECATED:
-        warnings.warn(f"preset {name!r} is now called {DEPRECATED[name]!r}", FutureWarning, stacklevel=2)
-        name = DEPRECATED[name]
     try:
         return PRESETS[name]
     except KeyError:

@@ -244,7 +244,8 @@ def test_bad_ids_and_budgets():
 # ---------------------------------------------------------------------- bounded work (issue 26)
 def test_bounds_are_shared_with_the_core():
     from dasrl import _core
-    from dasrl.drafter import base, reference
+    from dasrl.drafter import base
+    from dasrl_lab.drafters import reference
     assert (_core.MAX_OCCURRENCES, _core.MAX_DRAFT, _core.ORDER) == (
         reference.MAX_OCCURRENCES, base.MAX_DRAFT, reference.ORDER)
 
@@ -255,7 +256,7 @@ def test_matches_consider_the_newest_occurrences_only_even_after_compaction(monk
     the chains in indexing order). The native index drafts exactly what the reference drafts with its
     candidates bounded to the MAX_OCCURRENCES newest, and for some contexts not what an unbounded
     reference drafts: the bound is real, and the same in both."""
-    from dasrl.drafter import reference
+    from dasrl_lab.drafters import reference
     rng = np.random.default_rng(26)
     native, ref = SuffixIndex(), ReferenceIndex()
     for sid in range(300):
@@ -288,7 +289,7 @@ def test_matches_consider_the_newest_occurrences_only_even_after_compaction(monk
 def test_a_looping_request_walks_a_bounded_number_of_occurrences():
     """200k tokens of one token in the request's own live sequence: the draft is the one the bounded
     reference gives, i.e. from the MAX_OCCURRENCES newest occurrences (the 200k-long walk is gone)."""
-    from dasrl.drafter import reference
+    from dasrl_lab.drafters import reference
     native, ref = SuffixIndex(), ReferenceIndex()
     loop = [7] * 200_000
     native.add(0, [3, 4, 5, 7, 7, 7, 7, 8] * 3)
@@ -408,6 +409,6 @@ def test_a_source_wins_on_score_and_ties_go_to_the_first():
 
 def test_score_tie_is_shared_with_the_core():
     from dasrl import _core
-    from dasrl.drafter import reference
+    from dasrl_lab.drafters import reference
 
     assert _core.SCORE_TIE == reference.SCORE_TIE

@@ -56,8 +56,8 @@ def test_demo_config_presets_and_overrides():
     math = DemoConfig()  # the default: the math preset's sizes and sampling
     assert (math.preset, math.samples, math.temperature, math.top_p) == ("math", 8, 0.6, 1.0)
     assert DemoConfig.for_preset("math", temperature=1.0).temperature == 1.0
-    with pytest.warns(FutureWarning, match="'long-tail' is now called 'enumerations'"):
-        assert DemoConfig.for_preset("long-tail").preset == "enumerations"
+    with pytest.raises(ValueError, match="long-tail"):
+        DemoConfig.for_preset("long-tail")
     with pytest.raises(ValueError, match="--prompts must be an int >= 1, got 0"):
         DemoConfig.for_preset("short", prompts=0).validate()
     with pytest.raises(ValueError, match="unknown policy 'nope'"):

@@ -41,7 +41,6 @@ from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
 
 FORMAT = "dasrl-store/2"
-LEGACY = "dasrl-store/1"  # store.npz without a checksum: still read
 MAX_STEPS = 2**20
 """Most steps a saved window may hold."""
 _DATA_NAME = re.compile(r"store-[0-9a-f]{16}\.npz")
@@ -121,7 +120,7 @@ def _load(folder: Path, config: StoreConfig | None) -> SavedStore:
         raise ValueError(f"cannot read a draft store from {folder}: {e}") from None
     if not isinstance(doc, dict):
         raise bad(f"expected a JSON object, got {type(doc).__name__}")
-    if doc.get("format") not in (FORMAT, LEGACY):
+    if doc.get("format") != FORMAT:
         raise ValueError(f"{where}: not a dasrl store (format {doc.get('format')!r})")
     saved = doc.get("config")
     if not isinstance(saved, dict):
@@ -165,12 +164,9 @@ def _read_data(folder: Path, doc: dict, n_seqs: int, bad) -> tuple[np.ndarray, n
     bounds memory by what the JSON declares: the zip directory, then offsets (n_seqs + 1 of them), then the
     tokens member's declared size against the offsets' token count, then the checksum (streamed), and only
     then the tokens: a crafted multi-GB npz is refused before it is read."""
-    if doc["format"] == LEGACY:
-        name, digest = "store.npz", None
-    else:
-        name, digest = doc.get("data"), doc.get("sha256")
-        if not (isinstance(name, str) and _DATA_NAME.fullmatch(name)) or not isinstance(digest, str):
-            raise bad(f"'data' must name a store-<hash>.npz file and 'sha256' its digest, got {name!r}, {digest!r}")
+    name, digest = doc.get("data"), doc.get("sha256")
+    if not (isinstance(name, str) and _DATA_NAME.fullmatch(name)) or not isinstance(digest, str):
+        raise bad(f"'data' must name a store-<hash>.npz file and 'sha256' its digest, got {name!r}, {digest!r}")
     path = folder / name
     with _opened(path, MAX_DATA_BYTES) as f:
         members = _check_members(path, f)

@@ -58,8 +58,7 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         q2 = _grouped(q[idx.reshape(-1)].reshape(r, qn, heads, dim).transpose(1, 2), kv_heads)  # [R, Hkv, G*Q, D]
         mask = m2.repeat(1, 1, groups, 1) if groups > 1 else m2  # [R, 1, G*Q, S2]
         if key.device.type == "cpu":  # each row's cache as a view: one call per row beats copying their K/V
-            # at every row count measured (SmolLM2, one thread, 300-token contexts: 8 drafting rows of 16
-            # 167 ms against 179 copied, 16 of 32 260 against 287, 24 of 48 400 against 428)
+            # at every row count measured (docs/benchmarks.md, "Engine: the kernel per row count")
             o2 = torch.cat([F.scaled_dot_product_attention(q2[i : i + 1], key[b : b + 1, :, :s],
                                                            value[b : b + 1, :, :s],
                                                            attn_mask=mask[i : i + 1, :, :, :s], scale=scaling)

@@ -206,7 +206,7 @@ class SpecEngine:
         self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
             NO_PADDING if self.kernels is not None else config.row_padding
         """Row padding of the linear layers in every forward: MKL's band only (with the tuned kernels padding
-        costs: 10-14 rows padded to 16 took 107-111 ms against 92-101 unpadded, SmolLM2, one thread)."""
+        costs more than it saves: docs/benchmarks.md, "Engine: the kernel per row count")."""
         self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
         """Packed layouts' first-token view bucket (0: the batch's longest row; packing.pack)."""
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -59,8 +59,8 @@ thread; docs/sampling.md "Batch invariance")."""
 
 
 HEAD_PADDING = RowPadding(low=2, to=4)
-"""The lm_head's band: 2 or 3 rows against a vocabulary-sized weight take the slow path (one thread: 26 / 40 ms
-against 23 ms for 4 rows)."""
+"""The lm_head's band: 2 or 3 rows against a vocabulary-sized weight take MKL's slow path (slower than 4 rows;
+docs/benchmarks.md, "Engine: the kernel per row count")."""
 
 
 def padded(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, padding: RowPadding) -> torch.Tensor:

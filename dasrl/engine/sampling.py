@@ -22,8 +22,7 @@ The draw over the kept set: an exponential race, ``argmax_i (logit_i / T + G(see
   log-mass, independent of which token attains it), then the tokens of the winning block race among
   themselves.
   P(token) = P(block) P(token | block) = p_token: exact in distribution.
-(The earlier inverse-CDF draw, kept for comparison until issue 30, flipped more under the same noise and
-is gone: docs/sampling.md.)
+(Why not an inverse-CDF draw: it flips more under the same noise; docs/sampling.md.)
 """
 
 from __future__ import annotations

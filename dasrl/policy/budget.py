@@ -63,9 +63,8 @@ class HistoryPolicy(PolicyBase):
 @dataclass(frozen=True)
 class ClassCaps:
     """Draft cap per length class (the DAS policy). The session's pricing (dasrl/policy/allowance.py) decides
-    what a row drafts below its cap, so the caps are equal by default: the paper's 0 / 4 / 24 (short rows never
-    draft) replayed 1.16-1.31x vLLM's suffix on CHAMP at the 7B-H100 profile where 24 everywhere and the
-    c_base / B spread gave 0.87-1.02x (docs/whatif.md), and 0.889 vs 0.888 of plain on the toy CPU trace."""
+    what a row drafts below its cap, so the caps are equal by default (the paper's 0 / 4 / 24 against equal
+    caps: docs/whatif.md)."""
 
     short: int = 24
     """Cap of requests predicted short."""

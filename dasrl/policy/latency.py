@@ -139,12 +139,10 @@ class LatencyModel:
 
 
 CPU_LATENCY = LatencyModel(c_base=0.0469, c_tok=2.43e-3, c_other=2.10e-5, c_draft_kv=0.0, c_draft=0.0084)
-"""SmolLM2-135M fp32 packed-engine forwards on one core of this project's 2-core machine, as the session's
-online fit measured them (OnlineLatency over the 512 forwards of a `dasrl demo --temperature 0.6` run,
-2026-12-06, median error 6%) after the engine computed each linear by its faster kernel (gemm.LinearKernels):
-a forward with a drafting row pays 8 ms more, not the 26 ms of MKL's slow 4-16-row band before it. Only a
-prior: a session refits it from its own forwards (OnlineLatency), and a prior whose drafting terms were too
-dear would never let the session draft, so never let it measure them."""
+"""The prior of a session on a CPU: SmolLM2-135M fp32 packed-engine forwards, as the session's online fit
+measured them on this project's machine (docs/benchmarks.md, "Engine: the kernel per row count"). Only a
+prior: a session refits it from its own forwards (OnlineLatency); a prior whose drafting terms were too dear
+would never let the session draft, so never let it measure them."""
 
 
 GPU_LATENCY = LatencyModel(c_base=6.28e-3, c_tok=2.38e-5, c_other=2.14e-8)

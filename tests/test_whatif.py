@@ -459,11 +459,15 @@ def test_parallel_replays_give_the_serial_figures(tok):
         return [[{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in r.rows(profs, cfg)]
                 for r in results]
     assert figures(serial) == figures(forked)
+    for row in serial[0].rows(profs, cfg):  # each profile's own-defaults replay, by its counts
+        own = serial[0].own[(row["drafter"], profs[0].name)].figures()
+        assert row["own_figures"][profs[0].name]["wasted_per_token"] == round(
+            (own["drafted"] - own["accepted"]) / own["tokens"], 4)
     with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
         whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=0)
     bare = whatif.run_all(named[:1], profiles=[], cfg=cfg, tokenizer=tok)[0]  # no profile: equal cap only
     got = [{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in bare.rows([], cfg)]
-    assert got == [{k: (v if k not in ("predicted_s_per_step", "predicted_s_per_step_at_cap") else {})
+    assert got == [{k: (v if k not in ("predicted_s_per_step", "predicted_s_per_step_at_cap", "own_figures") else {})
                                    for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")}
                                   | {"steps": [{k: (v if k != "predicted_s" else {}) for k, v in st.items()}
                                                for st in row["steps"]]}

@@ -131,6 +131,10 @@ def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, 
                   time.perf_counter() - t0, time.process_time() - c0)
 
 
+OWN_FIGURES = ("tokens_per_forward", "critical_tokens_per_forward", "acceptance", "wasted_per_token")
+"""What a row reports of each profile's own-defaults replay (the session's policy drafts per profile)."""
+
+
 @dataclass
 class ModelResult:
     """Every method on one recorded set of rollouts (one CHAMP model, one user source)."""
@@ -156,6 +160,8 @@ class ModelResult:
                 "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
                 "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
                 "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
+                "own_figures": {p.name: {k: round(v, 4) for k, v in self.own[(m, p.name)].figures().items()
+                                         if k in OWN_FIGURES} for p in profiles},
                 "replay_s": {"at_cap": round(rep.seconds, 1),
                              **{p.name: round(self.own[(m, p.name)].seconds, 1) for p in profiles
                                 if self.own[(m, p.name)] is not rep}},

@@ -16,6 +16,7 @@ from dasrl.rollout.trace import read_trace
 from dasrl_lab.sim import whatif
 from dasrl_lab.sim.profiles import measured
 from dasrl_lab.sim.simulator import group_steps
+from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
 LAT = LatencyModel(c_base=0.08, c_tok=0.004, c_other=3e-5)
@@ -91,7 +92,9 @@ def _bench_doc(tmp_path) -> dict:
     write_run_trace(tmp_path / "tr" / trace_name("das", 0.0, 0), _result(), max_tokens=64)
     return {"config": {"k": 8, "window": 16},
             "rows": [{"method": "das", "temperature": 0.0, "per_step": [[{"s": 1.0, "drafted": 3, "accepted": 1}] * 2],
-                      "dasrl_stats_last_repeat": {"latency": LAT.to_dict(), "latency_steps": 40}}]}
+                      "engine": {"block_size": 4, "enable_prefix_caching": True},
+                      "dasrl_stats_last_repeat": {"latency": LAT.to_dict(), "latency_steps": 40}},
+                     *_none_rows(tmp_path, 4, StepPrice(LAT, c_step=0.01, c_prefill_tok=0.001, block_size=4))]}
 
 
 def _main(argv) -> tuple[int, str]:
@@ -152,3 +155,83 @@ def test_main_on_a_good_bench_writes_both(tmp_path):
     assert code == 0, err
     assert LatencyModel.load(tmp_path / "lat.json") == LAT
     assert json.loads((tmp_path / "out.json").read_text())["rows"][0]["method"] == "das"
+
+
+# ------------------------------------------------------------------------- issue 35 item 6
+def test_prefix_cache_by_hand():
+    """vLLM V1's rule, worked by hand at block 4: full blocks keyed by their whole prefix, the last prompt
+    token always computed, a sibling in the same step reusing what the one before it cached."""
+    p1, p2, p3 = list(range(1, 11)), list(range(1, 9)), [1, 2, 3, 4, 9, 9, 9, 9, 7]
+    c = PrefixCache(4)
+    assert [c.computed(p) for p in (p1, p1, p2, p3)] == [10, 2, 4, 5]
+    # 10: cold; 2: blocks 1-4 and 5-8 reused; 4: p2 is two cached blocks, but its last token must be
+    # computed, so its last block is; 5: the first block is shared, the second differs
+    assert c.step([p1, p1, p2, p3]) == 2 + 2 + 4 + 1  # the next step: every full prompt block is cached (p3's too)
+    assert c.computed([2, 1, 3, 4, 5]) == 5  # the same tokens in another order: another block
+    c.reset()
+    assert c.computed(p1) == 10
+    assert PrefixCache(0).step([p1, p1]) == 20  # no prefix caching
+    with pytest.raises(ValueError, match="block_size must be an int >= 0 .*got -1"):
+        PrefixCache(-1)
+    with pytest.raises(ValueError, match="empty prompt"):
+        PrefixCache(4).computed([])
+
+
+def test_step_price_parts_by_hand():
+    """The prefill by computed prompt tokens, every engine step its overhead; the old pricing (one forward
+    of every prompt token at the decode c_tok, no per-step term) gave 0.182 s and 0.126 s here."""
+    lat = LatencyModel(c_base=0.05, c_tok=0.004)
+    shapes = [(4, 33, 0, 0), (4, 4, 100, 0), (2, 2, 60, 0)]
+    price = StepPrice(lat, c_step=0.01, c_prefill_tok=0.001, block_size=4)
+    pre, dec = price.parts(shapes, 21)
+    assert pre == pytest.approx(0.01 + 0.05 + 0.001 * 21)
+    assert dec == pytest.approx((0.01 + 0.05 + 0.004 * 4) + (0.01 + 0.05 + 0.004 * 2))
+    assert StepPrice(lat).parts(shapes, 21) == pytest.approx((0.05 + 0.004 * 33, 0.05 * 2 + 0.004 * 6))
+    for bad in ({"c_step": -0.1}, {"c_prefill_tok": float("nan")}, {"block_size": 2.5}):
+        with pytest.raises(ValueError, match=f"StepPrice.{next(iter(bad))}"):
+            StepPrice(lat, **bad)
+
+
+def _none_rows(tmp_path, block: int, truth: StepPrice) -> list[dict]:
+    """none runs at T = 0 and 1 (the same trace) whose measured steps are what `truth` prices: a prefill
+    over 2 engine steps (as vLLM's core starts before the last request is added), then one engine step per
+    replayed decode forward."""
+    rows = []
+    for temp in (0.0, 1.0):
+        write_run_trace(tmp_path / "tr" / trace_name("none", temp, 0), _result(), max_tokens=64)
+        per = []
+        for rep in vllm_validate.replay(tmp_path / "tr" / trace_name("none", temp, 0), "none", {"k": 8, "window": 16},
+                                        tmp_path / "unused.json", block):
+            pre, dec = truth.parts(rep["shapes"], rep["prefill_tokens_computed"])
+            per.append({"s": pre + dec, "drafted": 0, "accepted": 0, "engine_steps": rep["forwards"] + 1, "prefill_s": pre,
+                        "prefill_engine_steps": 2, "prefill_tokens_computed": rep["prefill_tokens_computed"]})
+        rows.append({"method": "none", "temperature": temp, "per_step": [per],
+                     "engine": {"block_size": block, "enable_prefix_caching": True}})
+    return rows
+
+
+def test_fit_recovers_the_engine_terms(tmp_path):
+    """c_step and c_prefill_tok come back from engine timings made with them; the replay's prompt tokens
+    are vLLM's: step 0 computes 6 + 2 + 3 + 3 (the sibling of the 6-token prompt reuses its full block),
+    step 1 2 + 2 + 3 + 3 (the block is still cached)."""
+    truth = StepPrice(LAT, c_step=0.01, c_prefill_tok=0.001, block_size=4)
+    rows = _none_rows(tmp_path, 4, truth)
+    assert [m["prefill_tokens_computed"] for m in rows[0]["per_step"][0]] == [14, 10]
+    doc = {"config": {"k": 8, "window": 16}, "rows": rows}
+    price, fit = vllm_validate.fit_step_price(doc, tmp_path / "tr", LAT, tmp_path / "unused.json")
+    assert price.c_step == pytest.approx(0.01) and price.c_prefill_tok == pytest.approx(0.001)
+    assert price.block_size == 4
+    assert fit["steps"] == 4
+
+
+def test_validation_parts_of_a_bench(tmp_path):
+    doc = _bench_doc(tmp_path)
+    out = vllm_validate.validate(doc, tmp_path / "tr", tmp_path / "lat.json")
+    none = [r for r in out["rows"] if r["method"] == "none"]
+    assert len(none) == 2 and all(r["within_bounds"] and r["prefill_tokens_predicted_equal_measured"] for r in none)
+    for r in none:
+        for part in ("prefill", "decode", "whole"):
+            assert r[f"{part}_ratio_median"] == pytest.approx(1.0, abs=0.05), (part, r)
+    doc["rows"][1]["engine"] = {"block_size": 16, "enable_prefix_caching": True}
+    with pytest.raises(ValueError, match="one engine config"):
+        vllm_validate.validate(doc, tmp_path / "tr", tmp_path / "lat.json")

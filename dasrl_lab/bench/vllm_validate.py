@@ -3,28 +3,30 @@ issue 35 item 6):
 
     python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json
 
-BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run. The
-decode latency profile is measured, not assumed: the StepClock fit of the DAS proposer (vLLM's own engine
-steps, timed between proposer calls, dasrl/integrations/vllm/clock.py) from the das run with the most fitted
-steps; it is written to LATENCY_OUT.json (dasrl.latency/1) for `dasrl whatif --latency`.
+BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run (a stop-line
+preset, so that the bench times every engine step).
 
 Each (method, temperature, repeat)'s recorded rollouts are replayed through whatif's code path
 (fastreplay.run_step: one prefill forward, then every live row in one packed forward, a draft accepted
 iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
 (arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
-priced policy within k), pricing with the profile. The replay is priced by a StepPrice
-(dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM computes after its prefix cache (the
-engine's block size, the cache kept across a run's steps as the bench's engine keeps it), every later
-forward by the profile, and a per-engine-step overhead on each. The two engine-side terms (c_step,
-c_prefill_tok) are fitted from the bench's own engine-step timings of the FIT_METHODS runs (fit_step_price).
-Each step is set against its measured seconds in three parts: the prefill (the engine steps up to the one
-that gave the last request its first token), the decode (the rest) and the whole.
+priced policy within k, pricing with the StepClock fit its proposer measured in that row: vLLM's engine
+steps timed between proposer calls, dasrl/integrations/vllm/clock.py).
+
+The replay is priced by one StepPrice (dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM
+computes after its prefix cache (the engine's block size, the cache kept across a run's steps as the bench's
+engine keeps it, reset between runs), every later forward by a per-engine-step price plus its tokens and the
+context it reads. Its terms are fitted from the bench's own engine-step timings of the FIT_METHODS runs
+(fit_step_price); the fitted engine step is written to LATENCY_OUT.json (dasrl.latency/1) for
+`dasrl whatif --latency`. Each step is set against its measured seconds in three parts: the prefill (the
+engine steps up to the one that gave the last request its first token), the decode (the rest) and the whole.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +38,7 @@ from dasrl.drafter.store import DraftStore
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import make_policy, match_capped
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
-from dasrl.policy.latency import LatencyModel
+from dasrl.policy.latency import LatencyModel, nonnegative_lstsq
 from dasrl.rollout.trace import read_trace
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
@@ -47,9 +49,10 @@ TOLERANCE = 0.15
 """Each part (prefill, decode) of a row's median step within this of measured."""
 WHOLE_TOLERANCE = 0.10
 """The whole step of a row within this of measured."""
-FIT_METHODS = ("none",)
-"""The runs c_step and c_prefill_tok are fitted from: the replay of `none` is the engine forward for forward,
-so its engine steps are the replay's forwards; the speculative rows are predicted out of sample."""
+FIT_METHODS = ("none", "suffix")
+"""The runs the StepPrice is fitted from: their replays are the engine's forwards (none: forward for forward;
+vLLM's suffix: arctic's drafts, within a forward or two a step), and suffix's drafts spread the tokens per
+forward apart from the rows. das is predicted out of sample."""
 
 
 def bench_profile(doc: dict) -> tuple[LatencyModel, dict]:
@@ -158,14 +161,16 @@ def _measured_parts(m: dict) -> tuple[float, float, int, int] | None:
     return m["prefill_s"], m["s"] - m["prefill_s"], m["prefill_engine_steps"], m["engine_steps"]
 
 
-def fit_step_price(doc: dict, trace_dir: Path, latency: LatencyModel, latency_path: Path,
-                   methods: tuple[str, ...] = FIT_METHODS) -> tuple[StepPrice, dict]:
-    """c_step and c_prefill_tok from the measured engine steps of the `methods` runs, the decode profile given:
-    c_step = median over steps of (measured decode s - the profile's price of the replay's decode forwards) /
-    those forwards (the replay prices c_step once per forward: an engine step vLLM adds, e.g. after a stop-line
-    abort, is spread over them); c_prefill_tok = median of (measured prefill s - c_step - c_base) / the prompt
-    tokens the engine computed (the prefill priced as one engine step, as the replay has it: when vLLM spread
-    it over two, the second step's base is in this price)."""
+def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tuple[str, ...] = FIT_METHODS
+                   ) -> tuple[StepPrice, dict]:
+    """The engine's StepPrice from the measured steps of the `methods` runs: each step's measured decode seconds
+    (after the prefill part) against its replay's decode forwards, least squares weighted by 1 / seconds with
+    every coefficient >= 0, over [forwards, tokens in them, context tokens read]: c_step, c_tok, c_other (the
+    engine step as the bench's client times it: scheduling, the forward, sampling, output processing). Then
+    c_prefill_tok = median over steps of (measured prefill s - c_step) / the prompt tokens the engine computed
+    (the prefill priced as one engine step, as the replay has it: when vLLM spread it over two, the second
+    step's fixed price is in this one). `policy_latency`: (method, temperature) -> the latency file das's
+    policy prices with in that row's replay."""
     block = engine_block_size(doc)
     cfg, steps = doc["config"], []
     for row in doc["rows"]:
@@ -173,21 +178,49 @@ def fit_step_price(doc: dict, trace_dir: Path, latency: LatencyModel, latency_pa
             continue
         for r, measured in enumerate(row["per_step"]):
             reps = replay(trace_dir / trace_name(row["method"], row["temperature"], r), row["method"], cfg,
-                          latency_path, block)
+                          policy_latency[(row["method"], row["temperature"])], block)
             for meas, rep in zip(measured, reps, strict=True):
                 if (parts := _measured_parts(meas)) is not None:
                     steps.append((parts, rep))
-    if not steps:
-        raise ValueError(f"no run of {', '.join(methods)} in the bench JSON with timed engine steps "
-                         f"('prefill_s', 'engine_steps'): rerun `dasrl bench vllm` with a stop-line preset (--tasks math)")
-    over = [(dec - float(np.sum(latency.predict(rep["shapes"][1:, 1], rep["shapes"][1:, 2], rep["shapes"][1:, 3]))))
-            / max(len(rep["shapes"]) - 1, 1) for (pre, dec, npf, n), rep in steps]
-    c_step_raw = statistics.median(over)
-    c_step = max(c_step_raw, 0.0)
-    per_tok = [(pre - c_step - latency.c_base) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
-    price = StepPrice(latency, c_step=c_step, c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block)
-    return price, {"methods": list(methods), "steps": len(steps), "c_step_unclipped": c_step_raw,
-                   "c_step_per_step": [round(x, 5) for x in over], "c_prefill_tok_per_step": [round(x, 7) for x in per_tok]}
+    dec = np.array([[len(rep["shapes"]) - 1, *rep["shapes"][1:, 1:3].sum(axis=0)] for _, rep in steps], np.float64)
+    y = np.array([parts[1] for parts, _ in steps], np.float64)
+    if len(steps) < 3 or np.linalg.matrix_rank(dec) < 3:
+        raise ValueError(f"{len(steps)} measured step(s) of {', '.join(methods)} with timed engine steps ('prefill_s', "
+                         f"'engine_steps') and distinct decode shapes: 3 are needed to fit c_step, c_tok and c_other "
+                         f"(rerun `dasrl bench vllm` with a stop-line preset, --tasks math, at two temperatures)")
+    if np.any(y <= 0):
+        raise ValueError(f"a measured decode part is {float(y.min())!r} s (the step's seconds minus its prefill): must be > 0")
+    c_step, c_tok, c_other = (float(c) for c in nonnegative_lstsq(dec / y[:, None], np.ones_like(y)))
+    per_tok = [(pre - c_step) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
+    price = StepPrice(LatencyModel(0.0, c_tok, c_other), c_step=c_step,
+                      c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block)
+    pred = np.array([price.decode_s(rep["shapes"][1:]) for _, rep in steps])
+    return price, {"methods": list(methods), "steps": len(steps),
+                   "decode_fit_median_rel_error": round(float(np.median(np.abs(pred - y) / y)), 4),
+                   "c_prefill_tok_per_step": [round(x, 7) for x in per_tok]}
+
+
+def engine_profile(price: StepPrice) -> LatencyModel:
+    """The fitted engine step as a plain LatencyModel (c_base = c_step), for `dasrl whatif --latency`: it prices
+    the decode forwards as the validation does (whatif prices its prefill as one more forward)."""
+    lat = price.latency
+    return LatencyModel(price.c_step + lat.c_base, lat.c_tok, lat.c_other, lat.c_draft_kv, lat.c_draft)
+
+
+def policy_latencies(doc: dict, profile: LatencyModel, folder: Path) -> dict:
+    """(method, temperature) -> a latency file for the row's replay: das's policy prices with the StepClock
+    fit its proposer ended that row's last repeat with (the bench keeps the last one), so that it drafts as
+    the proposer did at that temperature; other rows, and das rows without one, get `profile`."""
+    out, default = {}, folder / "profile.json"
+    profile.save(default)
+    for i, row in enumerate(doc["rows"]):
+        own = (row.get("dasrl_stats_last_repeat") or {}).get("latency")
+        path = default
+        if own:
+            path = folder / f"row{i}.json"
+            LatencyModel.from_dict(own, source=f"the bench JSON's rows[{i}].dasrl_stats_last_repeat.latency").save(path)
+        out[(row["method"], row["temperature"])] = path
+    return out
 
 
 def _ratio(pred: float, meas: float) -> float | None:
@@ -221,15 +254,27 @@ def check_bench(doc: object, trace_dir: Path) -> None:
 
 def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
     check_bench(doc, trace_dir)
-    latency, source = bench_profile(doc)
-    latency.save(latency_path)
-    price, fit = fit_step_price(doc, trace_dir, latency, latency_path)
+    profile, source = bench_profile(doc)
+    with tempfile.TemporaryDirectory(prefix="dasrl-validate-") as tmp:
+        lat = policy_latencies(doc, profile, Path(tmp))
+        price, fit = fit_step_price(doc, trace_dir, lat)
+        out = _compare(doc, trace_dir, price, lat)
+    engine = engine_profile(price)
+    engine.save(latency_path)
+    return {"format": "dasrl.vllm_validate/2", "bench": doc["config"],
+            "tolerance": {"part": TOLERANCE, "whole": WHOLE_TOLERANCE},
+            "engine_latency": {**engine.to_dict(), "file": str(latency_path)},
+            "proposer_latency": {**profile.to_dict(), "source": source},
+            "step_price": {**price.to_dict(), "fit": fit}, "rows": out}
+
+
+def _compare(doc: dict, trace_dir: Path, price: StepPrice, lat: dict) -> list[dict]:
     cfg, rows = doc["config"], []
     for row in doc["rows"]:
         m, temp = row["method"], row["temperature"]
         steps = []
         for r, measured in enumerate(row["per_step"]):
-            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, latency_path),
+            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, lat[(m, temp)]),
                                   strict=True):
                 parts = _measured_parts(meas)
                 row_ = {"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
@@ -257,9 +302,7 @@ def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
             s["measured_prefill_tokens_computed"] in (None, s["prefill_tokens_computed"]) for s in steps)
         out["steps"] = steps
         rows.append(out)
-    return {"format": "dasrl.vllm_validate/2", "bench": cfg, "tolerance": {"part": TOLERANCE, "whole": WHOLE_TOLERANCE},
-            "latency": {**latency.to_dict(), "source": source, "file": str(latency_path)},
-            "step_price": {**price.to_dict(), "fit": fit}, "rows": rows}
+    return rows
 
 
 USAGE = "usage: python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json"

@@ -75,6 +75,9 @@ class VLLMBenchConfig:
     """Engine seed (LLM(seed=...)); with `seeded`, request seeds derive from (seed, step, prompt, sample)."""
     kv_space_gib: int = 4
     """VLLM_CPU_KVCACHE_SPACE."""
+    block_size: int = 0
+    """vLLM's KV block in tokens, which is also its prefix-cache block (a prompt shares only whole blocks);
+    0 = vLLM's default (128 on CPU: prompts under 128 tokens share nothing)."""
     threads_bind: str = "0-1"
     """VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."""
 
@@ -88,6 +91,8 @@ class VLLMBenchConfig:
             bench_questions(self.prompts)
         elif self.prompts < 1:
             raise ValueError(f"prompts must be >= 1, got {self.prompts}")
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = vLLM's default), got {self.block_size}")
         for name in ("samples", "steps", "max_tokens", "k", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -183,6 +183,8 @@ def build(cfg: dict, method: str):
                        "fix_cpu_sampling": fix, "latency_floor": method != "das-static",
                        **cfg.get("dasrl", {})}} if das else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
+    if cfg.get("block_size"):
+        kw["block_size"] = cfg["block_size"]
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
               speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,

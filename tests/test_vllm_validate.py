@@ -241,3 +241,22 @@ def test_validation_parts_of_a_bench(tmp_path):
     doc["rows"][1]["engine"] = {"block_size": 16, "enable_prefix_caching": True}
     with pytest.raises(ValueError, match="one engine config"):
         vllm_validate.validate(doc, tmp_path / "tr", tmp_path / "lat.json")
+
+
+def test_fit_from_another_bench(tmp_path):
+    """Out of sample: the price is fitted on one bench, its block size taken from the validated one."""
+    fit_doc = {"config": {"k": 8, "window": 16}, "rows": _none_rows(tmp_path / "fit", 4, TRUTH)}
+    (tmp_path / "fit.json").write_text(json.dumps(fit_doc))
+    doc = _bench_doc(tmp_path)
+    for r in doc["rows"]:
+        r["engine"] = {"block_size": 8, "enable_prefix_caching": True}
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    code, err = _main([tmp_path / "bench.json", tmp_path / "tr", tmp_path / "lat.json", tmp_path / "out.json",
+                       tmp_path / "fit.json", tmp_path / "fit" / "tr"])
+    assert code == 0, err
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["out_of_sample"] and out["step_price"]["block_size"] == 8
+    assert out["step_price"]["c_step"] == pytest.approx(0.05)
+    code, err = _main([tmp_path / "bench.json", tmp_path / "tr", tmp_path / "lat.json", tmp_path / "out.json",
+                       tmp_path / "fit.json", tmp_path / "nothere"])
+    assert code == 2 and "nothere: not a folder" in err

@@ -24,6 +24,7 @@ engine steps up to the one that gave the last request its first token), the deco
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -211,6 +212,7 @@ def policy_latencies(doc: dict, profile: LatencyModel, folder: Path) -> dict:
     """(method, temperature) -> a latency file for the row's replay: das's policy prices with the StepClock
     fit its proposer ended that row's last repeat with (the bench keeps the last one), so that it drafts as
     the proposer did at that temperature; other rows, and das rows without one, get `profile`."""
+    folder.mkdir(parents=True, exist_ok=True)
     out, default = {}, folder / "profile.json"
     profile.save(default)
     for i, row in enumerate(doc["rows"]):
@@ -252,16 +254,27 @@ def check_bench(doc: object, trace_dir: Path) -> None:
             read_trace(trace_dir / trace_name(row["method"], row["temperature"], r))  # TraceError names it
 
 
-def validate(doc: dict, trace_dir: Path, latency_path: Path) -> dict:
+def validate(doc: dict, trace_dir: Path, latency_path: Path, fit_from: tuple[dict, Path] | None = None) -> dict:
+    """Every row of `doc` predicted and compared, part by part. `fit_from` (another bench JSON and its trace
+    folder): the StepPrice is fitted there and only its block size taken from `doc`'s engine, so that every
+    row here is predicted out of sample."""
     check_bench(doc, trace_dir)
+    if fit_from is not None:
+        check_bench(fit_from[0], fit_from[1])
     profile, source = bench_profile(doc)
     with tempfile.TemporaryDirectory(prefix="dasrl-validate-") as tmp:
-        lat = policy_latencies(doc, profile, Path(tmp))
-        price, fit = fit_step_price(doc, trace_dir, lat)
+        lat = policy_latencies(doc, profile, Path(tmp) / "here")
+        if fit_from is None:
+            price, fit = fit_step_price(doc, trace_dir, lat)
+        else:
+            fdoc, ftrace = fit_from
+            price, fit = fit_step_price(fdoc, ftrace, policy_latencies(fdoc, profile, Path(tmp) / "fit"))
+            fit["fitted_on"] = {"bench": fdoc["config"], "trace": str(ftrace)}
+            price = dataclasses.replace(price, block_size=engine_block_size(doc))
         out = _compare(doc, trace_dir, price, lat)
     engine = engine_profile(price)
     engine.save(latency_path)
-    return {"format": "dasrl.vllm_validate/2", "bench": doc["config"],
+    return {"format": "dasrl.vllm_validate/2", "bench": doc["config"], "out_of_sample": fit_from is not None,
             "tolerance": {"part": TOLERANCE, "whole": WHOLE_TOLERANCE},
             "engine_latency": {**engine.to_dict(), "file": str(latency_path)},
             "proposer_latency": {**profile.to_dict(), "source": source},
@@ -305,29 +318,38 @@ def _compare(doc: dict, trace_dir: Path, price: StepPrice, lat: dict) -> list[di
     return rows
 
 
-USAGE = "usage: python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json"
+USAGE = ("usage: python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json "
+         "[FIT_BENCH.json FIT_TRACE_DIR]")
 
 
 def main(argv: list[str]) -> None:
     """Every input checked, and both outputs, before anything is written: an error is one line naming the
     value (exit code 2), not a traceback."""
-    if len(argv) != 4:
+    if len(argv) not in (4, 6):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
-    bench, trace_dir, latency_out, out = map(Path, argv)
+    bench, trace_dir, latency_out, out = map(Path, argv[:4])
     try:
         for p in (latency_out, out):
             if p.is_dir():
                 raise ValueError(f"{p} is a folder; give a file name")
             write_target(p)  # a device or a FIFO: refused (it would be replaced)
-        if not trace_dir.is_dir():
-            raise ValueError(f"{trace_dir}: not a folder (TRACE_DIR is `dasrl bench vllm --trace`'s folder)")
+        fit_from = None
+        for d in (trace_dir, *map(Path, argv[5:6])):
+            if not d.is_dir():
+                raise ValueError(f"{d}: not a folder (a trace folder is `dasrl bench vllm --trace`'s folder)")
+        if len(argv) == 6:
+            fit_from = (read_json(Path(argv[4]), MAX_JSON_BYTES, follow_symlinks=True), Path(argv[5]))
         doc = read_json(bench, MAX_JSON_BYTES, follow_symlinks=True)
-        doc = validate(doc, trace_dir, latency_out)
+        doc = validate(doc, trace_dir, latency_out, fit_from)
     except (ValueError, OSError) as e:  # TraceError is a ValueError
         print(f"vllm_validate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     write_json(out, doc)
+    print(f"fitted {'on ' + argv[4] if len(argv) == 6 else 'here'} (rows {', '.join(doc['step_price']['fit']['methods'])}): "
+          f"c_step {doc['step_price']['c_step'] * 1e3:.1f} ms, c_tok {doc['step_price']['latency']['c_tok'] * 1e3:.2f} ms, "
+          f"c_other {doc['step_price']['latency']['c_other'] * 1e6:.1f} us, prefill "
+          f"{doc['step_price']['c_prefill_tok'] * 1e3:.2f} ms per computed prompt token, block {doc['step_price']['block_size']}")
     print(f"{'method':8} {'T':>4} {'prefill meas/pred':>18} {'ratio':>6} {'decode meas/pred':>18} {'ratio':>6} "
           f"{'whole meas/pred':>18} {'ratio':>6}")
     for r in doc["rows"]:
@@ -338,6 +360,7 @@ def main(argv: list[str]) -> None:
             cells.append("-" if q is None else f"{q:.2f}")
         print(f"{r['method']:8} {r['temperature']:>4g} {cells[0]:>18} {cells[1]:>6} {cells[2]:>18} {cells[3]:>6} "
               f"{cells[4]:>18} {cells[5]:>6}{'' if r['within_bounds'] else '  outside the bounds'}")
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -188,7 +188,9 @@ def test_step_price_parts_by_hand():
     assert pre == pytest.approx(0.01 + 0.05 + 0.001 * 21)
     assert dec == pytest.approx((0.01 + 0.05 + 0.004 * 4) + (0.01 + 0.05 + 0.004 * 2))
     assert StepPrice(lat).parts(shapes, 21) == pytest.approx((0.05 + 0.004 * 33, 0.05 * 2 + 0.004 * 6))
-    for bad in ({"c_step": -0.1}, {"c_prefill_tok": float("nan")}, {"block_size": 2.5}):
+    two = StepPrice(lat, c_step=0.01, c_prefill_tok=0.001, block_size=4, prefill_steps=2)  # vLLM's split prefill
+    assert two.prefill_s(shapes[0], 21) == pytest.approx(2 * (0.01 + 0.05) + 0.001 * 21)
+    for bad in ({"c_step": -0.1}, {"c_prefill_tok": float("nan")}, {"block_size": 2.5}, {"prefill_steps": 0}):
         with pytest.raises(ValueError, match=f"StepPrice.{next(iter(bad))}"):
             StepPrice(lat, **bad)
 
@@ -211,7 +213,8 @@ def _none_rows(tmp_path, block: int, truth: StepPrice) -> list[dict]:
     return rows
 
 
-TRUTH = StepPrice(LatencyModel(0.0, c_tok=0.002, c_other=2e-5), c_step=0.05, c_prefill_tok=0.0015, block_size=4)
+TRUTH = StepPrice(LatencyModel(0.0, c_tok=0.002, c_other=2e-5), c_step=0.05, c_prefill_tok=0.0015, block_size=4,
+                  prefill_steps=2)
 
 
 def test_fit_recovers_the_engine_terms(tmp_path):
@@ -225,7 +228,7 @@ def test_fit_recovers_the_engine_terms(tmp_path):
     price, fit = vllm_validate.fit_step_price(doc, tmp_path / "tr", lat)
     assert price.c_step == pytest.approx(0.05) and price.c_prefill_tok == pytest.approx(0.0015)
     assert price.latency.c_tok == pytest.approx(0.002) and price.latency.c_other == pytest.approx(2e-5)
-    assert price.block_size == 4 and fit["steps"] == 6
+    assert price.block_size == 4 and price.prefill_steps == 2 and fit["steps"] == 6
     with pytest.raises(ValueError, match="3 are needed"):
         vllm_validate.fit_step_price({**doc, "rows": rows[:1]}, tmp_path / "tr", lat)
 

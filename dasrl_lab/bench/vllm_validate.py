@@ -168,9 +168,8 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
     (after the prefill part) against its replay's decode forwards, least squares weighted by 1 / seconds with
     every coefficient >= 0, over [forwards, tokens in them, context tokens read]: c_step, c_tok, c_other (the
     engine step as the bench's client times it: scheduling, the forward, sampling, output processing). Then
-    c_prefill_tok = median over steps of (measured prefill s - c_step) / the prompt tokens the engine computed
-    (the prefill priced as one engine step, as the replay has it: when vLLM spread it over two, the second
-    step's fixed price is in this one). `policy_latency`: (method, temperature) -> the latency file das's
+    prefill_steps = the median engine steps the measured prefills took, and c_prefill_tok = median over steps
+    of (measured prefill s - prefill_steps x c_step) / the prompt tokens the engine computed. `policy_latency`: (method, temperature) -> the latency file das's
     policy prices with in that row's replay."""
     block = engine_block_size(doc)
     cfg, steps = doc["config"], []
@@ -192,9 +191,10 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
     if np.any(y <= 0):
         raise ValueError(f"a measured decode part is {float(y.min())!r} s (the step's seconds minus its prefill): must be > 0")
     c_step, c_tok, c_other = (float(c) for c in nonnegative_lstsq(dec / y[:, None], np.ones_like(y)))
-    per_tok = [(pre - c_step) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
+    n_pre = round(statistics.median(npf for (_, _, npf, _), _ in steps))
+    per_tok = [(pre - c_step * n_pre) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
     price = StepPrice(LatencyModel(0.0, c_tok, c_other), c_step=c_step,
-                      c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block)
+                      c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block, prefill_steps=n_pre)
     pred = np.array([price.decode_s(rep["shapes"][1:]) for _, rep in steps])
     return price, {"methods": list(methods), "steps": len(steps),
                    "decode_fit_median_rel_error": round(float(np.median(np.abs(pred - y) / y)), 4),
@@ -311,6 +311,10 @@ def _compare(doc: dict, trace_dir: Path, price: StepPrice, lat: dict) -> list[di
             and abs(out["whole_ratio_median"] - 1) <= WHOLE_TOLERANCE
             and all(out[f"{p}_ratio_median"] is not None and abs(out[f"{p}_ratio_median"] - 1) <= TOLERANCE
                     for p in ("prefill", "decode")))
+        # the replay's forwards per vLLM engine step: far from 1, a decode miss is the replay drafting otherwise
+        # than the engine did (das's policy on a cold step), not the price
+        out["forwards_over_engine_steps_median"] = _median(s["forwards"] / s["measured_engine_steps"] for s in steps
+                                                          if s.get("measured_engine_steps"))
         out["prefill_tokens_predicted_equal_measured"] = all(
             s["measured_prefill_tokens_computed"] in (None, s["prefill_tokens_computed"]) for s in steps)
         out["steps"] = steps

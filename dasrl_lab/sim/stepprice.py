@@ -77,6 +77,9 @@ class StepPrice:
     as a forward of every prompt token, as before this field existed)."""
     block_size: int = 0
     """The engine's prefix-cache block in tokens (0: no prefix caching, every prompt token is computed)."""
+    prefill_steps: int = 1
+    """Engine steps the prefill takes, each paying c_step (vLLM's engine core starts on the first request while
+    the client still adds the rest, so the bench's prefill took two: the first request, then the others)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.latency, LatencyModel):
@@ -89,13 +92,15 @@ class StepPrice:
                 raise ValueError(f"StepPrice.{f.name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.block_size, int):
             raise ValueError(f"StepPrice.block_size must be an int, got {self.block_size!r}")
+        if not isinstance(self.prefill_steps, int) or self.prefill_steps < 1:
+            raise ValueError(f"StepPrice.prefill_steps must be an int >= 1, got {self.prefill_steps!r}")
 
     def prefill_s(self, shape: Sequence[float], computed_tokens: int) -> float:
         """The prefill engine step: its recorded forward shape (rows, prompt tokens, 0, 0) and the prompt tokens
         the engine computes (PrefixCache.step)."""
         if self.c_prefill_tok is None:
-            return self.c_step + self.latency.price(shape)
-        return self.c_step + self.latency.c_base + self.c_prefill_tok * computed_tokens
+            return self.c_step * self.prefill_steps + self.latency.price(shape)
+        return (self.c_step + self.latency.c_base) * self.prefill_steps + self.c_prefill_tok * computed_tokens
 
     def decode_s(self, shapes: np.ndarray) -> float:
         """Every forward after the prefill: shapes [n, 4] (rows, tokens, kv_tokens, draft_kv_tokens)."""
@@ -112,4 +117,4 @@ class StepPrice:
 
     def to_dict(self) -> dict:
         return {"latency": self.latency.to_dict(), "c_step": self.c_step, "c_prefill_tok": self.c_prefill_tok,
-                "block_size": self.block_size}
+                "block_size": self.block_size, "prefill_steps": self.prefill_steps}

@@ -154,7 +154,7 @@ def test_main_on_a_good_bench_writes_both(tmp_path):
     code, err = _main([tmp_path / "bench.json", tmp_path / "tr", tmp_path / "lat.json", tmp_path / "out.json"])
     assert code == 0, err
     got = LatencyModel.load(tmp_path / "lat.json").to_dict()  # the fitted engine step
-    assert got == pytest.approx({**LatencyModel(0.05, 0.002, 2e-5).to_dict(), "format": got["format"]})
+    assert got == pytest.approx({**LatencyModel(0.05, 0.002 + 0.001, 2e-5).to_dict(), "format": got["format"]})
     assert json.loads((tmp_path / "out.json").read_text())["rows"][0]["method"] == "das"
 
 
@@ -190,6 +190,9 @@ def test_step_price_parts_by_hand():
     assert StepPrice(lat).parts(shapes, 21) == pytest.approx((0.05 + 0.004 * 33, 0.05 * 2 + 0.004 * 6))
     two = StepPrice(lat, c_step=0.01, c_prefill_tok=0.001, block_size=4, prefill_steps=2)  # vLLM's split prefill
     assert two.prefill_s(shapes[0], 21) == pytest.approx(2 * (0.01 + 0.05) + 0.001 * 21)
+    hot = StepPrice(lat, c_step=0.01, c_prefill_tok=0.001, c_sample_tok=0.0005, block_size=4)  # T > 0
+    assert hot.parts(shapes, 21, sampled=True) == pytest.approx((pre + 0.0005 * 4, dec + 0.0005 * (4 + 2)))
+    assert hot.parts(shapes, 21) == pytest.approx((pre, dec))
     for bad in ({"c_step": -0.1}, {"c_prefill_tok": float("nan")}, {"block_size": 2.5}, {"prefill_steps": 0}):
         with pytest.raises(ValueError, match=f"StepPrice.{next(iter(bad))}"):
             StepPrice(lat, **bad)
@@ -200,12 +203,12 @@ def _none_rows(tmp_path, block: int, truth: StepPrice) -> list[dict]:
     prefill over 2 engine steps (vLLM's core starts before the last request is added), then one engine step
     per replayed decode forward."""
     rows = []
-    for temp, lengths in ((0.0, (4, 9, 3, 12)), (0.6, (7, 2, 20, 5)), (1.0, (30, 1, 6, 16))):
+    for temp, lengths in ((0.0, (4, 9, 3, 12)), (0.3, (3, 3, 3, 3)), (0.6, (7, 2, 20, 5)), (1.0, (30, 1, 6, 16))):
         write_run_trace(tmp_path / "tr" / trace_name("none", temp, 0), _result(lengths), max_tokens=64)
         per = []
         for rep in vllm_validate.replay(tmp_path / "tr" / trace_name("none", temp, 0), "none", {"k": 8, "window": 16},
                                         tmp_path / "unused.json", block):
-            pre, dec = truth.parts(rep["shapes"], rep["prefill_tokens_computed"])
+            pre, dec = truth.parts(rep["shapes"], rep["prefill_tokens_computed"], temp > 0)
             per.append({"s": pre + dec, "drafted": 0, "accepted": 0, "engine_steps": rep["forwards"] + 1, "prefill_s": pre,
                         "prefill_engine_steps": 2, "prefill_tokens_computed": rep["prefill_tokens_computed"]})
         rows.append({"method": "none", "temperature": temp, "per_step": [per],
@@ -213,12 +216,12 @@ def _none_rows(tmp_path, block: int, truth: StepPrice) -> list[dict]:
     return rows
 
 
-TRUTH = StepPrice(LatencyModel(0.0, c_tok=0.002, c_other=2e-5), c_step=0.05, c_prefill_tok=0.0015, block_size=4,
-                  prefill_steps=2)
+TRUTH = StepPrice(LatencyModel(0.0, c_tok=0.002, c_other=2e-5), c_step=0.05, c_prefill_tok=0.0015, c_sample_tok=0.001,
+                  block_size=4, prefill_steps=2)
 
 
 def test_fit_recovers_the_engine_terms(tmp_path):
-    """c_step, c_tok, c_other and c_prefill_tok come back from engine timings made with them; the replay's
+    """c_step, c_tok, c_other, c_sample_tok and c_prefill_tok come back from engine timings made with them; the replay's
     prompt tokens are vLLM's: step 0 computes 6 + 2 + 3 + 3 (the sibling of the 6-token prompt reuses its
     full block), step 1 2 + 2 + 3 + 3 (the block is still cached)."""
     rows = _none_rows(tmp_path, 4, TRUTH)
@@ -228,7 +231,8 @@ def test_fit_recovers_the_engine_terms(tmp_path):
     price, fit = vllm_validate.fit_step_price(doc, tmp_path / "tr", lat)
     assert price.c_step == pytest.approx(0.05) and price.c_prefill_tok == pytest.approx(0.0015)
     assert price.latency.c_tok == pytest.approx(0.002) and price.latency.c_other == pytest.approx(2e-5)
-    assert price.block_size == 4 and price.prefill_steps == 2 and fit["steps"] == 6
+    assert price.c_sample_tok == pytest.approx(0.001)
+    assert price.block_size == 4 and price.prefill_steps == 2 and fit["steps"] == 8
     with pytest.raises(ValueError, match="3 are needed"):
         vllm_validate.fit_step_price({**doc, "rows": rows[:1]}, tmp_path / "tr", lat)
 
@@ -237,7 +241,7 @@ def test_validation_parts_of_a_bench(tmp_path):
     doc = _bench_doc(tmp_path)
     out = vllm_validate.validate(doc, tmp_path / "tr", tmp_path / "lat.json")
     none = [r for r in out["rows"] if r["method"] == "none"]
-    assert len(none) == 3 and all(r["within_bounds"] and r["prefill_tokens_predicted_equal_measured"] for r in none)
+    assert len(none) == 4 and all(r["within_bounds"] and r["prefill_tokens_predicted_equal_measured"] for r in none)
     for r in none:
         for part in ("prefill", "decode", "whole"):
             assert r[f"{part}_ratio_median"] == pytest.approx(1.0), (part, r)

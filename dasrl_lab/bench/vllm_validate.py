@@ -129,7 +129,8 @@ def replay(trace_dir: Path, method: str, cfg: dict, latency_path: Path, block_si
     return out
 
 
-def predict(trace_dir: Path, method: str, cfg: dict, price: StepPrice | LatencyModel, latency_path: Path) -> list[dict]:
+def predict(trace_dir: Path, method: str, cfg: dict, price: StepPrice | LatencyModel, latency_path: Path,
+            temperature: float = 0.0) -> list[dict]:
     """Per step of one run's trace: predicted seconds, the prefill and decode parts apart, and the replay's
     counts. A bare LatencyModel prices as before StepPrice (every forward, the prefill one of every prompt
     token, no per-step term)."""
@@ -137,7 +138,7 @@ def predict(trace_dir: Path, method: str, cfg: dict, price: StepPrice | LatencyM
         price = StepPrice(price)
     out = []
     for rep in replay(trace_dir, method, cfg, latency_path, price.block_size):
-        pre, dec = price.parts(rep.pop("shapes"), rep["prefill_tokens_computed"])
+        pre, dec = price.parts(rep.pop("shapes"), rep["prefill_tokens_computed"], temperature > 0)
         out.append({**rep, "predicted_s": pre + dec, "predicted_prefill_s": pre, "predicted_decode_s": dec})
     return out
 
@@ -166,8 +167,9 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
                    ) -> tuple[StepPrice, dict]:
     """The engine's StepPrice from the measured steps of the `methods` runs: each step's measured decode seconds
     (after the prefill part) against its replay's decode forwards, least squares weighted by 1 / seconds with
-    every coefficient >= 0, over [forwards, tokens in them, context tokens read]: c_step, c_tok, c_other (the
-    engine step as the bench's client times it: scheduling, the forward, sampling, output processing). Then
+    every coefficient >= 0, over [forwards, tokens in them, context tokens read, tokens sampled at T > 0]:
+    c_step, c_tok, c_other, c_sample_tok (the engine step as the bench's client times it: scheduling, the
+    forward, sampling, output processing). Then
     prefill_steps = the median engine steps the measured prefills took, and c_prefill_tok = median over steps
     of (measured prefill s - prefill_steps x c_step) / the prompt tokens the engine computed. `policy_latency`: (method, temperature) -> the latency file das's
     policy prices with in that row's replay."""
@@ -181,31 +183,40 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
                           policy_latency[(row["method"], row["temperature"])], block)
             for meas, rep in zip(measured, reps, strict=True):
                 if (parts := _measured_parts(meas)) is not None:
-                    steps.append((parts, rep))
-    dec = np.array([[len(rep["shapes"]) - 1, *rep["shapes"][1:, 1:3].sum(axis=0)] for _, rep in steps], np.float64)
-    y = np.array([parts[1] for parts, _ in steps], np.float64)
-    if len(steps) < 3 or np.linalg.matrix_rank(dec) < 3:
+                    steps.append((parts, rep, row["temperature"] > 0))
+    # per step: [decode forwards, tokens in them, context tokens they read, tokens sampled at T > 0]
+    dec = np.array([[len(rep["shapes"]) - 1, *rep["shapes"][1:, 1:3].sum(axis=0),
+                     rep["shapes"][1:, 1].sum() * hot] for _, rep, hot in steps], np.float64)
+    cols = [j for j in range(4) if np.any(dec[:, j])]  # no step at T > 0: c_sample_tok stays 0
+    y = np.array([parts[1] for parts, *_ in steps], np.float64)
+    if len(steps) < len(cols) or np.linalg.matrix_rank(dec[:, cols]) < len(cols):
         raise ValueError(f"{len(steps)} measured step(s) of {', '.join(methods)} with timed engine steps ('prefill_s', "
-                         f"'engine_steps') and distinct decode shapes: 3 are needed to fit c_step, c_tok and c_other "
-                         f"(rerun `dasrl bench vllm` with a stop-line preset, --tasks math, at two temperatures)")
+                         f"'engine_steps') and distinct decode shapes: {len(cols)} are needed to fit c_step, c_tok, "
+                         f"c_other{', c_sample_tok' if 3 in cols else ''} (rerun `dasrl bench vllm` with a stop-line "
+                         f"preset, --tasks math, at two temperatures)")
     if np.any(y <= 0):
         raise ValueError(f"a measured decode part is {float(y.min())!r} s (the step's seconds minus its prefill): must be > 0")
-    c_step, c_tok, c_other = (float(c) for c in nonnegative_lstsq(dec / y[:, None], np.ones_like(y)))
-    n_pre = round(statistics.median(npf for (_, _, npf, _), _ in steps))
-    per_tok = [(pre - c_step * n_pre) / rep["prefill_tokens_computed"] for (pre, *_), rep in steps]
-    price = StepPrice(LatencyModel(0.0, c_tok, c_other), c_step=c_step,
-                      c_prefill_tok=max(statistics.median(per_tok), 0.0), block_size=block, prefill_steps=n_pre)
-    pred = np.array([price.decode_s(rep["shapes"][1:]) for _, rep in steps])
+    coef = np.zeros(4)
+    coef[cols] = nonnegative_lstsq(dec[:, cols] / y[:, None], np.ones_like(y))
+    c_step, c_tok, c_other, c_sample = (float(c) for c in coef)
+    n_pre = round(statistics.median(npf for (_, _, npf, _), *_ in steps))
+    per_tok = [(pre - c_step * n_pre - c_sample * rep["shapes"][0, 0] * hot) / rep["prefill_tokens_computed"]
+               for (pre, *_), rep, hot in steps]
+    price = StepPrice(LatencyModel(0.0, c_tok, c_other), c_step=c_step, c_prefill_tok=max(statistics.median(per_tok), 0.0),
+                      c_sample_tok=c_sample, block_size=block, prefill_steps=n_pre)
+    pred = np.array([price.decode_s(rep["shapes"][1:], hot) for _, rep, hot in steps])
     return price, {"methods": list(methods), "steps": len(steps),
                    "decode_fit_median_rel_error": round(float(np.median(np.abs(pred - y) / y)), 4),
                    "c_prefill_tok_per_step": [round(x, 7) for x in per_tok]}
 
 
 def engine_profile(price: StepPrice) -> LatencyModel:
-    """The fitted engine step as a plain LatencyModel (c_base = c_step), for `dasrl whatif --latency`: it prices
-    the decode forwards as the validation does (whatif prices its prefill as one more forward)."""
+    """The fitted engine step at temperature > 0 as a plain LatencyModel (c_base = c_step, c_tok + c_sample_tok),
+    for `dasrl whatif --latency`: it prices sampled decode forwards as the validation does (whatif has no
+    temperature, and prices its prefill as one more forward)."""
     lat = price.latency
-    return LatencyModel(price.c_step + lat.c_base, lat.c_tok, lat.c_other, lat.c_draft_kv, lat.c_draft)
+    return LatencyModel(price.c_step + lat.c_base, lat.c_tok + price.c_sample_tok, lat.c_other, lat.c_draft_kv,
+                        lat.c_draft)
 
 
 def policy_latencies(doc: dict, profile: LatencyModel, folder: Path) -> dict:
@@ -287,8 +298,8 @@ def _compare(doc: dict, trace_dir: Path, price: StepPrice, lat: dict) -> list[di
         m, temp = row["method"], row["temperature"]
         steps = []
         for r, measured in enumerate(row["per_step"]):
-            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, lat[(m, temp)]),
-                                  strict=True):
+            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, lat[(m, temp)],
+                                                    temp), strict=True):
                 parts = _measured_parts(meas)
                 row_ = {"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
                         "measured_accepted": meas["accepted"], "measured_engine_steps": meas.get("engine_steps"),
@@ -350,10 +361,12 @@ def main(argv: list[str]) -> None:
         print(f"vllm_validate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     write_json(out, doc)
-    print(f"fitted {'on ' + argv[4] if len(argv) == 6 else 'here'} (rows {', '.join(doc['step_price']['fit']['methods'])}): "
-          f"c_step {doc['step_price']['c_step'] * 1e3:.1f} ms, c_tok {doc['step_price']['latency']['c_tok'] * 1e3:.2f} ms, "
-          f"c_other {doc['step_price']['latency']['c_other'] * 1e6:.1f} us, prefill "
-          f"{doc['step_price']['c_prefill_tok'] * 1e3:.2f} ms per computed prompt token, block {doc['step_price']['block_size']}")
+    sp = doc["step_price"]
+    print(f"fitted {'on ' + argv[4] if len(argv) == 6 else 'here'} (rows {', '.join(sp['fit']['methods'])}): "
+          f"c_step {sp['c_step'] * 1e3:.1f} ms, c_tok {sp['latency']['c_tok'] * 1e3:.2f} ms, "
+          f"c_other {sp['latency']['c_other'] * 1e6:.1f} us, c_sample_tok {sp['c_sample_tok'] * 1e3:.2f} ms; prefill "
+          f"{sp['c_prefill_tok'] * 1e3:.2f} ms per computed prompt token over {sp['prefill_steps']} engine step(s), "
+          f"block {sp['block_size']}")
     print(f"{'method':8} {'T':>4} {'prefill meas/pred':>18} {'ratio':>6} {'decode meas/pred':>18} {'ratio':>6} "
           f"{'whole meas/pred':>18} {'ratio':>6}")
     for r in doc["rows"]:

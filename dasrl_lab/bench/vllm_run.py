@@ -55,7 +55,10 @@ def bench_questions(n: int) -> list[str]:
 
 
 _COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+             "vllm:spec_decode_num_accepted_tokens": "accepted",
+             # prompt tokens looked up in vLLM's prefix cache and found there (kv_cache_manager.record_prefix_cache_stats):
+             # their difference is the prompt tokens the engine computed, what the replay's prefill is priced by
+             "vllm:prefix_cache_queries": "prefix_cache_queries", "vllm:prefix_cache_hits": "prefix_cache_hits"}
 
 
 def speculative_config(method: str, k: int) -> dict | None:
@@ -101,14 +104,18 @@ def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
     return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines
 
 
-def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[float] | None = None) -> list[list[int]]:
+def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[float] | None = None,
+             step_rows: list[tuple[int, int, int]] | None = None) -> list[list[int]]:
     """Every request's output token ids. stop (a LineStop, or None): a request ends with the newline that
     closes a line holding a stop phrase, as in the engine (dasrl/engine/stops.py). vLLM's stop strings
     cannot say "the end of the line holding X", so the requests are stepped here and such a request is
     aborted the way vLLM's own stop strings end one (LLMEngine.step: abort_requests, the core possibly a
     step further on), its output cut after that newline. `step_s` (stop given): the wall seconds
     up to each engine step's output are appended (the first holds the prefill; what `dasrl whatif`'s
-    prediction is checked against)."""
+    prediction is checked against). `step_rows` (stop given): per such engine step, (requests with output,
+    requests whose first token it is, tokens output). vLLM's engine core starts on the first request while the
+    rest are still being added, so the prompts' prefill can spread over the first engine steps: the prefill
+    ends with the step that gives the last request its first token."""
     if stop is None:
         return [list(map(int, o.outputs[0].token_ids)) for o in llm.generate(
             [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)]
@@ -128,6 +135,10 @@ def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[flo
         if outputs and step_s is not None:  # a step() with no output yet (the engine core runs apart) is not one
             step_s.append(time.perf_counter() - t)
             t = time.perf_counter()
+        if outputs and step_rows is not None:
+            step_rows.append((sum(1 for o in outputs if o.outputs[0].token_ids),
+                              sum(1 for o in outputs if o.outputs[0].token_ids and not out[o.request_id]),
+                              sum(len(o.outputs[0].token_ids) for o in outputs)))
         for o in outputs:
             if o.request_id in stopped:
                 continue
@@ -172,12 +183,18 @@ def build(cfg: dict, method: str):
                        "fix_cpu_sampling": fix, "latency_floor": method != "das-static",
                        **cfg.get("dasrl", {})}} if das else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
+    if cfg.get("block_size"):
+        kw["block_size"] = cfg["block_size"]
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=cfg["max_model_len"], seed=cfg["seed"],
               speculative_config=speculative_config(method, cfg["k"]), disable_log_stats=False,
               additional_config=extra, worker_extension_cls="dasrl_lab.bench.vllm_run.BenchWorkerExtension",
               **kw)
     init_s = time.perf_counter() - t0
+    vc = llm.llm_engine.vllm_config
+    llm.dasrl_engine = {"block_size": vc.cache_config.block_size,
+                        "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
+                        "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens}
     if fix:  # every method's worker, vLLM's own included: compare methods on correct sampling
         llm.collective_rpc("dasrl_fix_cpu_sampling")
     return llm, AutoTokenizer.from_pretrained(model), init_s
@@ -205,8 +222,9 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
         before = _counters(llm)
         pre = _preemptions(llm)
         engine_s: list[float] = []
+        engine_rows: list[tuple[int, int, int]] = []
         t = time.perf_counter()
-        tokens = generate(llm, reqs, params, stop, engine_s)
+        tokens = generate(llm, reqs, params, stop, engine_s, engine_rows)
         wall = time.perf_counter() - t
         after = _counters(llm)
         rewards = [None if answers[i // cfg["samples"]] is None else
@@ -214,13 +232,14 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
                    for i, t in enumerate(tokens)]
         row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
                **{k: after[k] - before[k] for k in after}, "preemptions": _preemptions(llm) - pre,
-               "outputs": tokens, "rewards": rewards, "engine_steps_s": engine_s}
+               "outputs": tokens, "rewards": rewards, "engine_steps_s": engine_s,
+               "engine_steps_rows": engine_rows}
         row["tokens_per_s"] = row["gen_tokens"] / wall if wall > 0 else 0.0
         steps.append(row)
         print(f"[{method}] step {step}: {wall:.2f} s, {row['gen_tokens']} tokens, drafted {row['draft_tokens']}, "
               f"accepted {row['accepted']}", file=sys.stderr, flush=True)
     result = {"method": method, "init_s": init_s, "speculative_config": speculative_config(method, cfg["k"]),
-              "steps": steps, "prompts": prompts, "samples": cfg["samples"]}  # request i = prompt i // samples
+              "engine": getattr(llm, "dasrl_engine", None), "steps": steps, "prompts": prompts, "samples": cfg["samples"]}  # request i = prompt i // samples
     if das:
         result["dasrl_stats"] = llm.collective_rpc("dasrl_stats")[0]
     return result
@@ -240,12 +259,19 @@ def serve(cfg: dict, method: str, fd: int) -> None:
     import os
 
     llm, tok, init_s = build(cfg, method)
+    # One short pass over the workload's prompts before the first timed run: the engine's first forwards of
+    # these shapes pay one-time costs (a first prefill took 3.1 s against ~0.3 s later) that no step has in RL.
+    run(dict(cfg, steps=1, max_tokens=2, temperature=0.0), method, llm, tok, init_s)
     os.write(fd, b"ready\n")
     for line in sys.stdin:
         if not line.strip():
             continue
         cmd = json.loads(line)
         llm.collective_rpc("dasrl_bench_reset")
+        # every run starts cold in vLLM's prefix cache too: the prompts an earlier run left there (or evicted)
+        # would otherwise set how much of a run's prefill the engine computes
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache between runs (requests still running?)")
         res = run(dict(cfg, temperature=cmd["temperature"]), method, llm, tok, init_s)
         res.update(temperature=cmd["temperature"], repeat=cmd["repeat"])
         Path(cmd["out"]).write_text(json.dumps(res))

@@ -124,8 +124,9 @@ def test_ngram_index_agrees_with_the_scan(seed):
 # --------------------------------------------------------------------------- fast replay == simulator
 
 
-@pytest.mark.parametrize("method", [m for m in whatif.METHODS if m != "oracle"])  # (the oracle: below)
-def test_fast_replay_equals_the_simulator(method, tok):
+@pytest.mark.parametrize("method,branching", [(m, 1) for m in whatif.METHODS if m != "oracle"]  # (the oracle: below)
+                         + [("das", 3), ("das-suffix", 3)])  # trees: the one accept rule walks them in both
+def test_fast_replay_equals_the_simulator(method, branching, tok):
     if method == "suffix":
         pytest.importorskip("arctic_inference.suffix_decoding")
     rng = np.random.default_rng(1)
@@ -133,7 +134,9 @@ def test_fast_replay_equals_the_simulator(method, tok):
     rs = [_resp(s, p, [100 + p, 7, 8], (base[p][:3] + rng.integers(0, 50, 3).tolist() + base[p][3:])[: 20 + 9 * g],
                 sample=g) for s in range(3) for p in range(4) for g in range(2)]
     steps = group_steps(rs)
-    cfg, lat = whatif.WhatifConfig(), profiles.shipped()[0].latency
+    store = whatif.WhatifConfig().store
+    cfg = whatif.WhatifConfig(store=replace(store, params=replace(store.params, branching=branching)))
+    lat = profiles.shipped()[0].latency
     mx = max(len(r.response_ids) for r in rs)  # whatif's length limit: the longest recorded response
     for make_policy in (lambda: FixedBudget(6), lambda: whatif.session_policy(lat)):
         fast = whatif.replay(steps, method=method, policy=make_policy(), cfg=cfg, tokenizer=tok, label="f").steps

@@ -290,5 +290,5 @@ def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg
              tokenizer_name: str, started: float, extra: dict | None = None) -> dict:
     rows = [r for res in results for r in res.rows(profiles, cfg)]
     return {"format": FORMAT, "source": source, "tokenizer": tokenizer_name, "cap": cfg.cap,
-            "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
+            "branching": cfg.store.params.branching, "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
             "elapsed_s": round(time.perf_counter() - started, 1), **(extra or {}), "rows": rows}

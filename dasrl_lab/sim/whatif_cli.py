@@ -3,6 +3,8 @@ on latency profiles (see dasrl_lab/sim/whatif.py and docs/whatif.md)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -95,6 +97,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         copies: bool = typer.Option(False, "--champ-copies/--no-champ-copies",
                                     help="CHAMP: keep solutions that repeat an earlier variant's verbatim."),
         cap: int = typer.Option(16, "--cap", "-k", callback=between(1, 256), help="The equal draft cap K."),
+        branching: int = typer.Option(1, callback=between(1, 64), help="das drafters: children kept per draft "
+                                      "node (1 = chains; > 1 = trees, verified by the engine's accept rule)."),
         methods: str = typer.Option(",".join(("das", "das-suffix", "global", "suffix", "ngram", "oracle", "none")),
                                     help="Comma-separated methods."),
         latency: List[str] = typer.Option([], help="[NAME=]latency.json from `dasrl calibrate` / "
@@ -113,7 +117,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         started = time.perf_counter()
         try:
-            cfg = whatif.WhatifConfig(cap=cap, methods=tuple(m.strip() for m in methods.split(",") if m.strip()))
+            store = replace(whatif.WhatifConfig().store,
+                            params=replace(whatif.WhatifConfig().store.params, branching=branching))
+            cfg = whatif.WhatifConfig(cap=cap, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                                      store=store)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         profs = _profiles(latency, shipped)

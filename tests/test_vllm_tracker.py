@@ -539,6 +539,8 @@ def test_step_clock_skips_prefill_steps_and_needs_enough_spread():
     lat = clock.model()
     assert clock.num_samples == 39 and lat.predict(4) == pytest.approx(0.1)
     assert lat.c_base / lat.c_tok == pytest.approx(PRIOR.c_base / PRIOR.c_tok)
+    # vLLM has no drafting terms: the engine's prior's are not scaled into its step cost
+    assert StepClock(CPU_LATENCY).model().c_draft == 0 < CPU_LATENCY.c_draft
     clock.skip()  # the step since the last call prefilled: not recorded
     now.t += 5.0
     clock.tick(4)

@@ -17,6 +17,7 @@ refits the policy prices with one model, so its drafts are a function of the bat
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from dasrl.policy.latency import LatencyModel, OnlineLatency
@@ -27,6 +28,9 @@ class StepClock:
 
     def __init__(self, prior: LatencyModel, *, window: int = 256, min_samples: int = 32, refit_every: int = 32,
                  now: Callable[[], float] = time.perf_counter) -> None:
+        # vLLM's drafting rows cost their tokens only: no second KV group, no per-forward drafting term (those
+        # are the dasrl engine's). The prior's drafting terms would otherwise be scaled into every fit.
+        prior = replace(prior, c_draft_kv=0.0, c_draft=0.0)
         self.fit = OnlineLatency(prior, window=window, min_samples=min_samples, refit_every=refit_every)
         """The fit of vLLM's step cost (its report() is the proposer's latency statistics)."""
         self._now = now

@@ -9,16 +9,49 @@
 The public API is the names below and those of the public subpackages' `__all__` (dasrl.drafter,
 dasrl.policy, dasrl.engine, dasrl.rollout, dasrl.models, dasrl.atomic, dasrl.integrations.trl / .ray /
 .vllm / .verl, each importing its framework lazily); everything else is private.
+
+The names below load on first use (PEP 562): `import dasrl.drafter` (the index alone, as a vLLM worker or a
+store-only tool needs it) does not pay for torch and transformers, which the engine and the session import.
 """
 
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine
-from dasrl.models import load_model
-from dasrl.policy import ClassCaps, LatencyModel, OnlineLatency, make_policy
-from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["DraftStore", "StoreConfig", "Completion", "EngineConfig", "SamplingParams", "SpecEngine", "load_model",
-           "ClassCaps", "LatencyModel", "OnlineLatency", "make_policy", "Rollout", "RolloutSession", "Session", "SessionConfig",
-           "read_trace", "write_trace", "__version__"]
+_EXPORTS = {
+    "DraftStore": "dasrl.drafter", "StoreConfig": "dasrl.drafter",
+    "Completion": "dasrl.engine", "EngineConfig": "dasrl.engine", "SamplingParams": "dasrl.engine",
+    "SpecEngine": "dasrl.engine",
+    "load_model": "dasrl.models",
+    "ClassCaps": "dasrl.policy", "LatencyModel": "dasrl.policy", "OnlineLatency": "dasrl.policy",
+    "make_policy": "dasrl.policy",
+    "Rollout": "dasrl.rollout", "RolloutSession": "dasrl.rollout", "Session": "dasrl.rollout",
+    "SessionConfig": "dasrl.rollout", "read_trace": "dasrl.rollout", "write_trace": "dasrl.rollout",
+}
+"""Each top-level name -> the public module it comes from."""
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from dasrl.drafter import DraftStore, StoreConfig
+    from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine
+    from dasrl.models import load_model
+    from dasrl.policy import ClassCaps, LatencyModel, OnlineLatency, make_policy
+    from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
+
+
+def __getattr__(name: str):
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'dasrl' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

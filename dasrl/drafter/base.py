@@ -109,6 +109,11 @@ class DraftBatch:
         """[n] int64: draft tokens per request."""
         return np.diff(self.offsets)
 
+    def node_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """([total] each node's request, [total] its index within that request's draft)."""
+        row = np.repeat(np.arange(len(self)), self.lengths)
+        return row, np.arange(len(self.tokens)) - self.offsets[row]
+
     def draft(self, i: int) -> Draft:
         """Request i's draft as a Draft (views into the flat arrays)."""
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])

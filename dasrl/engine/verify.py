@@ -81,21 +81,27 @@ def _tree_path(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> 
         path.append(node)
 
 
+def _accept(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """([B] accepted draft tokens per row, {tree row: its accepted path}): chains at once, trees walked."""
+    n = drafts.lengths  # [B]
+    row_of, local = drafts.node_rows()  # [T] each node's row and index within it
+    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
+    match = drafts.tokens == targets[starts[row_of] + local]  # [T]
+    counts = n.astype(np.int64)  # [B] leading matches per row
+    np.minimum.at(counts, row_of[~match], local[~match])
+    paths = {}
+    for b in np.unique(row_of[drafts.parents != local - 1]).tolist():  # rows whose draft is not a chain
+        d = drafts.draft(b)
+        paths[b] = _tree_path(d.tokens, d.parents, targets[starts[b]: starts[b + 1]])
+        counts[b] = len(paths[b])
+    return counts, paths
+
+
 def accepted_counts(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """[B] accepted draft tokens of every row: the one accept rule (module docstring). Row b's targets are
     targets[starts[b]:starts[b+1]] (pending, then each node; a replay passes the recorded continuation at each
     input's depth, -1 past its end). Chains at once, trees walked row by row."""
-    n = drafts.lengths  # [B]
-    row_of = np.repeat(np.arange(len(n)), n)  # [T] row of each draft node
-    local = np.arange(len(drafts.tokens)) - drafts.offsets[row_of]  # [T] node index within its row
-    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
-    match = drafts.tokens == targets[starts[row_of] + local]  # [T]
-    out = n.astype(np.int64)  # [B] leading matches per row
-    np.minimum.at(out, row_of[~match], local[~match])
-    for b in np.unique(row_of[drafts.parents != local - 1]):  # rows whose draft is not a chain
-        d = drafts.draft(int(b))
-        out[b] = len(_tree_path(d.tokens, d.parents, targets[starts[b]: starts[b + 1]]))
-    return out
+    return _accept(drafts, targets, starts)[0]
 
 
 def verify(draft: Draft, targets: np.ndarray) -> Verdict:
@@ -107,16 +113,16 @@ def verify(draft: Draft, targets: np.ndarray) -> Verdict:
 
 def verify_batch(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> list[Verdict]:
     """Every row's verdict (accepted_counts' rule; row b's targets are targets[starts[b]:starts[b+1]])."""
-    counts = accepted_counts(drafts, targets, starts)  # [B]
+    counts, paths = _accept(drafts, targets, starts)  # [B], the tree rows' accepted paths
+    lengths = drafts.lengths.tolist()
     out = []
     for b, a in enumerate(counts.tolist()):
         row_targets = np.asarray(targets[starts[b]: starts[b + 1]], dtype=np.int64)
-        d = drafts.draft(b)
-        if d.is_chain:
-            emit_at, bonus = np.arange(a + 1, dtype=np.int64), a == len(d)
+        if b not in paths:  # a chain
+            emit_at, bonus = np.arange(a + 1, dtype=np.int64), a == lengths[b]
         else:
-            path = _tree_path(d.tokens, d.parents, row_targets)
+            path = paths[b]
             emit_at = np.asarray([0] + [i + 1 for i in path], dtype=np.int64)
-            bonus = not np.any(d.parents == (path[-1] if path else ROOT))
+            bonus = not np.any(drafts.draft(b).parents == (path[-1] if path else ROOT))
         out.append(Verdict(emit_at, row_targets[emit_at], bonus=bonus))
     return out

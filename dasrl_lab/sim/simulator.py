@@ -189,8 +189,7 @@ def replay_targets(batch: DraftBatch, recorded: np.ndarray, start: np.ndarray, g
     row = np.repeat(np.arange(n.size), n + 1)  # [T+B] row of each input
     k = np.arange(int(starts[-1])) - starts[row]  # [T+B] input index within its row (0 = pending)
     depth = k.copy()  # chains: input k targets the token at depth k
-    node_row = np.repeat(np.arange(n.size), n)  # [T] row of each draft node
-    local = np.arange(batch.tokens.size) - batch.offsets[node_row]  # [T] node index within its row
+    node_row, local = batch.node_rows()  # [T] each draft node's row and index within it
     for b in np.unique(node_row[batch.parents != local - 1]):  # rows whose draft is not a chain
         d = batch.draft(int(b))
         depth[starts[b] + 1: starts[b + 1]] = depths(d.parents) + 1
@@ -202,10 +201,9 @@ def replay_targets(batch: DraftBatch, recorded: np.ndarray, start: np.ndarray, g
 
 def accepted_length(draft: Draft, target: np.ndarray) -> int:
     """Draft tokens accepted against the recorded continuation `target` (the engine's rule)."""
-    one = np.zeros(1, np.int64)
-    targets, starts = replay_targets(DraftBatch.from_drafts([draft]), np.asarray(target), one, one,
-                                     np.array([len(target)]))
-    return int(accepted_counts(DraftBatch.from_drafts([draft]), targets, starts)[0])
+    one, batch = np.zeros(1, np.int64), DraftBatch.from_drafts([draft])
+    targets, starts = replay_targets(batch, np.asarray(target), one, one, np.array([len(target)]))
+    return int(accepted_counts(batch, targets, starts)[0])
 
 
 def _downsample(points: list[tuple[float, int]], n: int = 200) -> list[tuple[float, int]]:

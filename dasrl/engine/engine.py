@@ -390,7 +390,7 @@ class SpecEngine:
         tokens[first], logps[first] = self._draw_at(logits, first, sampling, seeds=seeds, positions=positions)
         if len(drafts.tokens):
             lens = drafts.lengths  # [B]
-            row_of = np.repeat(np.arange(len(lens)), lens)  # [T]
+            row_of = drafts.node_rows()[0]  # [T]
             node = np.arange(len(drafts.tokens)) + row_of + 1  # [T] packed index of each draft node
             hit = (drafts.parents < 0) & (drafts.tokens == tokens[first][row_of])  # [T] root children matched
             alive = np.zeros(len(lens), bool)

@@ -1,12 +1,14 @@
 import math
 
+import numpy as np
 import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dasrl.policy.acceptance import AcceptanceRate
-from dasrl.policy.allowance import ForwardAllowance, pace_draft, priced_draft, tokens_per_forward
+from dasrl.drafter.base import Draft, DraftBatch
+from dasrl.policy.allowance import CALIB_PRIOR, ForwardAllowance, pace_draft, priced_draft, tokens_per_forward
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy import DASPolicy
 from dasrl.policy.latency import LatencyModel
@@ -175,3 +177,39 @@ def test_the_critical_group_shares_the_fixed_cost_of_drafting():
     assert priced_draft([0.6], [16], share=0.025, kv=0.01, **price).tolist() == [4]
     # A cap, when given, is spent critical row first.
     assert ForwardAllowance(FixedBudget(16), 6, latency=lat).budgets([_state(0, 50), _state(1, 50)]) == [4, 2]
+
+
+def _trim_spec(pol, states, drafts):
+    """The trim row by row (the loop the batched trim replaced): each draft's prefix with the fewest expected
+    seconds per emitted token, node i accepted with probability min(path probability x calibration, 1)."""
+    a, x = pol._calib
+    calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
+    q = np.minimum(drafts.probs * calib, 1.0)
+    keep, expected = drafts.lengths.copy(), {}
+    for b, s in enumerate(states):
+        lo, hi = int(drafts.offsets[b]), int(drafts.offsets[b + 1])
+        if hi == lo or s.req_id not in pol._price:
+            continue
+        share, row, kv = pol._price[s.req_id]
+        n = np.arange(hi - lo + 1)
+        cost = (share + row + pol.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q[lo:hi])]))
+        keep[b] = int(np.argmin(cost))
+        if keep[b]:
+            expected[s.req_id] = float(q[lo:lo + keep[b]].sum() / calib)
+    return keep, expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.lists(st.floats(0.0, 1.0), max_size=12)), min_size=1, max_size=8),
+       st.floats(0.001, 0.1), st.floats(1e-5, 0.01), st.floats(0.0, 50.0), st.floats(0.0, 50.0))
+def test_the_batched_trim_equals_the_row_by_row_spec(rows, c_base, c_tok, accepted, expected):
+    pol = ForwardAllowance(DASPolicy(), latency=LatencyModel(c_base, c_tok))
+    states = [_state(i, g) for i, (g, _) in enumerate(rows)]
+    pol.budgets(states)
+    pol._calib = [accepted, expected]
+    drafts = DraftBatch.from_drafts([Draft.chain(np.arange(len(ps)), np.array(sorted(ps, reverse=True)), match_len=1)
+                                     for _, ps in rows])
+    want_keep, want_expected = _trim_spec(pol, states, drafts)
+    got = pol.trim(states, drafts)
+    assert got.lengths.tolist() == want_keep.tolist()
+    assert pol._expected == want_expected

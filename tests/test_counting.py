@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dasrl_lab.drafters.baselines import NGramDrafter
-from dasrl.drafter.counting import NUM, CountingDrafter, _items, counting_draft, digit_tokens
+from dasrl.drafter.counting import NUM, CountingDrafter, _items, _period, counting_draft, digit_tokens, periods
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
 DIGITS = np.arange(10, 20)
@@ -223,3 +223,19 @@ def test_vectorised_items_equal_the_token_by_token_spec(tokens):
     want_keys, want_texts, want_partial = _items_spec(tail, DIGITS)
     assert (keys, partial) == (want_keys, want_partial)
     assert [text(k) if key == NUM else None for k, key in enumerate(keys)] == want_texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(DIGITS.tolist()), st.integers(0, 3)), max_size=100), max_size=6),
+       st.integers(1, 40))
+def test_the_batched_periods_equal_each_rows_own(tails, max_period):
+    """`periods` (the whole batch at once, the proposal's filter) against `_period` of each row's items."""
+    arrays = [np.array(t, np.int64) for t in tails]
+    want = [_period(_items(t, DIGITS)[0], max_period) for t in arrays]
+    assert periods(arrays, DIGITS, max_period).tolist() == want
+
+
+def test_the_batched_periods_find_a_rendered_count():
+    tails = [enc("a: 41, 42, 43, 44, 4"), enc("ab, a:b"), np.zeros(0, np.int64), enc("123")]
+    assert periods(tails, DIGITS, 32).tolist() == [_period(_items(t, DIGITS)[0], 32) for t in tails]
+    assert periods(tails, DIGITS, 32)[0] > 0

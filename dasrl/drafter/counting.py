@@ -104,6 +104,55 @@ def _period(keys: list[int], max_period: int) -> int:
     return 0
 
 
+def periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
+    """[B] int64: `_period` of each tail's items, the whole batch at once (0: no pattern, no counting draft).
+    Most rows of a proposal have no pattern: this tells them apart without building their items' texts.
+    Each row's items are ranked from its end into [B, 3 * max_period]; P repeats three times iff each of
+    the last 2P items equals the item P before it and a number is among the last P."""
+    n_rows = len(tails)
+    width = max((t.size for t in tails), default=0)
+    if n_rows == 0 or width == 0:
+        return np.zeros(n_rows, np.int64)
+    table = _digit_table(digits.astype(np.int64).tobytes())
+    lens = np.array([t.size for t in tails], np.int64)  # [B]
+    if (lens == width).all():  # every tail fills the window (past its first 256 tokens)
+        tok = np.stack(tails).astype(np.int64, copy=False)  # [B, W]
+    else:
+        tok = np.full((n_rows, width), -1, np.int64)  # [B, W] left-aligned tails; -1 pads
+        tok[np.arange(width)[None, :] < lens[:, None]] = np.concatenate(tails)
+    isd = table[np.minimum(tok, table.size - 1)]  # [B, W] a digit token (a pad reads the last entry: False)
+    plain = (tok >= 0) ^ isd  # [B, W] a non-digit token
+    body = width - np.argmax(plain[:, ::-1], 1)  # [B] up to the last non-digit token
+    body[~plain[np.arange(n_rows), body - 1]] = 0  # none at all
+    start = plain.copy()  # [B, W] a non-digit token, or the first digit of a run
+    start[:, 1:] |= isd[:, 1:] & ~isd[:, :-1]
+    start &= np.arange(width)[None, :] < body[:, None]  # the trailing digits are the partial number, not an item
+    n_items = start.sum(1, dtype=np.int32)  # [B] (a leading number, which the window may have cut, never starts one)
+    k = 3 * max_period
+    rank = n_items[:, None] - np.cumsum(start, 1, dtype=np.int32) + 1  # [B, W] items at or after each column
+    b, c = np.nonzero(start & (rank <= k))
+    items = np.full((n_rows, k), -2, np.int64)  # [B, 3 max_period] keys, the last item first
+    items[b, rank[b, c] - 1] = np.where(isd[b, c], NUM, tok[b, c])
+    m = int(min(max_period, n_items.max() // 3))
+    if m == 0:
+        return np.zeros(n_rows, np.int64)
+    isnum = items[:, :m] == NUM  # [B, m]
+    first_num = np.where(isnum.any(1), np.argmax(isnum, 1), m)  # [B] the newest number item
+    ps = np.arange(1, m + 1)  # [m]
+    # candidates: the newest item recurs P and 2P items back, a number among the last P, 3P items in all
+    cand = ((items[:, :1] == items[:, ps]) & (items[:, :1] == items[:, 2 * ps])
+            & (first_num[:, None] < ps) & (n_items[:, None] >= 3 * ps))  # [B, m]
+    r, j = np.nonzero(cand)  # [J] (row, P - 1) pairs, by row then P
+    if r.size == 0:
+        return np.zeros(n_rows, np.int64)
+    p, ts = ps[j][:, None], np.arange(2 * m)[None, :]  # [J, 1], [1, 2m]
+    ok = np.all((items[r[:, None], ts] == items[r[:, None], np.minimum(ts + p, k - 1)]) | (ts >= 2 * p), axis=1)  # [J]
+    rows, first = np.unique(r[ok], return_index=True)  # pairs run by row then P: a row's first is its smallest
+    out = np.zeros(n_rows, np.int64)
+    out[rows] = p[ok, 0][first]
+    return out
+
+
 def _format(value: int, seen: Sequence[str]) -> str | None:
     """A slot's next number written as its earlier ones were (zero-padded to their width if they were)."""
     if value < 0:
@@ -188,9 +237,10 @@ class CountingDrafter:
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
         batch = self.inner.propose_flat(req_ids, budgets)  # checks ids and budgets
         drafts: list[Draft] | None = None
-        for i, (rid, b) in enumerate(zip(req_ids, budgets)):
-            if b <= 0:
-                continue
+        asked = [i for i, b in enumerate(budgets) if b > 0]
+        found = periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)  # [len(asked)]
+        for i in (i for i, p in zip(asked, found.tolist()) if p):  # rows whose items repeat: count
+            rid, b = req_ids[i], budgets[i]
             toks = counting_draft(self._tail[rid], digits=self.digits, budget=int(b), max_period=self.max_period)
             if toks.size:
                 drafts = batch.drafts() if drafts is None else drafts

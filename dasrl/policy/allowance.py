@@ -258,17 +258,25 @@ class ForwardAllowance:
         calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
         q = np.minimum(drafts.probs * calib, 1.0)  # [T] P(node accepted); prefixes of best-first trees are trees
         keep = drafts.lengths.copy()  # [B] nodes each row keeps
-        bounds = drafts.offsets.tolist()
-        for b, s in enumerate(states):
-            lo, hi = bounds[b], bounds[b + 1]
-            if hi == lo or s.req_id not in self._price:
-                continue
-            share, row, kv = self._price[s.req_id]
-            n = np.arange(hi - lo + 1)  # [n+1] kept nodes
-            cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q[lo:hi])]))
-            keep[b] = int(np.argmin(cost))
-            if keep[b]:
-                self._expected[s.req_id] = float(q[lo:lo + keep[b]].sum() / calib)  # raw path probabilities
+        priced = np.array([s.req_id in self._price for s in states], bool) & (keep > 0)  # [B]
+        if not priced.any():
+            return drafts
+        rows = np.flatnonzero(priced)  # [R] the rows to cut
+        price = np.array([self._price[states[b].req_id] for b in rows.tolist()], np.float64).reshape(-1, 3)  # [R, 3]
+        share, row, kv = price[:, :1], price[:, 1:2], price[:, 2:3]  # [R, 1] each
+        width = int(keep[rows].max())
+        n = np.arange(width + 1)[None, :]  # [1, W+1] kept nodes
+        qs = np.zeros((len(rows), width + 1))  # [R, W+1] column j+1: node j's acceptance, 0 past the draft
+        node_row, node_idx = drafts.node_rows()
+        at = np.searchsorted(rows, node_row)  # [T] each node's place among the cut rows (where it is one)
+        mine = priced[node_row]
+        qs[at[mine], node_idx[mine] + 1] = q[mine]
+        cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.cumsum(qs, axis=1))  # [R, W+1]
+        cost[n > keep[rows][:, None]] = np.inf  # past a row's draft
+        keep[rows] = np.argmin(cost, axis=1)  # ties: the shorter prefix
+        for b in rows[keep[rows] > 0].tolist():  # the raw path probabilities each kept draft expects accepted
+            lo = int(drafts.offsets[b])
+            self._expected[states[b].req_id] = float(q[lo:lo + keep[b]].sum() / calib)
         return drafts.capped(keep)
 
     def parts(self) -> dict[str, object]:

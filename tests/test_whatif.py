@@ -45,6 +45,7 @@ def test_ngram_replay_by_hand():
     st = fastreplay.run_step(VLLMNGramDrafter(), FixedBudget(16), 0, [r], max_new_tokens=8)
     assert (st.forwards, st.tokens, st.proposed, st.accepted) == (6, 8, 2, 2)
     assert [s[1] for s in st.shapes] == [7, 1, 1, 1, 1, 1 + 2]
+    assert st.host_s > 0  # the seconds spent proposing and observing between the forwards are measured
 
 
 def test_none_is_one_token_per_forward_and_prices_by_hand():
@@ -458,9 +459,12 @@ def test_parallel_replays_give_the_serial_figures(tok):
     named = [("a", rs), ("a", rs[:6])]  # a repeated name stays two sources
     serial = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=1)
     forked = whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=2)
-    def figures(results):  # every row but the replays' wall seconds
-        return [[{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in r.rows(profs, cfg)]
-                for r in results]
+    def figures(results):  # every row but the seconds this process took (replays, host work)
+        def strip(row):
+            out = {k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s", "host_s_per_step")}
+            out["steps"] = [{k: v for k, v in st.items() if k != "host_s"} for st in row["steps"]]
+            return out
+        return [[strip(row) for row in r.rows(profs, cfg)] for r in results]
     assert figures(serial) == figures(forked)
     for row in serial[0].rows(profs, cfg):  # each profile's own-defaults replay, by its counts
         own = serial[0].own[(row["drafter"], profs[0].name)].figures()
@@ -470,8 +474,9 @@ def test_parallel_replays_give_the_serial_figures(tok):
         whatif.run_all(named, profiles=profs, cfg=cfg, tokenizer=tok, jobs=0)
     bare = whatif.run_all(named[:1], profiles=[], cfg=cfg, tokenizer=tok)[0]  # no profile: equal cap only
     got = [{k: v for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")} for row in bare.rows([], cfg)]
-    assert got == [{k: (v if k not in ("predicted_s_per_step", "predicted_s_per_step_at_cap", "own_figures") else {})
+    assert got == [{k: (v if k not in ("predicted_s_per_step", "predicted_s_per_step_at_cap", "own_figures",
+                                       "host_s_per_step") else {})
                                    for k, v in row.items() if k not in ("replay_s", "replay_cpu_s")}
-                                  | {"steps": [{k: (v if k != "predicted_s" else {}) for k, v in st.items()}
+                                  | {"steps": [{k: (v if k not in ("predicted_s", "host_s") else {}) for k, v in st.items()}
                                                for st in row["steps"]]}
                                   for row in serial[0].rows(profs, cfg)]

@@ -148,14 +148,16 @@ class ForwardAllowance:
             need = pace_draft(remaining, p, horizon=float((remaining / tokens_per_forward(best, p)).max()), most=best)
         else:
             best, need = self._priced(states, caps, p, remaining)
-        at_best = remaining / tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
-        out = [0] * len(states)
-        left = (1 << 62) if self.max_tokens is None else self.max_tokens
-        for i in np.argsort(-at_best, kind="stable"):  # the critical row first
-            if left <= 0:
-                break
-            out[i] = int(min(need[i], left))
-            left -= out[i]
+        if self.max_tokens is None:
+            out = np.asarray(need, np.int64).tolist()
+        else:  # the forward's drafts capped: spent critical row first
+            at_best = remaining / tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
+            out, left = [0] * len(states), self.max_tokens
+            for i in np.argsort(-at_best, kind="stable"):
+                if left <= 0:
+                    break
+                out[i] = int(min(need[i], left))
+                left -= out[i]
         for s, k in zip(states, out):  # the class each row drafts under this step
             self._seen[s.req_id] = (*self._seen[s.req_id][:2], s.classes[-1] if s.classes else "none")
             if not k:

@@ -11,6 +11,7 @@ swap-removed last first.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -60,7 +61,9 @@ def run_step(drafter, policy, step: int, responses: Sequence[Response], *, max_n
             batch = DraftBatch.empty(len(live))
         else:
             room = (max_new_tokens - gen - 1).tolist()
+            t0 = time.perf_counter()
             batch = propose(drafter, policy, lstates, [s.req_id for s in lstates], room)
+            st.host_s += time.perf_counter() - t0
         lens = np.diff(batch.offsets)
         acc = _accepted(batch, tstart[idx], gen, tlen[idx], flat_tgt)
         emit_n = np.minimum(acc + 1, tlen[idx] - gen)
@@ -79,7 +82,9 @@ def run_step(drafter, policy, step: int, responses: Sequence[Response], *, max_n
         st.proposed += int(lens.sum())
         st.accepted += int(acc.sum())
         if drafter is not None:
+            t0 = time.perf_counter()
             drafter.observe_batch([rids[i] for i in live], emits)
+            st.host_s += time.perf_counter() - t0
         st.shapes.append((len(live), n_tok, kv, dkv))
         st.forwards += 1
         st.row_forwards += len(live)

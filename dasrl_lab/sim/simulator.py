@@ -136,6 +136,9 @@ class StepStats:
     """Integral of live rows over decoding time (row-seconds)."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(time, live rows) at each forward, downsampled."""
+    host_s: float = 0.0
+    """Seconds this process spent proposing drafts (budgets, drafter, trim) and feeding the drafter the
+    emitted tokens: the CPU work a serving engine does between two forwards (fastreplay measures it)."""
     shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
     """(rows, tokens, cached context tokens read, those of the drafting rows) of every forward, in order:
     what a latency model prices (LatencyModel.price)."""

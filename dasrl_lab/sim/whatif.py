@@ -102,6 +102,10 @@ class Replay:
             out.append(float(np.sum(profile.latency.predict(s[:, 1], s[:, 2], s[:, 3]))) if len(s) else 0.0)
         return out
 
+    def host(self) -> list[float]:
+        """Seconds this process spent between forwards in each step (proposing and observing: StepStats.host_s)."""
+        return [st.host_s for st in self.steps]
+
     def figures(self, first: int = 0) -> dict:
         sts, longest = self.steps[first:], self.longest[first:]
         tok, rf = sum(s.tokens for s in sts), sum(s.row_forwards for s in sts)
@@ -160,6 +164,8 @@ class ModelResult:
                 "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
                 "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
                 "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
+                "host_s_per_step": {p.name: round(_mean(h[1:] or h), 4)
+                                    for p in profiles for h in [self.own[(m, p.name)].host()]},
                 "own_figures": {p.name: {k: round(v, 4) for k, v in self.own[(m, p.name)].figures().items()
                                          if k in OWN_FIGURES} for p in profiles},
                 "replay_s": {"at_cap": round(rep.seconds, 1),
@@ -172,7 +178,8 @@ class ModelResult:
                 "steps": [{"step": st.step, "tokens_per_forward": round(st.tokens / max(st.row_forwards, 1), 4),
                            "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,
                            "forwards": st.forwards, "longest": rep.longest[i],
-                           "predicted_s": {k: round(v[i], 4) for k, v in per_step.items()}}
+                           "predicted_s": {k: round(v[i], 4) for k, v in per_step.items()},
+                           "host_s": {p.name: round(self.own[(m, p.name)].steps[i].host_s, 4) for p in profiles}}
                           for i, st in enumerate(rep.steps)],
             })
         return out

@@ -200,9 +200,12 @@ def test_das_policy_caps_by_length_class(tmp_path):
 
 
 def test_accepted_tokens_are_counted():
-    assert _accepted([5, 6, 7], [5, 6, 9]) == 2
-    assert _accepted([5, 6, 7], [5, 6, 7, 8]) == 3
-    assert _accepted([5, 6, 7], [4]) == 0 and _accepted([], [4]) == 0
+    assert _accepted([[5, 6, 7]], [np.array([5, 6, 9])]).tolist() == [2]
+    assert _accepted([[5, 6, 7]], [np.array([5, 6, 7, 8])]).tolist() == [3]
+    assert _accepted([[5, 6, 7]], [np.array([4])]).tolist() == [0] and _accepted([[]], [np.array([4])]).tolist() == [0]
+    # a step's rows at once, as each alone: the emitted tokens past a draft are not compared
+    drafts, news = [[5, 6, 7], [1], [2, 3], [9, 9, 9, 9]], [np.array(x) for x in ([5, 6, 9], [1, 4], [2, 3, 5], [9, 8])]
+    assert _accepted(drafts, news).tolist() == [2, 1, 2, 1] == [int(_accepted([d], [n])[0]) for d, n in zip(drafts, news)]
     d, b = drafter(), Batch()
     b.add("a", P)
     b.step(d, {"a": R1})

@@ -40,7 +40,7 @@ import numpy as np
 from dasrl.drafter.base import DraftBatch
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.budget import HistoryPolicy
+from dasrl.policy.budget import DASPolicy, HistoryPolicy
 from dasrl.policy.length import LengthClassifier
 from dasrl.policy.latency import LatencyModel
 
@@ -158,10 +158,13 @@ class ForwardAllowance:
                     break
                 out[i] = int(min(need[i], left))
                 left -= out[i]
-        for s, k in zip(states, out):  # the class each row drafts under this step
-            self._seen[s.req_id] = (*self._seen[s.req_id][:2], s.classes[-1] if s.classes else "none")
+        lazy = isinstance(self.inner, DASPolicy) and self.inner.lazy_classes
+        for s, k in zip(states, out):  # the class each drafting row drafts under this step
             if not k:
                 self.acceptance.idle(s.req_id)
+                continue
+            cls = self.inner.classify(s) if lazy else s.classes[-1] if s.classes else "none"
+            self._seen[s.req_id] = (*self._seen[s.req_id][:2], cls)
         return out
 
     def _priced(self, states, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:

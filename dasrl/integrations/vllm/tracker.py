@@ -108,14 +108,24 @@ class DrafterStats:
         return d
 
 
-def _accepted(draft: list[int], new: np.ndarray) -> int:
-    """Draft tokens that verification kept, by the engine's rule (dasrl.engine.accepted_counts): the inputs'
-    targets are the tokens vLLM emitted but its last (the recovered or bonus token, compared with nothing);
-    inputs past them were never verified (-1)."""
-    targets = np.full(len(draft) + 1, -1, np.int64)
-    seen = min(len(new) - 1, len(draft) + 1)
-    targets[:max(seen, 0)] = new[:max(seen, 0)]
-    return int(accepted_counts(DraftBatch.from_drafts([Draft.chain(draft)]), targets, np.array([0, len(draft) + 1]))[0])
+def _accepted(drafts: Sequence[list[int]], news: Sequence[np.ndarray]) -> np.ndarray:
+    """[n] draft tokens that verification kept of each row's chain draft, by the engine's rule
+    (dasrl.engine.accepted_counts), the whole step in one call: a row's inputs' targets are the tokens vLLM
+    emitted but its last (the recovered or bonus token, compared with nothing); inputs past them were never
+    verified (-1)."""
+    lens = np.array([len(d) for d in drafts], np.int64)  # [n]
+    offsets = np.zeros(len(drafts) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    row = np.repeat(np.arange(len(drafts)), lens)  # [T] each node's row
+    parents = (np.arange(int(offsets[-1])) - offsets[row] - 1).astype(np.int32)  # [T] chains: the node before
+    batch = DraftBatch(np.concatenate([np.asarray(d, np.int32) for d in drafts]) if len(drafts) else
+                       np.zeros(0, np.int32), parents, np.ones(int(offsets[-1])), offsets, np.zeros(len(drafts), np.int64))
+    starts = offsets + np.arange(len(drafts) + 1)  # [n+1] each row's len + 1 inputs
+    targets = np.full(int(starts[-1]), -1, np.int64)  # [sum(len + 1)]
+    for b, new in enumerate(news):
+        seen = max(min(len(new) - 1, int(lens[b]) + 1), 0)
+        targets[starts[b]:starts[b] + seen] = new[:seen]
+    return accepted_counts(batch, targets, starts)
 
 
 def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
@@ -261,6 +271,8 @@ class BatchDrafter:
             self._roll()
 
         rows: list[int] = []
+        fed: list[tuple[str, np.ndarray]] = []  # rows with new tokens
+        verified: list[tuple[_Req, np.ndarray]] = []  # rows whose last draft the step just run verified
         for i, rid in enumerate(req_ids):
             req = self._reqs.get(rid)
             if req is None:
@@ -273,8 +285,15 @@ class BatchDrafter:
                 self._reqs[rid] = req
             if len(sampled[i]) == 0:
                 continue  # partial prefill
-            self._feed(rid, req, token_rows[i], int(num_tokens[i]))
+            new = self._feed(rid, req, token_rows[i], int(num_tokens[i]))
+            if new is not None:
+                fed.append((rid, new))
+                if req.draft:
+                    verified.append((req, new))
             rows.append(i)
+        if fed:  # one native call for the batch's new tokens (a failed call forgets every request anyway)
+            self.store.observe_batch([rid for rid, _ in fed], [new for _, new in fed])
+        self._resolve(verified)
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
         if not rows:
@@ -304,7 +323,9 @@ class BatchDrafter:
             return False
         return prompt_len == req.prompt_len and n >= req.seen
 
-    def _feed(self, rid: str, req: _Req, row: np.ndarray, n: int) -> None:
+    def _feed(self, rid: str, req: _Req, row: np.ndarray, n: int) -> np.ndarray | None:
+        """Start tracking the row (its first call) and advance it to n tokens; returns its new tokens (None:
+        none since the last step), which the caller indexes for the whole batch at once."""
         if n > row.shape[0]:
             raise ValueError(f"request {rid!r}: {n} tokens but the token row holds {row.shape[0]}")
         if not req.seen:
@@ -312,23 +333,29 @@ class BatchDrafter:
             req.seen = req.prompt_len
             self.stats.started += 1
         if n == req.seen:
-            return
+            return None
         new = row[req.seen:n]
         if int(new.min()) < 0:
             raise ValueError(f"request {rid!r}: token id {int(new.min())} in vLLM's token row (placeholders "
                              f"of async scheduling?); run vLLM with async_scheduling=False")
-        self.store.observe(rid, new)
         s = req.state
-        if req.draft:  # verified in the step just run: drafted and accepted move together, as in the engine
-            acc = _accepted(req.draft, new)
+        s.generated = n - req.prompt_len
+        s.forwards += 1
+        req.seen = n
+        return new
+
+    def _resolve(self, verified: list[tuple[_Req, np.ndarray]]) -> None:
+        """Count what the step just run kept of each verified draft (one accept-rule call for the batch):
+        drafted and accepted move together, as in the engine."""
+        if not verified:
+            return
+        for (req, _), acc in zip(verified, _accepted([r.draft for r, _ in verified], [n for _, n in verified]).tolist()):
+            s = req.state
             s.drafted += len(req.draft)
             s.accepted += acc
             self.stats.accepted += acc
             self.stats.resolved += len(req.draft)
             req.draft = []
-        s.generated = n - req.prompt_len
-        s.forwards += 1
-        req.seen = n
 
     def _caps(self, rids: list[str], num_tokens: list[int]) -> list[int]:
         """Each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""

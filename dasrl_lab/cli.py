@@ -27,6 +27,7 @@ REGISTRARS = [
     "dasrl_lab.bench.vllm_cli",
     "dasrl_lab.experiments.cli",
     "dasrl_lab.bench.ray_cli",
+    "dasrl_lab.bench.proposer",
 ]
 
 for _name in REGISTRARS:

@@ -6,6 +6,8 @@ request (prompt + output so far), and the tokens each request got this engine st
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -739,3 +741,22 @@ def test_overlapping_steps_roll_the_window_at_the_callers_signal():
     drafts = live_step(d, b, {"b2": R1[:1], "q2": H[:1], "t": H[1:2]}, live)
     assert drafts["q2"] == H[1:9] and drafts["b2"] == R1[1:]  # b1 and q are step 2's rollouts
     assert d.store.num_tokens == len(P + R1) + len(Q + H)  # the window holds b1 and q only
+
+
+def test_the_proposer_bench_times_real_drafting(tmp_path):
+    """`dasrl bench proposer`'s workload: siblings re-sampling the last step's answers are drafted and
+    accepted under fixed k; bad batch sizes are refused by name."""
+    from typer.testing import CliRunner
+
+    from dasrl_lab.bench.proposer import ProposerBenchConfig, run_one
+    from dasrl_lab.cli import app
+
+    cfg = ProposerBenchConfig(batches=(8,), length=40)
+    fixed = run_one(cfg, 8, {"policy": "fixed", "max_spec_factor": 0.0})
+    assert 0 < fixed["accepted"] < fixed["drafted"] and fixed["steps_timed"] > 0 and fixed["host_ms_per_step"] > 0
+    with pytest.raises(ValueError, match=r"multiples of 4.*\(6,\)"):
+        ProposerBenchConfig(batches=(6,))
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["bench", "proposer", "--batches", "4", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [r["policy"] for r in json.loads(out.read_text())] == ["fixed", "das"]

@@ -40,8 +40,8 @@ def table(doc: dict) -> Table:
     """Per (model, method): the hardware-independent figures and the predicted time vs plain decoding
     on each profile (from step 2); fits 80 columns for up to three profiles."""
     profs = [p["name"] for p in doc["profiles"]]
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title=f"whatif {doc['source']}: K = {doc['cap']}")
-    for c in ("model", "method", "tok/fwd", "crit", "acc%") + (("host ms",) if profs else ()):
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True, title=f"whatif {doc['source']}: K = {doc['cap']}")
+    for c in ("model", "method", "tok/fwd", "crit", "acc%") + (("host s",) if profs else ()):
         t.add_column(c, justify="right" if c not in ("model", "method") else "left", no_wrap=True)
     for i, _ in enumerate(profs):
         t.add_column(f"P{i + 1} x", justify="right", no_wrap=True)
@@ -52,9 +52,9 @@ def table(doc: dict) -> Table:
                  f"{r['predicted_s_per_step'][p]:.1f}s" for p in profs]
         t.add_row(r["model"][:10], r["drafter"], f"{r['tokens_per_forward']:.2f}",
                   f"{r['critical_tokens_per_forward']:.2f}", f"{100 * r['acceptance']:.0f}",
-                  *([f"{1e3 * r['host_s_per_step'][profs[0]]:.0f}"] if profs else []), *cells)
+                  *([f"{r['host_s_per_step'][profs[0]]:.2f}"] if profs else []), *cells)
     t.caption = "  ".join(f"P{i + 1}={p}" for i, p in enumerate(profs)) + \
-        "  (x: predicted s/step from step 2 / plain decoding's, forwards only; host ms: this CPU's seconds per " \
+        "  (x: predicted s/step from step 2 / plain decoding's, forwards only; host s: this CPU's seconds per " \
         "step proposing and observing, under P1)"
     return t
 

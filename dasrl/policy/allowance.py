@@ -68,10 +68,11 @@ class _Prices:
         self.allowed = d[None, :] <= most[:, None]  # [B, D]
 
     def best(self, share, fixed=0.0) -> np.ndarray:
-        """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in."""
+        """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in
+        (each a scalar or [B])."""
         if self.cost.shape[1] == 1:  # nobody may draft
             return np.zeros(self.shape, np.int64)
-        share, fixed = (np.broadcast_to(np.asarray(x, np.float64), self.shape)[:, None] for x in (share, fixed))
+        share, fixed = (x if np.ndim(x) == 0 else np.asarray(x, np.float64)[:, None] for x in (share, fixed))
         cost = share + self.cost + fixed * self.drafts  # [B, D]
         per_token = np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
         return np.argmin(per_token, axis=1).astype(np.int64)  # ties: the shorter draft
@@ -85,9 +86,9 @@ def tokens_per_forward(k, p) -> np.ndarray:
     """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
     1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
     k, p = np.asarray(k, np.float64), np.clip(np.asarray(p, np.float64), 0.0, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        geo = (1.0 - p ** (k + 1)) / (1.0 - p)
-    return np.where(p >= 1.0, k + 1, geo)
+    one = p >= 1.0
+    geo = (1.0 - p ** (k + 1)) / np.where(one, 1.0, 1.0 - p)  # p = 1 is taken below (no 0 / 0 to silence)
+    return np.where(one, k + 1, geo)
 
 
 def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:

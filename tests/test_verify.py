@@ -121,3 +121,12 @@ def test_accepted_counts_is_the_verdicts_rule_on_mixed_batches():
         targets = rng.integers(0, 3, int(starts[-1]))
         got = accepted_counts(batch, targets, starts)
         assert got.tolist() == [verify(d, targets[starts[b]: starts[b + 1]]).accepted for b, d in enumerate(drafts)]
+
+
+@pytest.mark.parametrize("lists", [[], [[]], [[5, 6, 7]], [[1], [], [2, 3, 4], [9, 9]]])
+def test_chains_is_from_drafts_of_chain_drafts(lists):
+    """DraftBatch.chains builds on the flat arrays what from_drafts([Draft.chain(t) ...]) builds draft by draft."""
+    got, want = DraftBatch.chains(lists), DraftBatch.from_drafts([Draft.chain(t) for t in lists])
+    for field in ("tokens", "parents", "probs", "offsets", "match_len"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), field

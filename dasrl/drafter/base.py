@@ -140,6 +140,20 @@ class DraftBatch:
                           cat([d.probs for d in drafts], np.float64), offsets,
                           np.array([d.match_len for d in drafts], np.int64))
 
+    @staticmethod
+    def chains(token_lists: Sequence[Sequence[int]]) -> "DraftBatch":
+        """Chain drafts of these tokens, one per request, path probabilities 1 and match length 0, built on the
+        flat arrays (from_drafts([Draft.chain(t) ...]) without a Draft per request)."""
+        if not token_lists:
+            return DraftBatch.empty(0)
+        offsets = np.zeros(len(token_lists) + 1, np.int64)
+        np.cumsum([len(t) for t in token_lists], out=offsets[1:])
+        batch = DraftBatch(np.concatenate([np.asarray(t, np.int32) for t in token_lists]),
+                           np.zeros(int(offsets[-1]), np.int32), np.ones(int(offsets[-1])), offsets,
+                           np.zeros(len(token_lists), np.int64))
+        batch.parents[:] = batch.node_rows()[1] - 1  # [T] each node's parent: the node before it (ROOT first)
+        return batch
+
     def capped(self, caps: np.ndarray) -> "DraftBatch":
         """Each request's draft cut to its first caps[i] nodes (topological order keeps it a valid tree)."""
         lens = self.lengths

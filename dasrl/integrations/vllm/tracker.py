@@ -53,7 +53,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DraftBatch, problem_key
+from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.engine.verify import accepted_counts
 from dasrl.integrations.vllm.clock import StepClock
@@ -113,17 +113,11 @@ def _accepted(drafts: Sequence[list[int]], news: Sequence[np.ndarray]) -> np.nda
     (dasrl.engine.accepted_counts), the whole step in one call: a row's inputs' targets are the tokens vLLM
     emitted but its last (the recovered or bonus token, compared with nothing); inputs past them were never
     verified (-1)."""
-    lens = np.array([len(d) for d in drafts], np.int64)  # [n]
-    offsets = np.zeros(len(drafts) + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    row = np.repeat(np.arange(len(drafts)), lens)  # [T] each node's row
-    parents = (np.arange(int(offsets[-1])) - offsets[row] - 1).astype(np.int32)  # [T] chains: the node before
-    batch = DraftBatch(np.concatenate([np.asarray(d, np.int32) for d in drafts]) if len(drafts) else
-                       np.zeros(0, np.int32), parents, np.ones(int(offsets[-1])), offsets, np.zeros(len(drafts), np.int64))
-    starts = offsets + np.arange(len(drafts) + 1)  # [n+1] each row's len + 1 inputs
+    batch = DraftBatch.chains(drafts)
+    starts = batch.offsets + np.arange(len(drafts) + 1)  # [n+1] each row's len + 1 inputs
     targets = np.full(int(starts[-1]), -1, np.int64)  # [sum(len + 1)]
-    for b, new in enumerate(news):
-        seen = max(min(len(new) - 1, int(lens[b]) + 1), 0)
+    for b, (d, new) in enumerate(zip(drafts, news)):
+        seen = max(min(len(new) - 1, len(d) + 1), 0)
         targets[starts[b]:starts[b] + seen] = new[:seen]
     return accepted_counts(batch, targets, starts)
 

@@ -154,6 +154,7 @@ class ModelResult:
         for m, rep in self.at_cap.items():
             fig, later = rep.figures(), rep.figures(1)
             per_step = {p.name: self.own[(m, p.name)].price(p) for p in profiles}
+            host = {p.name: self.own[(m, p.name)].host() for p in profiles}
             at_cap = {p.name: rep.price(p) for p in profiles}
             out.append({
                 "model": self.model, "drafter": m, "cap": cfg.cap,
@@ -164,8 +165,7 @@ class ModelResult:
                 "acceptance": round(fig["acceptance"], 4), "wasted_per_token": round(fig["wasted_per_token"], 4),
                 "own_defaults": OWN_DEFAULTS[m].format(cap=cfg.cap),
                 "predicted_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in per_step.items()},
-                "host_s_per_step": {p.name: round(_mean(h[1:] or h), 4)
-                                    for p in profiles for h in [self.own[(m, p.name)].host()]},
+                "host_s_per_step": {k: round(_mean(v[1:] or v), 4) for k, v in host.items()},
                 "own_figures": {p.name: {k: round(v, 4) for k, v in self.own[(m, p.name)].figures().items()
                                          if k in OWN_FIGURES} for p in profiles},
                 "replay_s": {"at_cap": round(rep.seconds, 1),
@@ -179,7 +179,7 @@ class ModelResult:
                            "acceptance": round(st.accepted / st.proposed, 4) if st.proposed else 0.0,
                            "forwards": st.forwards, "longest": rep.longest[i],
                            "predicted_s": {k: round(v[i], 4) for k, v in per_step.items()},
-                           "host_s": {p.name: round(self.own[(m, p.name)].steps[i].host_s, 4) for p in profiles}}
+                           "host_s": {k: round(v[i], 4) for k, v in host.items()}}
                           for i, st in enumerate(rep.steps)],
             })
         return out

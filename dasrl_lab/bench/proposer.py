@@ -123,9 +123,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             cfg = ProposerBenchConfig(batches=tuple(int(b) for b in batches.split(",")))
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-        rows = []
+        rows, pols = [], policies(latency)
         for b in cfg.batches:
-            for pol in policies(latency):
+            for pol in pols:
                 runs = [run_one(cfg, b, pol, seed=r) for r in range(repeats)]
                 best = sorted(runs, key=lambda r: r["host_ms_per_step"])[len(runs) // 2]
                 rows.append(best | {"host_ms_repeats": [r["host_ms_per_step"] for r in runs]})

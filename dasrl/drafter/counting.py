@@ -146,7 +146,7 @@ def periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) ->
     if r.size == 0:
         return np.zeros(n_rows, np.int64)
     p, ts = ps[j][:, None], np.arange(2 * m)[None, :]  # [J, 1], [1, 2m]
-    ok = np.all((items[r[:, None], ts] == items[r[:, None], np.minimum(ts + p, k - 1)]) | (ts >= 2 * p), axis=1)  # [J]
+    ok = np.all((items[r[:, None], ts] == items[r[:, None], ts + p]) | (ts >= 2 * p), axis=1)  # [J] ts + p < 3m <= k
     rows, first = np.unique(r[ok], return_index=True)  # pairs run by row then P: a row's first is its smallest
     out = np.zeros(n_rows, np.int64)
     out[rows] = p[ok, 0][first]

@@ -98,7 +98,9 @@ def test_probe_refuses_attention_that_ignores_the_causal_mask(monkeypatch):
 def test_attention_raises_instead_of_falling_back():
     q, kv = torch.zeros(1, 4, 3, 16), torch.zeros(2, 2, 8, 16)
     module = torch.nn.Identity()
-    with pytest.raises(attention.PackedLayoutMissing, match="without the packed layout"):
+    with pytest.raises(attention.ModelInRollout, match="not the rollout's"):  # no engine forward on this thread
+        attention.engine_attention(module, q, kv, kv, None, scaling=0.25)
+    with attention.engine_thread(), pytest.raises(attention.PackedLayoutMissing, match="without the packed layout"):
         attention.engine_attention(module, q, kv, kv, None, scaling=0.25)
     with pytest.raises(NotImplementedError, match=r"\['softcap'\]"):
         attention.engine_attention(module, q, kv, kv, None, scaling=0.25, dasrl_packed=object(), softcap=30.0)

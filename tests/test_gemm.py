@@ -72,26 +72,40 @@ def test_restored_after_an_error_and_foreign_forwards_left_alone(tiny_llama):
 @pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")
 def test_tuned_kernels_compute_every_linear_and_follow_weight_updates(tiny_llama):
     """LinearKernels: each row count's product is F.linear's (to float32 rounding) whichever kernel the
-    timing chose, a kernel is chosen at every bucket, and an in-place weight update (a trainer's step) is
-    picked up at refresh() -- a stale reordered copy would silently compute with the old weights."""
+    timing chose, a kernel is chosen at every bucket, and every kind of weight change between two epochs
+    is picked up (in place under no_grad, through .data -- which bumps no version counter, as peft's merge
+    does --, a new tensor, a new Parameter): a stale reordered copy would silently compute with the old
+    weights."""
     model = tiny_llama()
-    kernels = gemm.LinearKernels(model, repeats=1)
-    lin = kernels.modules[0]
-    assert len(kernels.choice) == len(kernels.modules) == sum(type(m) is torch.nn.Linear for m in model.modules())
+    kernels = gemm.LinearKernels(repeats=1)
+    kernels.refresh(model)
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert len(kernels.choice) == len(linears)
+    lin = linears[0]
     for rows in (1, 2, 5, 16, 200):
         x = torch.randn(1, rows, lin.in_features)
         torch.testing.assert_close(kernels.linear(lin, x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    forced = np.ones(len(kernels.buckets), bool)  # every bucket on the reordered copy
-    kernels.choice[id(lin)] = forced
     x = torch.randn(7, lin.in_features)
-    with torch.no_grad():
-        lin.weight.mul_(-2.0)  # in place: the module's tensor is the same object, its version moves
-    kernels.refresh()
-    torch.testing.assert_close(kernels.linear(lin, x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    with torch.no_grad():
-        lin.weight = torch.nn.Parameter(torch.randn_like(lin.weight))  # a new tensor
-    kernels.refresh()
-    torch.testing.assert_close(kernels.linear(lin, x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+    def changes():
+        with torch.no_grad():
+            lin.weight.mul_(-2.0)  # in place: the version moves
+        yield
+        v = lin.weight._version
+        lin.weight.data += 0.5 * torch.randn_like(lin.weight)  # through .data: the version stays
+        assert lin.weight._version == v
+        yield
+        lin.weight.data.copy_(torch.randn_like(lin.weight))
+        yield
+        lin.weight.data = torch.randn_like(lin.weight)  # a new storage under the same Parameter
+        yield
+        lin.weight = torch.nn.Parameter(torch.randn_like(lin.weight))  # a new Parameter
+        yield
+
+    for _ in changes():
+        kernels.refresh(model)
+        kernels.choice[id(lin)] = np.ones(len(kernels.buckets), bool)  # every bucket on the reordered copy
+        torch.testing.assert_close(kernels.linear(lin, x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not gemm.onednn_available(), reason="torch built without oneDNN")

@@ -15,6 +15,7 @@ error naming the model type.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 import torch
@@ -119,6 +120,36 @@ class PackedLayoutMissing(RuntimeError):
     """The engine's attention ran without the packed layout: a layer did not forward `dasrl_packed`."""
 
 
+class ModelInRollout(RuntimeError):
+    """A forward of the model from another thread while a SpecEngine forward context holds it: its
+    attention and linear layers are the engine's until the context closes."""
+
+
+_ENGINE = threading.local()
+"""`active`: this thread is inside an engine forward context (SpecEngine.forward_context)."""
+
+
+@contextlib.contextmanager
+def engine_thread() -> Iterator[None]:
+    """Mark the block as this thread's engine forwards (the swapped layers serve this thread only)."""
+    outer = getattr(_ENGINE, "active", False)
+    _ENGINE.active = True
+    try:
+        yield
+    finally:
+        _ENGINE.active = outer
+
+
+def require_engine_thread(module: torch.nn.Module) -> None:
+    """Raise ModelInRollout unless the calling thread is inside an engine forward context."""
+    if not getattr(_ENGINE, "active", False):
+        raise ModelInRollout(
+            f"{type(module).__name__} was called from a thread that is not the rollout's while a dasrl rollout "
+            f"holds the model (SpecEngine.generate swaps its attention and linear layers until it returns): run "
+            f"the trainer's forward and backward between generate() calls, or hold dasrl.engine.model_lock(model) "
+            f"around them")
+
+
 def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs) -> tuple[torch.Tensor, None]:
@@ -128,6 +159,7 @@ def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     which no equality test would notice."""
     layout = kwargs.get("dasrl_packed")
     if layout is None:
+        require_engine_thread(module)
         raise PackedLayoutMissing(
             f"{type(module).__name__} reached the engine's attention without the packed layout: a layer of "
             f"this model does not pass its keyword arguments (dasrl_packed=) through to attention")
@@ -156,3 +188,16 @@ def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None
         yield
     finally:
         config._attn_implementation = previous
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """The model in eval mode inside the block (no dropout in a rollout); each module's training flag as it
+    was after (the trainer's mode is the trainer's)."""
+    training = [m for m in model.modules() if m.training]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True

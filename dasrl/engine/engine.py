@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dasrl.drafter.base import DraftBatch, Drafter, problem_key
-from dasrl.engine.attention import attention_implementation, register
+from dasrl.engine.attention import attention_implementation, engine_thread, eval_mode, register
 from dasrl.engine.cache import RowCache
 from dasrl.engine.gemm import (HEAD_PADDING, INVARIANT_PADDING, NO_PADDING, LinearKernels, RowPadding, onednn_available,
                                padded, padded_linears)
@@ -183,12 +183,9 @@ class SpecEngine:
     """Batched speculative generation; outputs equal plain decoding's token for token."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
-        self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+        self.model, self.tokenizer, self.config = model, tokenizer, config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
         model_max = getattr(model.config, "max_position_embeddings", None)
         if config.max_context is not None and model_max is not None and config.max_context > model_max:
             raise ValueError(f"EngineConfig(max_context={config.max_context}) exceeds the model's "
@@ -199,22 +196,46 @@ class SpecEngine:
         if reason is not None:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
         self.attn_name = register()
-        cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
-        self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant and cpu_fp32 \
-            and onednn_available() else None
-        """The linear layers' kernel per row count (CPU float32), or None: F.linear throughout."""
-        self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
-            NO_PADDING if self.kernels is not None else config.row_padding
-        """Row padding of the linear layers in every forward: MKL's band only (with the tuned kernels padding
-        costs more than it saves: docs/benchmarks.md, "Engine: the kernel per row count")."""
         self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
         """Packed layouts' first-token view bucket (0: the batch's longest row; packing.pack)."""
+        self._bound: tuple | None = None  # the model's shape as the last bind() saw it
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (
             () if eos is None else (int(eos),))
         self.last_run = RunStats()
+        self.bind()
+
+    def bind(self) -> None:
+        """Derive what the engine takes from the model -- its decoder and head, the vocabulary, the linear
+        kernels for its dtype and device -- from the model as it is now. generate() calls it first: the
+        trainer owns the model and may replace its head or a layer, resize the vocabulary or move it to
+        another dtype between two calls. When the model's modules, dtypes or devices changed since the last
+        bind (a cheap walk over its modules and parameters), the packed forward is probed again, so a model
+        the engine cannot run exactly is refused, never run. Weight values need no check here: the tuned
+        kernels' weight copies last one forward context (gemm.LinearKernels)."""
+        with model_lock(self.model):
+            self._bind()
+
+    def _bind(self) -> None:
+        model, config = self.model, self.config
+        shape = (tuple((id(m), type(m)) for m in model.modules()),
+                 tuple(sorted({(p.dtype, p.device) for p in model.parameters()}, key=str)))
+        if shape == self._bound:
+            return
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
+        self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant \
+            and cpu_fp32 and onednn_available() else None
+        """The linear layers' kernel per row count (CPU float32), or None: F.linear throughout."""
+        self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
+            NO_PADDING if self.kernels is not None else config.row_padding
+        """Row padding of the linear layers in every forward: MKL's band only (with the tuned kernels padding
+        costs more than it saves: docs/benchmarks.md, "Engine: the kernel per row count")."""
         check_packed_forward(self)
+        self._bound = shape
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None,
@@ -224,7 +245,9 @@ class SpecEngine:
                  ignore_eos: bool = False, req_ids: Sequence[Hashable] | None = None,
                  stop_lines: Sequence[str] = (), problem_ids: Sequence[Hashable] | None = None,
                  on_step: Callable[[StepInfo], None] | None = None) -> list[Completion]:
-        """Generate a completion per prompt. All input is validated before any work starts."""
+        """Generate a completion per prompt, from the model's weights as they are at this call. All input is
+        validated before any work starts."""
+        self.bind()
         if drafter is not None and not isinstance(drafter, Drafter):
             raise TypeError(f"drafter {type(drafter).__name__} lacks the Drafter protocol's methods "
                             f"(dasrl.drafter.base.Drafter; DrafterBase supplies the batch calls)")
@@ -288,12 +311,14 @@ class SpecEngine:
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
-        """What every engine forward runs in: the model's lock, inference mode, the engine's attention,
-        padded linears. The lock first: the attention and the linears are swapped on the shared model and
-        restored on exit, so two overlapping contexts (two threads, two engines on one model) would mix
-        the shapes of their forwards and restore each other's swap, leaving the model on the engine's
-        attention (every plain forward after it then fails)."""
-        with model_lock(self.model), torch.inference_mode(), \
+        """What every engine forward runs in: the model's lock, eval mode, inference mode, the engine's
+        attention, the linears' kernels and padding. The lock first: the attention and the linears are
+        swapped on the shared model and restored on exit, so two overlapping contexts (two threads, two
+        engines on one model) would mix the shapes of their forwards and restore each other's swap, leaving
+        the model on the engine's attention (every plain forward after it then fails). The trainer's
+        train/eval flags are restored on exit too (dropout must not touch a rollout, and the trainer's mode
+        is the trainer's)."""
+        with model_lock(self.model), engine_thread(), eval_mode(self.model), torch.inference_mode(), \
                 attention_implementation(self.model, self.attn_name), \
                 padded_linears(self.model, self.row_padding, self.kernels):
             yield

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dasrl.engine.attention import engine_thread, require_engine_thread
+
 
 @dataclass(frozen=True)
 class RowPadding:
@@ -125,20 +127,23 @@ def _median_seconds(f: Callable[[], object], repeats: int) -> float:
 class LinearKernels:
     """A model's float32 CPU linear layers, each computed by the kernel measured faster at its row count.
 
-    Holds a oneDNN-reordered copy of every weight (memory: the linear weights once more) and re-reorders a
-    weight whose tensor changed (a trainer's in-place update bumps its version) at `refresh()`, which the
-    engine calls as each forward context opens. Per weight shape, both kernels are timed at ROW_BUCKETS
-    (medians of `repeats`, one kernel after the other per bucket) the first time this process sees that shape at that thread count.
-    The two kernels differ in the last bits of a row, as any change of M already does with MKL; plain and
-    speculative decoding use the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
+    oneDNN computes over a reordered copy of a weight. A trainer may change the weights between two
+    generate() calls by means no cheap signal sees (a write through `.data`, as peft's LoRA merge does,
+    bumps no version counter), so no copy outlives one forward context: `refresh(model)`, called as each
+    context opens, starts a new epoch, and a weight is reordered again at its first oneDNN product in the
+    epoch (a layer the row counts never send to oneDNN is never copied). The cost is one pass over the
+    weights per generate() (docs/engine.md "Weights the trainer changed"); in an RL loop every weight
+    changes between two calls anyway. Per weight shape, both kernels are timed at ROW_BUCKETS (medians of
+    `repeats`) the first time this process sees that shape at that thread count. The two kernels differ in
+    the last bits of a row, as any change of M already does with MKL; plain and speculative decoding use
+    the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
 
-    def __init__(self, model: torch.nn.Module, *, repeats: int = 3, buckets: tuple[int, ...] = ROW_BUCKETS) -> None:
+    def __init__(self, *, repeats: int = 3, buckets: tuple[int, ...] = ROW_BUCKETS) -> None:
         self.buckets = np.asarray(buckets, np.int64)  # [K] ascending
-        self.modules = [m for m in model.modules() if type(m) is torch.nn.Linear
-                        and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
-        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # id(module) -> (weight, version, copy)
-        self.refresh()
-        self.choice = {id(m): self._choice(m, repeats) for m in self.modules}  # id(module) -> [K] bool
+        self.repeats = repeats
+        self.choice: dict[int, np.ndarray] = {}  # id(module) -> [K] bool (True = oneDNN), this epoch's modules
+        self._epoch = 0
+        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # id(module) -> (weight, epoch, copy)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module) -> "LinearKernels":
@@ -147,29 +152,37 @@ class LinearKernels:
         with _SHARED_LOCK:
             kernels = _SHARED.get(model)
             if kernels is None:
-                kernels = _SHARED[model] = cls(model)
+                kernels = _SHARED[model] = cls()
             return kernels
 
-    def refresh(self) -> None:
-        """Re-reorder the weights that changed since their copy was made (new tensor or in-place update)."""
-        for m in self.modules:
-            held = self._packed.get(id(m))
-            w = m.weight
-            if held is None or held[0] is not w or held[1] != w._version:
-                self._packed[id(m)] = (w, w._version, _reorder(w))
+    def refresh(self, model: torch.nn.Module) -> None:
+        """A new epoch: the model's float32 CPU nn.Linear layers as they are now (modules replaced, dtypes
+        or devices moved), every reordered copy stale."""
+        self._epoch += 1
+        modules = [m for m in model.modules() if type(m) is torch.nn.Linear
+                   and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+        self.choice = {id(m): self._choice(m) for m in modules}
+        self._packed = {k: v for k, v in self._packed.items() if k in self.choice}  # drop removed layers' copies
 
-    def _choice(self, m: torch.nn.Linear, repeats: int) -> np.ndarray:
+    def _copy(self, m: torch.nn.Linear) -> torch.Tensor:
+        """m's reordered weight as of this epoch (reordered now if it is not)."""
+        held = self._packed.get(id(m))
+        if held is None or held[1] != self._epoch or held[0] is not m.weight:
+            held = self._packed[id(m)] = (m.weight, self._epoch, _reorder(m.weight))
+        return held[2]
+
+    def _choice(self, m: torch.nn.Linear) -> np.ndarray:
         n, k = m.weight.shape
         key = (k, n, m.bias is not None, torch.get_num_threads(), tuple(self.buckets.tolist()))
         if key not in _CHOICES:
-            packed, bias = self._packed[id(m)][2], None if m.bias is None else m.bias.detach()
+            packed, bias = _reorder(m.weight), None if m.bias is None else m.bias.detach()
             w = m.weight.detach()
             wins = []
             with torch.no_grad():
                 for rows in self.buckets.tolist():
                     x = torch.randn(rows, k)
-                    mkl = _median_seconds(lambda: F.linear(x, w, bias), repeats)
-                    dnn = _median_seconds(lambda: _onednn(x, packed, bias), repeats)
+                    mkl = _median_seconds(lambda: F.linear(x, w, bias), self.repeats)
+                    dnn = _median_seconds(lambda: _onednn(x, packed, bias), self.repeats)
                     wins.append(dnn < 0.95 * mkl)  # a clear win only: measurement noise must not flip kernels
             _CHOICES[key] = np.array(wins)
         return _CHOICES[key]
@@ -180,8 +193,20 @@ class LinearKernels:
         at = int(np.searchsorted(self.buckets, rows, side="right")) - 1
         if at < 0 or not self.choice[id(m)][at]:
             return F.linear(x, m.weight, m.bias)
-        out = _onednn(x.reshape(rows, x.shape[-1]), self._packed[id(m)][2], m.bias)  # [M, N]
+        out = _onednn(x.reshape(rows, x.shape[-1]), self._copy(m), m.bias)  # [M, N]
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _engine_linear(m: torch.nn.Linear, padding: RowPadding,
+                   kernels: LinearKernels | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """m's forward inside the engine's forwards: rows padded, by `kernels`' choice (None: F.linear); a call
+    from another thread is refused (its autograd and its shapes are not the engine's)."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        require_engine_thread(m)
+        if kernels is None:
+            return linear(x, m.weight, m.bias, padding)
+        return padded(lambda t: kernels.linear(m, t), x, padding)
+    return forward
 
 
 @contextlib.contextmanager
@@ -194,15 +219,13 @@ def padded_linears(model: torch.nn.Module, padding: RowPadding,
         yield
         return
     if kernels is not None:
-        kernels.refresh()
+        kernels.refresh(model)
     patched = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
     for m in patched:
-        if kernels is not None and id(m) in kernels.choice:
-            m.forward = lambda x, m=m: padded(lambda t: kernels.linear(m, t), x, padding)
-        else:
-            m.forward = lambda x, m=m: linear(x, m.weight, m.bias, padding)
+        m.forward = _engine_linear(m, padding, kernels if kernels is not None and id(m) in kernels.choice else None)
     try:
-        yield
+        with engine_thread():  # the patched layers serve this thread only
+            yield
     finally:
         for m in patched:
             del m.forward

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from dasrl.drafter.base import Draft, DraftBatch
+from dasrl.engine.attention import eval_mode
 from dasrl.engine.cache import RowCache
 from dasrl.engine.packing import pack_drafts, pack_prompts
 
@@ -79,7 +80,7 @@ def probe_error(engine) -> float:
         second = engine._forward(cache, step)  # [4, V]
     ours = [torch.cat([first[:5], second[:3]]), torch.cat([first[5:], second[3:]])]
     err, device = 0.0, engine.model.get_input_embeddings().weight.device
-    with torch.inference_mode():
+    with eval_mode(engine.model), torch.inference_mode():
         for got, seq in zip(ours, [prompts[0] + [pending[0]] + draft, prompts[1] + [pending[1]]]):
             want = engine.model(input_ids=torch.tensor([seq], device=device)).logits[0].float().to(got.device)
             err = max(err, float((got.float() - want).abs().max()) / max(1.0, float(want.abs().max())))

@@ -94,13 +94,9 @@ class DASRollout:
         rank, procs = int(trainer.accelerator.process_index), int(trainer.accelerator.num_processes)
         start = self._offset + rank * len(ids)  # every process gets as many prompts (accelerate evens them)
         self._offset += procs * len(ids)
-        was_training = model.training
-        model.eval()
-        try:
-            rollouts = self.session.generate(ids, samples=list(range(start, start + len(ids))), sampling=sampling,
-                                             max_new_tokens=int(args.max_completion_length))
-        finally:
-            model.train(was_training)
+        # The engine runs the model in eval mode and leaves the trainer's mode as it was.
+        rollouts = self.session.generate(ids, samples=list(range(start, start + len(ids))), sampling=sampling,
+                                         max_new_tokens=int(args.max_completion_length))
         return {"prompt_ids": [r.prompt_ids for r in rollouts],
                 "completion_ids": [r.completion_ids for r in rollouts],
                 "logprobs": [r.logprobs for r in rollouts]}

@@ -20,14 +20,16 @@ applies it, as for open()); a file that already exists keeps its mode.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 
 __all__ = ["fsync_dir", "temp_pattern", "MAX_JSON_BYTES", "open_regular", "read_regular", "read_json", "write_target",
@@ -160,3 +162,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def write_json(path: str | os.PathLike, obj: object, *, indent: int | None = 2) -> Path:
     return atomic_write(path, lambda f: f.write(json.dumps(obj, indent=indent).encode()))
 
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, how: int) -> Iterator[None]:
+    """An flock (fcntl.LOCK_EX or LOCK_SH) on the folder itself: no lock file left behind; released by the
+    kernel if the process dies. The one lock of every save and load (a draft store's folder, a session's
+    parent folder)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -125,7 +125,7 @@ def output_file(value: Path | None) -> Path | None:
     if mode is not None and not stat.S_ISREG(mode):
         raise typer.BadParameter(f"{value}: not a regular file (mode {stat.filemode(mode)}: a device, a FIFO or a "
                                  f"socket); an output is written as a new file, which would replace it")
-    if len(path.name.encode()) > 255:
+    if len(os.fsencode(path.name)) > 255:  # fsencode: a non-UTF-8 byte of argv arrives as a surrogate
         raise typer.BadParameter(f"{value}: a file name may hold at most 255 bytes")
     _writable(_nearest_folder(path, value), value)
     return value
@@ -140,7 +140,7 @@ def output_folder(value: Path | str | None) -> Path | str | None:
     mode = _mode(path, value)
     if mode is not None and not stat.S_ISDIR(mode):
         raise typer.BadParameter(f"{value} is a file; give a folder")
-    if any(len(part.encode()) > 255 for part in path.parts):
+    if any(len(os.fsencode(part)) > 255 for part in path.parts):
         raise typer.BadParameter(f"{value}: a folder name may hold at most 255 bytes")
     _writable(path if mode is not None else _nearest_folder(path, value), value)
     return value

@@ -354,3 +354,18 @@ def test_outputs_write_through_links_and_refuse_devices(tmp_path):
     code, text = _run(["simulate", "--workload", "tiny", "--steps", "2", "--json", str(tmp_path / "null")])
     assert code == 2 and "not a regular file" in text, text
     assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode)
+
+
+def test_an_output_path_with_a_non_utf8_byte(tmp_path):
+    """A file name with a byte that is not UTF-8 (argv hands it over as a surrogate) was a traceback: the
+    output is written under exactly that name (exit 0), as any other name. Run as a user runs it: the
+    command in a process of its own, the name as bytes."""
+    import subprocess
+    import sys
+
+    out = os.fsencode(tmp_path) + b"/out\xff.json"
+    cmd = [sys.executable, "-c", "from dasrl_lab.cli import app; app()", "simulate", "--workload", "tiny",
+           "--steps", "2", "--json", out]
+    done = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(open(out, "rb").read())["source"]

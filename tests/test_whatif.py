@@ -480,3 +480,34 @@ def test_parallel_replays_give_the_serial_figures(tok):
                                   | {"steps": [{k: (v if k not in ("predicted_s", "host_s") else {}) for k, v in st.items()}
                                                for st in row["steps"]]}
                                   for row in serial[0].rows(profs, cfg)]
+
+
+def test_a_dead_worker_raises_instead_of_hanging():
+    """`dasrl whatif --jobs 2` waited forever when a worker died (SIGKILL, the OOM killer): the pool lost its
+    task. Now the run fails with BrokenProcessPool. Run in a process of its own, under a timeout, so a
+    hang fails this test instead of the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, signal, sys
+        import numpy as np
+        from concurrent.futures.process import BrokenProcessPool
+        from dasrl.rollout.trace import Response
+        from dasrl_lab.sim import profiles, sources, whatif
+
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        whatif.replay = die  # the forked workers inherit it
+        rs = [Response(step=s, problem_id=0, sample=0, prompt_ids=np.asarray([5], np.int32),
+                       response_ids=np.arange(20, dtype=np.int32)) for s in range(2)]
+        cfg = whatif.WhatifConfig(methods=("none", "oracle"))
+        try:
+            whatif.run_all([("a", rs)], profiles=profiles.shipped()[:1], cfg=cfg,
+                           tokenizer=sources.hf_tokenizer(None), jobs=2)
+        except BrokenProcessPool:
+            sys.exit(3)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 3, done.stderr.decode(errors="replace")[-2000:]

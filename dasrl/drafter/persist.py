@@ -36,7 +36,7 @@ from typing import Hashable
 
 import numpy as np
 
-from dasrl.atomic import MAX_JSON_BYTES, atomic_write, open_regular, temp_pattern, write_json
+from dasrl.atomic import MAX_JSON_BYTES, atomic_write, folder_lock, open_regular, temp_pattern, write_json
 from dasrl.drafter.config import StoreConfig
 from dasrl.drafter.suffix import first_bad
 
@@ -79,7 +79,7 @@ def save_store(folder: Path, *, step: int, num_steps: int, config: StoreConfig,
     doc = {"format": FORMAT, "step": step, "num_steps": num_steps, "data": name, "sha256": digest,
            "config": {"mode": config.mode, "window": config.window, "decay": config.decay},
            "sequences": [[age, shard, weight] for age, shard, weight, _ in sequences]}
-    with _locked(folder, fcntl.LOCK_EX):
+    with folder_lock(folder, fcntl.LOCK_EX):
         atomic_write(folder / name, lambda f: f.write(data))
         write_json(folder / "store.json", doc, indent=None)  # the commit point
         for entry in os.scandir(folder):
@@ -87,20 +87,17 @@ def save_store(folder: Path, *, step: int, num_steps: int, config: StoreConfig,
                 os.unlink(entry.path)
 
 
-@contextmanager
-def _locked(folder: Path, how: int):
-    """An flock on the folder itself (no lock file left behind); released by the kernel if we die."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, how)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+def foreign_files(folder: Path) -> list[str]:
+    """Names in a store folder that no save writes (anything but store.json, store-<hash>.npz and their
+    temporaries): a loader refuses such a folder before reading a byte of it."""
+    def known(name: str) -> bool:
+        return name == "store.json" or bool(_DATA_NAME.fullmatch(name) or _TEMP_NAME.fullmatch(name))
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False) or not known(e.name))
 
 
 def load_store(folder: Path, config: StoreConfig | None = None) -> SavedStore:
     try:
-        with _locked(folder, fcntl.LOCK_SH):
+        with folder_lock(folder, fcntl.LOCK_SH):
             return _load(folder, config)
     except OSError as e:  # the folder itself: missing, not a folder, unreadable
         raise ValueError(f"cannot read a draft store from {folder}: {e}") from None

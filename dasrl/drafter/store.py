@@ -179,6 +179,7 @@ class DraftStore:
         return live
 
     def _not_live(self, req_id: Hashable) -> Exception:
+        self._check_open()
         if req_id in self._done:
             return ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
         return KeyError(f"unknown request id {req_id!r}")
@@ -213,6 +214,7 @@ class DraftStore:
 
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> DraftBatch:
         """The whole batch's drafts in one native call, as flat arrays (see DraftBatch)."""
+        self._check_open()
         live = self._live
         try:
             cursors = [live[r].cursor for r in req_ids]
@@ -307,6 +309,7 @@ class DraftStore:
 
     def end_step(self) -> None:
         """Fold this step's rollouts into the window, age the weights, evict the oldest step."""
+        self._check_open()
         self._drop_unfinished()
         for shard, seq in self._pending:
             self._current.append((shard, self._index(shard, seq, 1.0)))
@@ -327,6 +330,7 @@ class DraftStore:
         """End the step without learning from it: this step's rollouts (finished or not) are dropped, the
         window, weights and step counter stay as they were. A store fed with some steps and then only
         discarding is a static drafter: a fixed index of those steps."""
+        self._check_open()
         self._drop_unfinished()
         for shard, sid in self._current:
             self._drop(shard, sid)
@@ -336,6 +340,7 @@ class DraftStore:
     def save(self, folder: str | os.PathLike) -> None:
         """Write the window into `folder` (JSON + npz, no pickle; see persist.py: a reader sees the old
         pair or the new one, never a mix). Live requests and this step's rollouts are not saved."""
+        self._check_open()  # a closed store is empty: its save would overwrite a good one
         seqs = []
         for age, step in enumerate(reversed(self._steps)):
             for shard, sid in step:
@@ -366,6 +371,7 @@ class DraftStore:
 
     # -------------------------------------------------------------------- stats
     def _indexes(self) -> list[SuffixIndex]:
+        self._check_open()
         return list(self._shards.values()) + ([self._cross] if self._cross is not None else [])
 
     def bytes_used(self) -> int:
@@ -375,18 +381,22 @@ class DraftStore:
     def num_tokens(self) -> int:
         """Tokens of the window and the live requests (the cross-problem index holds copies of the finished
         ones: bytes_used counts them)."""
+        self._check_open()
         return sum(ix.num_tokens for ix in self._shards.values())
 
     @property
     def num_shards(self) -> int:
+        self._check_open()
         return len(self._shards)
 
     @property
     def num_live(self) -> int:
+        self._check_open()
         return len(self._live)
 
     def check_integrity(self) -> None:
         """Every shard's index, and the store's own bookkeeping (no empty shard without a user)."""
+        self._check_open()
         for key, ix in self._shards.items():
             ix.check_integrity()
             if len(ix) == 0 and key not in self._users:

@@ -9,6 +9,8 @@ lab's replays: "das" is always the priced session policy.
 
 from __future__ import annotations
 
+import numbers
+
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
 from dasrl.policy.budget import ClassCaps, DASPolicy
@@ -19,17 +21,34 @@ POLICIES = ("das", "fixed", "none")
 """The library's policy names."""
 
 
-def make_policy(name: str = "das", *, latency: LatencyModel | None = None, caps: ClassCaps = ClassCaps(),
-                k: int = 8, max_tokens: int | None = None, length_config: LengthConfig = LengthConfig()
+def make_policy(name: str = "das", *, latency: LatencyModel | None = None, caps: ClassCaps | None = None,
+                k: int | None = None, max_tokens: int | None = None, length_config: LengthConfig | None = None
                 ) -> ForwardAllowance | PolicyBase:
-    """The policy `name` (module docstring). das: `caps` per class, priced by `latency` (None: unpriced, each
-    row its cap leveled to the critical path), at most `max_tokens` draft tokens per forward (None: no cap);
-    fixed: `k` per row."""
+    """The policy `name` (module docstring). das: `caps` per class (default ClassCaps()), priced by `latency`
+    (None: unpriced, each row its cap leveled to the critical path), at most `max_tokens` draft tokens per
+    forward (None: no cap); fixed: `k` per row (default 8). A setting the named policy does not take is
+    refused, not ignored (but `latency`, which callers pass whatever the policy: only das prices with it)."""
+    given = {n for n, v in (("caps", caps), ("k", k), ("max_tokens", max_tokens),
+                            ("length_config", length_config)) if v is not None}
+    takes = {"das": {"caps", "max_tokens", "length_config"}, "fixed": {"k"}, "none": set()}
+    if name in takes and given - takes[name]:
+        raise ValueError(f"policy {name!r} does not take {sorted(given - takes[name])} (it takes "
+                         f"{sorted(takes[name]) or 'no settings'})")
+    if latency is not None and not isinstance(latency, LatencyModel):
+        raise TypeError(f"latency must be a LatencyModel (LatencyModel.load(path) reads a file), got {latency!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
+                                   or max_tokens < 0):
+        raise ValueError(f"max_tokens must be an int >= 0 or None, got {max_tokens!r}")
     if name == "das":
+        caps = ClassCaps() if caps is None else caps
         if not isinstance(caps, ClassCaps):
             raise ValueError(f"das: caps must be a ClassCaps, got {caps!r}")
-        return ForwardAllowance(DASPolicy(caps=caps, length_config=length_config), max_tokens, latency=latency)
+        if length_config is not None and not isinstance(length_config, LengthConfig):
+            raise TypeError(f"das: length_config must be a LengthConfig, got {length_config!r}")
+        return ForwardAllowance(DASPolicy(caps=caps, length_config=length_config or LengthConfig()), max_tokens,
+                                latency=latency)
     if name == "fixed":
+        k = 8 if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"fixed: k must be an int >= 0, got {k!r}")
         return FixedBudget(k)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from collections import deque
 from dataclasses import asdict, dataclass, fields
@@ -186,9 +187,16 @@ class OnlineLatency:
     def record(self, tokens: int, kv_tokens: int, draft_kv_tokens: int, seconds: float) -> None:
         """One forward: `tokens` in it, `kv_tokens` context read by its rows, `draft_kv_tokens` by its
         drafting rows, and its wall seconds."""
-        if seconds > 0 and math.isfinite(seconds) and tokens > 0:
-            self._samples.append((float(tokens), float(kv_tokens), float(draft_kv_tokens), float(seconds)))
-            self._new += 1
+        for name, v, low in (("tokens", tokens, 1), ("kv_tokens", kv_tokens, 0), ("draft_kv_tokens", draft_kv_tokens, 0)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+                raise ValueError(f"OnlineLatency.record: {name} must be an int >= {low}, got {v!r}")
+        if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"OnlineLatency.record: seconds must be a finite number > 0, got {seconds!r}")
+        if draft_kv_tokens > kv_tokens:
+            raise ValueError(f"OnlineLatency.record: draft_kv_tokens={draft_kv_tokens} exceeds kv_tokens={kv_tokens} "
+                             f"(the drafting rows' context is part of the whole)")
+        self._samples.append((float(tokens), float(kv_tokens), float(draft_kv_tokens), float(seconds)))
+        self._new += 1
 
     @property
     def num_samples(self) -> int:

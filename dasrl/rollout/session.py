@@ -42,16 +42,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Protocol, Sequence, runtime_checkable
 
-from dasrl.atomic import MAX_JSON_BYTES, fsync_dir, open_regular, read_json, write_json
+import torch
+
+from dasrl.atomic import MAX_JSON_BYTES, folder_lock, fsync_dir, open_regular, read_json, write_json
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
-from dasrl.drafter.persist import MAX_DATA_BYTES
+from dasrl.drafter.persist import MAX_DATA_BYTES, foreign_files
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.rows import prompt_ids
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.base import NoSpeculation, SessionPolicy
-from dasrl.policy.factory import make_policy
+from dasrl.policy.factory import POLICIES, make_policy
 from dasrl.policy.latency import LatencyModel, OnlineLatency, prior_for
 
 
@@ -90,9 +92,40 @@ class SessionConfig:
     the totals stats() reports, so a long run's memory and session.json stay bounded."""
 
     def __post_init__(self) -> None:
+        for name in ("speculate", "counting", "background_upkeep", "fit_latency"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"SessionConfig: {name} must be True or False, got {getattr(self, name)!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"SessionConfig: unknown policy {self.policy!r}; valid policies: {', '.join(POLICIES)} "
+                             f"(any other policy object goes to RolloutSession(policy=...))")
+        kw = self.policy_kw
+        if isinstance(kw, dict):  # the obvious spelling of keyword arguments: kept as sorted pairs (hashable)
+            kw = tuple(sorted(kw.items()))
+            object.__setattr__(self, "policy_kw", kw)
+        if not (isinstance(kw, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                              for p in kw)):
+            raise TypeError(f"SessionConfig: policy_kw must be (name, value) pairs or a dict, got {kw!r}")
+        named = {k for k, _ in kw} & {"latency", "max_tokens"}
+        if named:
+            raise ValueError(f"SessionConfig: give {sorted(named)} as latency= / draft_allowance=, not in policy_kw")
+        for name, cls in (("store", StoreConfig), ("engine", EngineConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"SessionConfig: {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"SessionConfig: seed must be an int in [0, 2**63), got {self.seed!r}")
+        if self.latency is not None and not (isinstance(self.latency, (str, os.PathLike)) and str(self.latency)):
+            raise TypeError(f"SessionConfig: latency must be a path to a latency.json or None, got {self.latency!r}")
+        a = self.draft_allowance
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a < 0):
+            raise ValueError(f"SessionConfig: draft_allowance must be an int >= 0 or None, got {a!r}")
+        if self.policy != "das" and (a is not None or self.latency is not None):
+            raise ValueError(f"SessionConfig: draft_allowance and latency price the das policy; policy "
+                             f"{self.policy!r} takes neither")
         h = self.history
         if isinstance(h, bool) or not isinstance(h, int) or h < 1:
             raise ValueError(f"SessionConfig: history must be an int >= 1, got {h!r}")
+        if self.speculate:  # make_policy refuses a setting its policy does not take: now, not at the session
+            make_policy(self.policy, **dict(kw))
 
 
 @dataclass
@@ -214,8 +247,11 @@ def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
 def speculation_policy(config: SessionConfig, device: str = "cpu") -> SessionPolicy:
     """The policy a speculating session drafts under: make_policy(config.policy), priced by config.latency
     (or the device's prior), at most config.draft_allowance draft tokens per forward."""
-    latency = LatencyModel.load(config.latency) if config.latency else prior_for(device)
-    return make_policy(config.policy, latency=latency, max_tokens=config.draft_allowance, **dict(config.policy_kw))
+    kw = dict(config.policy_kw)
+    if config.policy == "das":
+        kw.update(latency=LatencyModel.load(config.latency) if config.latency else prior_for(device),
+                  max_tokens=config.draft_allowance)
+    return make_policy(config.policy, **kw)
 
 
 class RolloutSession:
@@ -227,6 +263,11 @@ class RolloutSession:
 
     def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig(), *,
                  drafter: Drafter | None = None, policy: SessionPolicy | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"RolloutSession needs the model to roll out (a Hugging Face causal LM, a "
+                            f"torch.nn.Module), got {type(model).__name__}")
+        if not isinstance(config, SessionConfig):
+            raise TypeError(f"config must be a SessionConfig, got {type(config).__name__}")
         for name, given in (("drafter", drafter), ("policy", policy)):
             if given is not None and not config.speculate:
                 raise ValueError(f"a {name} was given but config.speculate is False: nothing would use it")
@@ -264,8 +305,7 @@ class RolloutSession:
         """Generate (part of) one training step's batch. `samples`: each request's sample index within its
         problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
         the derived seeds."""
-        if self._closed:
-            raise RuntimeError("this RolloutSession is closed: make a new one (or load() a save into one)")
+        self._check_open("generate")
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate() takes a list of prompts (token-id lists), got a string")
         if len(prompts) == 0:
@@ -275,6 +315,7 @@ class RolloutSession:
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
+        _check_problem_ids(pids)
         with model_lock(self.engine.model):
             return self._generate(prompts, pids, seeds, samples, sampling, max_new_tokens, stop_token_ids,
                                   stop_lines, on_step)
@@ -357,6 +398,13 @@ class RolloutSession:
         not: nothing was drafted); then call end_step(). For
         loops that run a session only on some steps but keep its history complete. Its drafter must have
         no live requests. Their sample indices count as drawn in this step."""
+        self._check_open("record")
+        if isinstance(rollouts, (str, bytes)) or not isinstance(rollouts, Sequence):
+            raise TypeError(f"record() takes a list of Rollout objects, got {type(rollouts).__name__}")
+        for i, r in enumerate(rollouts):
+            if not isinstance(r, Rollout):
+                raise TypeError(f"record(): item {i} is a {type(r).__name__}, not a Rollout")
+        _check_problem_ids([r.problem_id for r in rollouts])
         self._join_upkeep()
         store = self.store
         lengths = self.policy.lengths if self.policy is not None else None
@@ -369,6 +417,7 @@ class RolloutSession:
 
     def end_step(self) -> None:
         """The step's rollouts are final: fold them into the window and roll it (in the background)."""
+        self._check_open("end_step")
         self._join_upkeep()
         self.step += 1
         self._drawn, self._issued = {}, 0
@@ -417,6 +466,11 @@ class RolloutSession:
                 self.store.close()
             self._closed = True
 
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{call}(): this RolloutSession is closed (close() freed its history); make a new "
+                               f"one, and load() a save into it to go on")
+
     def __enter__(self) -> "RolloutSession":
         return self
 
@@ -427,6 +481,7 @@ class RolloutSession:
     def stats(self) -> dict:
         """Totals over every generate() call (summaries folded out of `history` included); the store's
         size after the last end_step's upkeep (joined first)."""
+        self._check_open("stats")
         self._join_upkeep()
         tot = {name: self._folded[name] + (len(self.history) if name == "steps" else
                                            sum(getattr(s, name) for s in self.history)) for name in _TOTALS}
@@ -449,12 +504,13 @@ class RolloutSession:
         kill between the two renames) at .NAME.old-*, where load() finds it. `folder` must not exist or
         hold a session save only (it is replaced whole): other files there are refused, not deleted.
 
-        Several writers (two ranks saving one checkpoint path): a save holds an exclusive lock on
-        .NAME.lock beside `folder` from its first check to its cleanup, a load a shared one, so saves run
-        one after the other (the last one wins, whole) and a load never sees the folder mid-switch. The
-        lock file stays (deleting it would let two writers lock two different files)."""
+        Several writers (two ranks saving one checkpoint path): a save holds an exclusive flock on the
+        folder that holds `folder` from its first check to its cleanup, a load a shared one, so saves run
+        one after the other (the last one wins, whole) and a load never sees the folder mid-switch. No lock
+        file is made. A symlink at `folder` is followed: the save replaces the folder it points to."""
+        self._check_open("save")  # a closed session's store is empty: saving it would overwrite a good save
         self._join_upkeep()
-        folder = Path(folder)
+        folder = _folder_arg(folder, "save")
         folder.parent.mkdir(parents=True, exist_ok=True)
         with _save_lock(folder, fcntl.LOCK_EX):
             self._save_locked(folder)
@@ -507,7 +563,8 @@ class RolloutSession:
         missing and a save killed between its two renames left the previous save at .NAME.old-*, that one
         is loaded (with a warning). A successful load clears a failed upkeep (its state is replaced).
         Holds a shared lock beside the folder (see save) while it reads."""
-        folder = Path(folder)
+        self._check_open("load")
+        folder = _folder_arg(folder, "load")
         if not folder.parent.is_dir():
             raise ValueError(f"cannot read a session from {folder}: no such folder")
         with _save_lock(folder, fcntl.LOCK_SH):
@@ -577,6 +634,9 @@ class RolloutSession:
             raise ValueError(f"{src}: field 'store' must be null or {{\"digest\": str}}, got {saved!r}")
         if not where.is_dir():
             raise ValueError(f"{src}: the session was saved with a draft store but {where} is missing")
+        foreign = foreign_files(where)
+        if foreign:  # refused by name, before hashing: a huge stray file must not cost a read
+            raise ValueError(f"{where}: holds {foreign[:5]}, which no save writes: not this session's draft store")
         if saved is not ... and _folder_digest(where) != saved["digest"]:
             raise ValueError(f"{where}: does not match {src} (digest differs: a save interrupted between "
                              f"the store and session.json, or files from another save)")
@@ -602,22 +662,35 @@ _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted"
 
 @contextlib.contextmanager
 def _save_lock(folder: Path, how: int):
-    """An flock on .NAME.lock beside `folder` (made if missing; released by the kernel if we die). A place
-    where the lock file cannot be made (a read-only folder) has no writers to wait for: a load goes on
-    unlocked, a save fails on its own writes."""
-    path = folder.parent / f".{folder.name}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError:
-        if how == fcntl.LOCK_EX:
-            raise
+    """An flock on the folder that holds `folder` (dasrl.atomic.folder_lock: no lock file is made, none piles
+    up, a load writes nothing). Saves of any name in one parent folder run one after the other. A parent that
+    cannot be opened has no writers to wait for: a load goes on unlocked, a save fails on its own writes."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(folder_lock(folder.parent, how))
+        except OSError:
+            if how == fcntl.LOCK_EX:
+                raise
         yield
-        return
-    try:
-        fcntl.flock(fd, how)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+
+
+def _check_problem_ids(pids: Sequence[Hashable]) -> None:
+    """Problem ids key dicts and seeds: each must be hashable (a list is not)."""
+    for i, pid in enumerate(pids):
+        try:
+            hash(pid)
+        except TypeError:
+            raise TypeError(f"problem id {i} is a {type(pid).__name__} ({pid!r:.60}), which is not hashable: give "
+                            f"problem ids as ints, strings or tuples") from None
+
+
+def _folder_arg(folder: str | os.PathLike, call: str) -> Path:
+    """A save's folder as given: a non-empty path (an empty one would mean the current folder). A symlink
+    at NAME is followed (the save goes where it points, the link stays)."""
+    if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
+        raise ValueError(f"{call}() needs a folder path, got {folder!r}")
+    path = Path(folder)
+    return path.resolve() if path.is_symlink() else path
 
 
 def _leftovers(folder: Path, kind: str = "tmp|old") -> list[Path]:

@@ -262,6 +262,7 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
             reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
     else:
         import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a forked child must not use the parent's pool
         _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label)
@@ -269,9 +270,11 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
         # the policy-priced and arctic replays take longest: started first, the pool ends together
         order = sorted(range(len(tasks)), key=lambda i: (tasks[i][2] != "own", tasks[i][3] not in ("das", "suffix")))
         done = [0] * len(named)
-        try:
-            with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
-                for i, rep in pool.imap_unordered(_run_task, order):
+        try:  # an executor, not a Pool: a worker killed (OOM, SIGKILL) raises BrokenProcessPool here,
+            # where Pool.imap_unordered lost its task and waited forever
+            with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+                for future in as_completed([pool.submit(_run_task, i) for i in order]):
+                    i, rep = future.result()
                     reps[i] = rep
                     src = tasks[i][0]
                     done[src] += 1

@@ -130,8 +130,10 @@ def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
 def proposer_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
     """The session's policy (dasrl.policy.make_policy): das with these caps, priced by the latency file (or the
     CPU prior), or fixed: k for every request."""
-    latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
-    return make_policy(config.policy, latency=latency, caps=config.caps, k=k)
+    if config.policy == "das":
+        latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
+        return make_policy("das", latency=latency, caps=config.caps)
+    return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
 
 
 class BatchDrafter:

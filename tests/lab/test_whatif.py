@@ -19,7 +19,7 @@ from dasrl_lab.sim import fastreplay, profiles, sources, whatif
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -480,3 +480,12 @@ def test_parallel_replays_give_the_serial_figures(tok):
                                   | {"steps": [{k: (v if k not in ("predicted_s", "host_s") else {}) for k, v in st.items()}
                                                for st in row["steps"]]}
                                   for row in serial[0].rows(profs, cfg)]
+
+
+def test_the_gpu_prior_is_the_derived_7b_h100_profile():
+    """The library's GPU prior is rounded from the lab's assumed 7B/H100 profile."""
+    from dasrl.policy.latency import GPU_LATENCY
+
+    derived = profiles.derive("qwen2.5-7b", "h100").latency
+    for name in ("c_base", "c_tok", "c_other"):
+        assert getattr(GPU_LATENCY, name) == pytest.approx(getattr(derived, name), rel=0.01), name

@@ -84,3 +84,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build .venv
+
+# The library's tests alone, with dasrl_lab unimportable (tests/conftest.py: DASRL_BLOCK_LAB=1 puts a finder that
+# refuses it first on sys.meta_path and leaves tests/lab/ uncollected): what a machine without the lab runs.
+# `make test-lib TEST_LIB_ARGS='-m "not slow"'` for the fast ones.
+.PHONY: test-lib
+TEST_LIB_ARGS ?=
+test-lib: $(STAMP)
+	DASRL_BLOCK_LAB=1 $(PY) -m pytest -q -p no:cacheprovider $(TEST_LIB_ARGS)

@@ -3,7 +3,7 @@
 # typer, matplotlib; no network, no model weights (every model is randomly initialised).
 #
 #   scripts/gpu-check.sh                      # CUDA: ladder, calibration (Qwen2.5-1.5B/7B shapes), what-if
-#   scripts/gpu-check.sh --device cpu --tiny  # the same path on CPU with tiny shapes (tests/test_gpu_check.py)
+#   scripts/gpu-check.sh --device cpu --tiny  # the same path on CPU with tiny shapes (tests/lab/test_gpu_check.py)
 #
 # Builds the native core if `import dasrl._core` fails (pip editable install; without cmake, a direct
 # compile with nanobind's sources), then runs `python -m dasrl_lab.bench.gpu` (= `dasrl bench gpu`) with the

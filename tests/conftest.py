@@ -1,8 +1,20 @@
-"""Shared fixtures: the embedded SmolLM2 model (converted once, cached), loaded once per session."""
+"""Shared fixtures (the library's tests and the lab's, tests/lab/): the embedded SmolLM2 model (converted once,
+cached), loaded once per session.
+
+DASRL_BLOCK_LAB=1 makes `dasrl_lab` unimportable and leaves tests/lab/ uncollected: the library's tests alone,
+as where the lab is not installed (`make test-lib`)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("DASRL_BLOCK_LAB") == "1":
+    from support import block_lab
+
+    block_lab.install()
+    collect_ignore = ["lab"]
 
 CHAT_PROMPTS = [
     "What is 2+2?",

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 import dasrl.engine.engine as engine_module  # noqa: E402
 from dasrl.engine.packing import _first_groups, _more_views  # noqa: E402
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter  # noqa: E402
+from dasrl.drafter import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
 
@@ -127,18 +127,6 @@ def test_speculative_equals_plain_with_it_on(engine, chat_prompts, sampling, mon
         for key, logits in base.items():
             assert torch.equal(seen[key], logits), (type(drafter).__name__, key)
     assert engine.last_run.drafted > engine.last_run.accepted > 0  # the oracle's drafts: some rejected
-
-
-def test_fidelity_bench_flag():
-    from typer.testing import CliRunner
-
-    from dasrl_lab.cli import app
-    from dasrl_lab.bench.fidelity import FidelityConfig, engine_config
-
-    assert engine_config(FidelityConfig(batch_invariant=True)).batch_invariant
-    assert not engine_config(FidelityConfig()).batch_invariant
-    result = CliRunner().invoke(app, ["bench", "fidelity", "--help"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0 and "--batch-invariant" in result.output
 
 
 def test_invariant_views_by_hand():

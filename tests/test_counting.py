@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dasrl_lab.drafters.baselines import NGramDrafter
+from dasrl.drafter import NGramDrafter
 from dasrl.drafter.counting import NUM, CountingDrafter, _items, _period, counting_draft, digit_tokens, periods
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
@@ -144,12 +144,12 @@ def test_counting_drafts_are_exact_on_the_model(smollm, temperature):
     from dasrl.drafter.store import DraftStore
     from dasrl.engine import EngineConfig, SamplingParams, SpecEngine
     from dasrl.policy.base import FixedBudget
-    from dasrl_lab.tasks import chat_ids
 
     model, tok = smollm
     engine = SpecEngine(model, tok, EngineConfig(num_threads=1))
-    prompts = [chat_ids(tok, q) for q in ("Count from 1 to 30, separated by commas.",
-                                          "List the numbers from 10 to 40, one per line.")]
+    chats = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+             for q in ("Count from 1 to 30, separated by commas.", "List the numbers from 10 to 40, one per line.")]
+    prompts = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in chats]
     sampling = SamplingParams(temperature=temperature)
     kw = dict(sampling=sampling, seeds=[7, 8], max_new_tokens=64)
     plain = engine.generate(prompts, **kw)

@@ -18,7 +18,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dasrl.drafter.base import DraftParams
-from dasrl_lab.drafters.reference import ReferenceIndex, best_of
+from support.reference import ReferenceIndex, best_of
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 VOCAB = 12

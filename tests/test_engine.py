@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from dasrl.drafter.base import Draft, DrafterBase, DraftParams, check_budgets  # noqa: E402
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter  # noqa: E402
+from dasrl.drafter import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, EngineStepError, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import filtered_probs  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
@@ -358,29 +358,3 @@ def test_bad_drafts_are_refused(engine, chat_prompts):
 
     with pytest.raises(EngineStepError, match="outside"):
         engine.generate(chat_prompts[:2], sampling=GREEDY, drafter=Garbage(), policy=FixedBudget(2), max_new_tokens=4)
-
-
-# ---------------------------------------------------------------- calibration and bench helpers
-def test_calibration_fits_a_latency_model(engine):
-    from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
-
-    grid = CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)
-    samples = calibrate(engine, grid)
-    # 8 grid shapes + for each (batch 4, 4 tokens) shape one row drafting beside plain ones and the plain
-    # forward of the same token count (7 rows)
-    assert len(samples) == 12 and all(s["seconds"] > 0 for s in samples)
-    assert sorted((s["n_tokens"], s["kv_tokens"]) for s in samples if s["batch"] == 7) == [(7, 112), (7, 448)]
-    assert {(s["n_tokens"], s["kv_tokens"]) for s in samples} >= {(1, 16), (16, 256)}
-    lone = [(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) for s in samples if s.get("drafting_rows") == 1]
-    assert lone == [(7, 64, 16), (7, 256, 64)]
-    model, err = fit_latency(samples)
-    assert model.c_base > 0 and np.isfinite(err)
-
-
-def test_goal_lines():
-    from dasrl_lab.bench.engine_cli import goals
-
-    rows = [{"drafter": d, "wall_s": w} for d, w in
-            [("none", 10.0), ("global", 8.0), ("das", 4.0), ("oracle", 2.5), ("hf_generate", 12.0)]]
-    text = "\n".join(goals(rows))
-    assert "0.40" in text and "2.00x" in text and "80%" in text and "1.20x" in text  # saved: 6 s of 7.5 s

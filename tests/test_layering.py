@@ -1,9 +1,11 @@
-"""One library, one lab (../shared/DESIGN.md "Layout").
+"""One library, one lab (docs/architecture.md, "One library, one lab").
 
 The library's floors: drafter -> policy -> engine -> rollout -> integrations. No library module imports one on
 a higher floor (lazy imports inside functions included), no two modules import each other, and nothing in
 the library imports the lab. The lab (dasrl_lab/, and scripts/) reaches the library through its public names
-only: the `__all__` of the public modules below. `import dasrl` pulls neither the lab nor its extras."""
+only: the `__all__` of the public modules below. `import dasrl` pulls neither the lab nor its extras. The
+library's tests (tests/, tests/support/) import no lab module: the lab's are in tests/lab/, and `make test-lib`
+runs the library's with the lab unimportable."""
 
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ PUBLIC = ("dasrl", "dasrl.atomic", "dasrl.models", "dasrl.drafter", "dasrl.polic
           "dasrl.integrations.verl.router")
 """The library's public modules: their `__all__` is the public API."""
 MAX_PUBLIC_NAMES = 150
+TESTS = REPO / "tests"
+LAB_DRIVEN = {"test_vllm.py": "DAS in a real vLLM, driven through the lab's `dasrl bench vllm` harness; it runs only "
+                              "in `make test-vllm`, whose file list names it here"}
+"""Library test files that still import the lab, and why."""
 
 
 def _module(path: Path) -> str:
@@ -115,3 +121,33 @@ def test_import_dasrl_pulls_neither_the_lab_nor_its_extras():
             "{'matplotlib', 'rich', 'typer', 'dasrl_lab', 'vllm', 'ray', 'trl'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in `path`, at any depth (code in strings is not read)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            out.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return out
+
+
+def _imports_lab(path: Path) -> list[str]:
+    return [f"{path.relative_to(REPO)}:{line}" for line, m in _absolute_imports(path) if m.split(".")[0] == "dasrl_lab"]
+
+
+def test_the_librarys_tests_import_no_lab_module():
+    files = [p for p in sorted(TESTS.glob("*.py")) + sorted((TESTS / "support").glob("*.py"))
+             if p.name not in LAB_DRIVEN]
+    bad = [line for p in files for line in _imports_lab(p)]
+    assert not bad, "library tests importing the lab (move the test to tests/lab/): " + "; ".join(bad)
+    assert all((TESTS / name).is_file() and _imports_lab(TESTS / name) for name in LAB_DRIVEN), \
+        "a file in LAB_DRIVEN no longer imports the lab (or is gone): take it off the list"
+
+
+def test_the_lab_imports_no_test_module():
+    bad = [f"{path.relative_to(REPO)}:{line} imports {m}" for path in [p for d in LAB for p in d.rglob("*.py")]
+           for line, m in _absolute_imports(path) if m.split(".")[0] in {"tests", "support", "conftest"}]
+    assert not bad, "; ".join(bad)

@@ -10,7 +10,6 @@ from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.allowance import ForwardAllowance
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy import DASPolicy
-from dasrl_lab.policies import AcceptancePrior, AcceptanceStats
 from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
@@ -70,13 +69,7 @@ def test_pooled_statistics_equal_a_direct_computation_under_eviction(seed):
             assert np.allclose(lc.probabilities(pid, g), want / want.sum())
 
 
-def test_acceptance_and_allowance_keep_the_most_recent_problems():
-    acc = AcceptanceStats(AcceptancePrior(max_problems=2))
-    for pid in range(5):
-        acc.record(pid, length=10, drafted=4, accepted=2)
-    assert [p for p, _ in acc.state_dict()["problems"]] == [3, 4]
-    assert acc.estimate(0) == (AcceptancePrior().k, AcceptancePrior().alpha)  # forgotten: the prior
-
+def test_allowance_keeps_the_most_recent_problems():
     allowance = ForwardAllowance(FixedBudget(4), 16, acceptance=AcceptanceRate(max_problems=2))
     for pid in range(5):
         allowance.finish(state(("r", pid), pid))
@@ -111,7 +104,5 @@ def test_abort_forgets_a_request_and_its_id_may_finish_later():
 def test_max_problems_is_validated():
     with pytest.raises(ValueError, match="max_problems"):
         LengthConfig(max_problems=0)
-    with pytest.raises(ValueError, match="max_problems"):
-        AcceptancePrior(max_problems=0)
     with pytest.raises(ValueError, match="max_problems"):
         AcceptanceRate(max_problems=0)

@@ -5,20 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasrl.drafter.base import Draft, DrafterBase
+from dasrl.drafter.base import Draft
 from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase, RequestState
 from dasrl.policy.propose import propose
-
-
-class Fixed(DrafterBase):
-    """A drafter that proposes a fixed chain per request, ignoring its budget (the path must cap it)."""
-
-    def __init__(self, chains: dict) -> None:
-        self.chains, self.budgets = chains, []
-
-    def propose(self, req_ids, budgets):
-        self.budgets.append(list(budgets))
-        return [Draft.chain(self.chains[r]) for r in req_ids]
+from support.drafters import Fixed
 
 
 class PerRow(PolicyBase):
@@ -72,23 +62,6 @@ def test_bad_values_are_named():
         propose(d, FixedBudget(1), states(2), [0], room=[5, 5])
 
 
-def test_simulator_and_engine_share_the_path():
-    import inspect
-
-    from dasrl.engine.engine import SpecEngine
-    from dasrl_lab.sim.simulator import Simulator
-
-    for fn in (SpecEngine._propose, Simulator._drafts):
-        assert "propose(" in inspect.getsource(fn) and "budgets(" not in inspect.getsource(fn)
-    drafter = Fixed({0: [1, 2, 3]})
-    sim = Simulator(drafter=drafter, policy="fixed", policy_kw={"k": 8})
-    st = states(1)
-    assert [len(x) for x in sim._drafts(drafter, [0], st, max_new=4)] == [0]  # the prefill drafts nothing
-    st[0].generated = 1
-    drafts = sim._drafts(drafter, [0], st, max_new=4)  # room = 4 - 1 generated - 1 pending = 2
-    assert [np.asarray(x.tokens).tolist() for x in drafts] == [[1, 2]]
-
-
 def test_a_draft_prefix_by_hand():
     # A tree in best-first order: 5 <- root, 6 <- 5, 7 <- root, 8 <- 6. Its first three nodes are a tree.
     d = Draft(np.array([5, 6, 7, 8], np.int32), np.array([-1, 0, -1, 1], np.int32), np.array([.9, .8, .1, .7]), 3)
@@ -101,7 +74,7 @@ def test_drafter_base_derives_the_batch_calls_from_the_per_request_ones():
     """A drafter with only propose/observe (NGramDrafter) gets propose_flat / observe_batch from DrafterBase:
     the flat batch holds exactly its Drafts, and observe_batch is observe per request."""
     from dasrl.drafter.base import Drafter, DraftBatch
-    from dasrl_lab.drafters.baselines import NGramDrafter
+    from dasrl.drafter import NGramDrafter
 
     a, b = NGramDrafter(), NGramDrafter()
     assert isinstance(a, Drafter)

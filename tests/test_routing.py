@@ -1,5 +1,5 @@
-"""Routing problems to rollout workers: hand-worked assignments, and the simulated makespan over many
-workers (deterministic: the simulator prices forwards with a latency model, no clocks)."""
+"""Routing problems to rollout workers: hand-worked assignments (the simulated makespan over many workers is the
+lab's: tests/lab/test_sim.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ import pytest
 
 from dasrl.policy.latency import LatencyModel
 from dasrl.rollout.routing import Group, LengthAwareRouter, RandomRouter, RoundRobinRouter, groups_of, make_router
-from dasrl_lab.sim.simulator import SimConfig
-from dasrl_lab.sim.workers import simulate_routed
-from dasrl_lab.sim.workloads import generate, get_workload
 
 LAT = LatencyModel(c_base=0.02, c_tok=20e-6)
 
@@ -76,25 +73,3 @@ def test_bad_input_names_the_value():
         RoundRobinRouter().assign([Group(1, 1)], [])
     with pytest.raises(ValueError, match="appears twice"):
         RoundRobinRouter().assign([Group(1, 1), Group(1, 2)], [0])
-    with pytest.raises(ValueError, match="workers must be >= 1"):
-        simulate_routed([], workers=0, router="length")
-
-
-def test_simulated_length_routing_beats_round_robin_and_random():
-    """Throughput-bound forwards (the CPU latency model), predictable per-problem lengths, DAS drafting
-    on each worker: balancing predicted makespans while keeping problems home wins."""
-    from dasrl_lab.sim.workloads import CPU_LATENCY
-
-    from dasrl.drafter.store import StoreConfig
-
-    w = get_workload("skewed")
-    responses = generate(w.config.scaled(0.25))
-    # Per-problem history only: what keeping problems home is worth. With the cross-problem source on, this
-    # synthetic workload's other problems' texts draft mostly rejected tokens under the simulator's unpriced
-    # das policy and every router slows (length 572 -> 898, round robin 603 -> 803: issue 35 note).
-    cfg = SimConfig(latency=CPU_LATENCY, warmup=1, store=StoreConfig(cross_problem=False))
-    res = {name: simulate_routed(responses, workers=4, router=name, config=cfg)
-           for name in ("length", "round_robin", "random")}
-    assert res["length"].makespan < res["round_robin"].makespan < res["random"].makespan
-    # every request ran exactly once per step on some worker
-    assert all(sum(s.worker_rows) == w.config.problems * w.config.samples for s in res["length"].steps)

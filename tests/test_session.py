@@ -54,7 +54,7 @@ def test_bad_input(smollm):
 def test_drafter_override_and_record(smollm, chat_prompts):
     """A session with another drafter (n-gram) stays exact; record() + end_step() gives a session the
     history of a step it did not generate, so it drafts from it on the next step."""
-    from dasrl_lab.drafters.baselines import NGramDrafter
+    from dasrl.drafter import NGramDrafter
 
     model, tok = smollm
     prompts = [chat_prompts[0]] * 2 + [chat_prompts[6]] * 2

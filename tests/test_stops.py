@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dasrl_lab.drafters.baselines import OracleDrafter  # noqa: E402
+from dasrl.drafter import OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.stops import LineStop  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402

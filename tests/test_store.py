@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import Drafter, DraftParams, problem_key
-from dasrl_lab.drafters.reference import ReferenceIndex, best_of
+from support.reference import ReferenceIndex, best_of
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 PROMPT_A, PROMPT_B = [1, 2, 3], [7, 8, 9]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import MAX_DRAFT
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
+from dasrl.drafter import NGramDrafter, OracleDrafter
 from dasrl.drafter.counting import CountingDrafter, counting_draft
 from dasrl.drafter.store import MIN_STEP_WEIGHT, DraftStore, StoreConfig
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dasrl.drafter.base import DraftParams
-from dasrl_lab.drafters.reference import ReferenceIndex
+from support.reference import ReferenceIndex
 from dasrl.drafter.suffix import SuffixIndex, extend_batch, propose_batch, propose_flat
 
 # Dyadic weights keep every weighted sum exact, so ties rank the same in both implementations.
@@ -245,7 +245,7 @@ def test_bad_ids_and_budgets():
 def test_bounds_are_shared_with_the_core():
     from dasrl import _core
     from dasrl.drafter import base
-    from dasrl_lab.drafters import reference
+    from support import reference
     assert (_core.MAX_OCCURRENCES, _core.MAX_DRAFT, _core.ORDER) == (
         reference.MAX_OCCURRENCES, base.MAX_DRAFT, reference.ORDER)
 
@@ -256,7 +256,7 @@ def test_matches_consider_the_newest_occurrences_only_even_after_compaction(monk
     the chains in indexing order). The native index drafts exactly what the reference drafts with its
     candidates bounded to the MAX_OCCURRENCES newest, and for some contexts not what an unbounded
     reference drafts: the bound is real, and the same in both."""
-    from dasrl_lab.drafters import reference
+    from support import reference
     rng = np.random.default_rng(26)
     native, ref = SuffixIndex(), ReferenceIndex()
     for sid in range(300):
@@ -289,7 +289,7 @@ def test_matches_consider_the_newest_occurrences_only_even_after_compaction(monk
 def test_a_looping_request_walks_a_bounded_number_of_occurrences():
     """200k tokens of one token in the request's own live sequence: the draft is the one the bounded
     reference gives, i.e. from the MAX_OCCURRENCES newest occurrences (the 200k-long walk is gone)."""
-    from dasrl_lab.drafters import reference
+    from support import reference
     native, ref = SuffixIndex(), ReferenceIndex()
     loop = [7] * 200_000
     native.add(0, [3, 4, 5, 7, 7, 7, 7, 8] * 3)
@@ -329,7 +329,7 @@ def test_sources_draft_the_reference_best_of(own, others, stream, chunks, budget
     them growing a live sequence too when live_source) drafts what the reference's best_of gives over each
     source's own draft, as the context grows; the best continuation is the reference's largest over the
     sources."""
-    from dasrl_lab.drafters.reference import best_of
+    from support.reference import best_of
     from dasrl.drafter.suffix import best_continuation_batch
 
     def build(seqs):
@@ -409,6 +409,6 @@ def test_a_source_wins_on_score_and_ties_go_to_the_first():
 
 def test_score_tie_is_shared_with_the_core():
     from dasrl import _core
-    from dasrl_lab.drafters import reference
+    from support import reference
 
     assert _core.SCORE_TIE == reference.SCORE_TIE

@@ -12,7 +12,7 @@ Three parts, each written to the JSON as soon as it is done (a timeout keeps wha
 (c) the simulator's paper-math what-if (scaled to fit the time) priced with the measured 7B-shape
     latency model beside the assumed one (sim/workloads.PAPER_LATENCY).
 
-`tiny=True` shrinks every shape (the CPU test of this path: tests/test_gpu_check.py). Nothing here is a
+`tiny=True` shrinks every shape (the CPU test of this path: tests/lab/test_gpu_check.py). Nothing here is a
 hard-coded result: every number in the JSON is measured or simulated in the run that writes it.
 """
 
@@ -104,7 +104,7 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     import torch
 
     from dasrl.drafter import DraftParams
-    from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
+    from dasrl.drafter import NGramDrafter, OracleDrafter
     from dasrl.drafter import DraftStore, StoreConfig
     from dasrl.engine import EngineConfig, SpecEngine, default_threads
     from dasrl.engine import SamplingParams

@@ -9,7 +9,7 @@ packed into micro-batches under a token budget (little padding), the decoder run
 full-vocabulary head, and the head and log-softmax are applied only at the positions that predict a
 completion token, in chunks, with their gradient written out by hand (d log p / d logits = onehot -
 softmax). The gradient is that of the plain algorithm (full logits, log_softmax, gather) up to float
-rounding; tests/test_grpo.py checks this against it.
+rounding; tests/lab/test_grpo.py checks this against it.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""Drafters the lab compares against or checks with: the pure-Python reference (the native index's oracle),
-arctic-inference's suffix cache (vLLM's `suffix`), and the n-gram / static baselines."""
+"""Drafters the lab compares against: arctic-inference's suffix cache (vLLM's `suffix`). The n-gram and oracle
+baselines are the library's (`dasrl.drafter.NGramDrafter`, `OracleDrafter`); the pure-Python reference index,
+the native index's oracle, is the tests' (tests/support/reference.py)."""

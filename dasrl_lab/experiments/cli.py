@@ -116,7 +116,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         run: Path = typer.Argument(..., help="A collection run folder (collect-<key>), or the --out folder of "
                                              "`dasrl experiments` holding one."),
         latency: Optional[Path] = typer.Option(None, help="Latency model JSON from `dasrl calibrate` on this "
-                                                          "machine (default: the CPU default of DESIGN.md).",
+                                                          "machine (default: the CPU prior, dasrl.policy.CPU_LATENCY).",
                                                callback=input_file),
         fit_overhead: bool = typer.Option(True, "--fit-overhead/--no-overhead",
                                           help="Add the step overhead beside the forwards, fitted on the run's "

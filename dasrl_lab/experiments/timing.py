@@ -17,7 +17,7 @@ MAX_FIT_ERROR = 0.15
 
 def latency_model(ctx) -> tuple[LatencyModel, str]:
     """Experiment 6's fit (with the KV term) when it ran under this out folder and fits well; else the
-    CPU figures measured on this project's machine unloaded (DESIGN.md; dasrl_lab.sim.workloads.CPU_LATENCY)."""
+    CPU figures measured on this project's machine unloaded (dasrl.policy.CPU_LATENCY)."""
     f = ctx.options.out / "latency" / "latency.json"
     if f.exists():
         d = read_json(f, MAX_JSON_BYTES, follow_symlinks=True)

@@ -3,7 +3,7 @@ with the per-row work done on the flat draft batch: CHAMP-sized replays (million
 spend ~85 us per row-forward in Simulator.run_step's per-row numpy calls, a few here.
 
 It must give the same StepStats as Simulator(config=SimConfig(max_batch=0, batch_mode="static")).run_step
-(forwards, row-forwards, tokens, drafted, accepted and every forward shape): tests/test_whatif.py checks it
+(forwards, row-forwards, tokens, drafted, accepted and every forward shape): tests/lab/test_whatif.py checks it
 for every whatif method. Semantics copied from there: one prefill forward (prompt tokens, no draft), the
 engine's propose -> cap -> trim path, a tree draft followed by its matching child, finished rows
 swap-removed last first.

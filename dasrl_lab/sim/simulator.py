@@ -25,7 +25,7 @@ from dasrl.drafter import Draft, DraftBatch, Drafter, DraftStore, StoreConfig
 from dasrl.engine import accepted_counts, depths
 from dasrl.policy import BudgetPolicy, LatencyModel, RequestState, propose
 from dasrl.rollout import Response
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
+from dasrl.drafter import NGramDrafter, OracleDrafter
 from dasrl_lab.policies import make_lab_policy
 
 BATCH_MODES = ("static", "continuous")

@@ -42,7 +42,7 @@ class VLLMNGramDrafter(DrafterBase):
 
     Incremental: per request and n, the first start of every n-gram seen (an earliest occurrence never
     moves), so a proposal is max_n - min_n + 1 dictionary look-ups, not a scan of the context;
-    `earliest_longest_match` is the scan it must agree with (tests/test_whatif.py)."""
+    `earliest_longest_match` is the scan it must agree with (tests/lab/test_whatif.py)."""
 
     def __init__(self, min_n: int = VLLM_NGRAM[0], max_n: int = VLLM_NGRAM[1]) -> None:
         if not 1 <= min_n <= max_n:

@@ -105,7 +105,7 @@ class Workload:
 # Latency of the paper setting: the one 7B/H100 profile (dasrl.policy.GPU_LATENCY = sim/profiles.derive of
 # Qwen2.5-7B bf16 on an H100, from its datasheet; an assumption until a device measures it).
 PAPER_LATENCY = GPU_LATENCY
-# The CPU engine here (SmolLM2-135M fp32, DESIGN.md): ~50 ms per forward, ~2.5 ms per token, ~4 ms per 1k
+# The CPU engine here (SmolLM2-135M fp32): ~50 ms per forward, ~2.5 ms per token, ~4 ms per 1k
 # row-context tokens.
 
 WORKLOADS: dict[str, Workload] = {

@@ -1,7 +1,7 @@
 """Which vLLM the integration runs on: the releases with the V1 `custom_class` speculative method.
 
 vLLM 0.24 through 0.33 build a third-party proposer from `speculative_config={"method": "custom_class",
-"model": "pkg.mod.Class"}` (the V1 model runner's spec-decode path; read from the wheels, DESIGN.md). vLLM
+"model": "pkg.mod.Class"}` (the V1 model runner's spec-decode path; read from the wheels). vLLM
 0.34 removed `custom_class` and Model Runner V1: a config naming it fails inside vLLM with "Unknown
 speculative method 'custom_class'", which tells a user nothing about dasrl. So the integration checks the
 installed version (from the distribution's metadata: vLLM itself is not imported) and names the range.

@@ -1,7 +1,11 @@
-"""Baseline drafters behind the same protocol: n-gram prompt lookup and the oracle.
+"""Two baseline drafters behind the same protocol: n-gram prompt lookup and the oracle.
 
-The global suffix drafter (the ArcticInference / vLLM `suffix` behaviour) is `DraftStore(mode="global")`
-in store.py; `ArcticDrafter` in arctic.py wraps arctic-inference itself when it is installed.
+Reference points for a drafter, not replacements for DAS's: `NGramDrafter` drafts from the request's own prompt
+and output only (no history, no store), and `OracleDrafter`, told each request's true completion, drafts it
+exactly: the upper bound any drafter can reach (the engine's exactness tests draft with it, the lab's
+simulator and benches measure against both). Either goes where a drafter goes, e.g.
+`RolloutSession(..., drafter=NGramDrafter())`. The global suffix drafter (the ArcticInference / vLLM `suffix`
+behaviour) is `DraftStore(mode="global")`.
 """
 
 from __future__ import annotations
@@ -10,13 +14,13 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft, DrafterBase, check_budgets
+from dasrl.drafter.base import Draft, DrafterBase, check_budgets
 
 
 class NGramDrafter(DrafterBase):
-    """Prompt lookup, as vLLM's `ngram` method: match the last n tokens (n from max_n down to min_n)
-    against the request's own prompt and output, and propose what followed the most recent earlier
-    occurrence."""
+    """Prompt lookup in the manner of vLLM's `ngram` method: match the last n tokens (n from max_n down to
+    min_n) against the request's own prompt and output, and propose what followed the most recent earlier
+    occurrence (vLLM's follows the earliest)."""
 
     def __init__(self, *, min_n: int = 2, max_n: int = 5) -> None:
         if not 1 <= min_n <= max_n:

@@ -19,8 +19,9 @@ Semantics (the native index in src/core must agree draft for draft):
   and the draft with the highest score wins, score = the sum of its path probabilities (its expected
   accepted length); a later source must beat the best so far by a relative SCORE_TIE, ties go to the
   earlier source (`best_of`).
-* best continuation (the lab's oracle bound): the longest common prefix of a target and the tokens after
-  one of the match's occurrences (`best_continuation`).
+* best continuation (the oracle of the native `best_continuation_batch`, the bound the lab measures drafters
+  against): the longest common prefix of a target and the tokens after one of the match's occurrences
+  (`best_continuation`).
 """
 
 from __future__ import annotations

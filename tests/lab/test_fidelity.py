@@ -73,3 +73,15 @@ def test_tiny_fidelity_run_is_exact_with_the_race(smollm):
         assert {"sampler", "variant", "temperature", "tokens", "differing_tokens", "differing_sequences"} <= r.keys()
         assert r["requests"] == (2 if r["variant"] == "batch=1" else 3) and r["tokens"] > 0
         assert r["differing_tokens"] == 0 and r["first_diffs"] == [], r
+
+
+def test_fidelity_bench_batch_invariant_flag():
+    from typer.testing import CliRunner
+
+    from dasrl_lab.cli import app
+    from dasrl_lab.bench.fidelity import engine_config
+
+    assert engine_config(FidelityConfig(batch_invariant=True)).batch_invariant
+    assert not engine_config(FidelityConfig()).batch_invariant
+    result = CliRunner().invoke(app, ["bench", "fidelity", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--batch-invariant" in result.output

@@ -19,7 +19,7 @@ from dasrl_lab.sim import fastreplay, profiles, sources, whatif
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -511,3 +511,12 @@ def test_a_dead_worker_raises_instead_of_hanging():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == 3, done.stderr.decode(errors="replace")[-2000:]
+
+
+def test_the_gpu_prior_is_the_derived_7b_h100_profile():
+    """The library's GPU prior is rounded from the lab's assumed 7B/H100 profile."""
+    from dasrl.policy.latency import GPU_LATENCY
+
+    derived = profiles.derive("qwen2.5-7b", "h100").latency
+    for name in ("c_base", "c_tok", "c_other"):
+        assert getattr(GPU_LATENCY, name) == pytest.approx(getattr(derived, name), rel=0.01), name

@@ -1,0 +1,49 @@
+"""The vLLM bench's config and module layout, and `dasrl bench proposer` (none of them runs vLLM)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_bench_compares_without_per_request_seeds_by_default():
+    from dataclasses import asdict
+
+    from dasrl_lab.bench.vllm_bench import VLLMBenchConfig
+
+    cfg = VLLMBenchConfig(temperature=1.0)
+    assert cfg.seeded is False and asdict(cfg)["seeded"] is False  # what vllm_run reads
+    assert VLLMBenchConfig(temperature=1.0, seeded=True).seeded
+
+
+def test_bench_modules_import_one_way():
+    """vllm_bench.py (parent) imports vllm_run.py (child entry point); vllm_run.py imports nothing of vllm_bench."""
+    import ast
+    from pathlib import Path
+
+    import dasrl_lab.bench.vllm_run as child
+
+    tree = ast.parse(Path(child.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "dasrl_lab.bench.vllm_bench" not in imported, imported
+
+
+def test_the_proposer_bench_times_real_drafting(tmp_path):
+    """`dasrl bench proposer`'s workload: siblings re-sampling the last step's answers are drafted and
+    accepted under fixed k; bad batch sizes are refused by name."""
+    from typer.testing import CliRunner
+
+    from dasrl_lab.bench.proposer import ProposerBenchConfig, run_one
+    from dasrl_lab.cli import app
+
+    cfg = ProposerBenchConfig(batches=(8,), length=40)
+    fixed = run_one(cfg, 8, {"policy": "fixed", "max_spec_factor": 0.0})
+    assert 0 < fixed["accepted"] < fixed["drafted"] and fixed["steps_timed"] > 0 and fixed["host_ms_per_step"] > 0
+    with pytest.raises(ValueError, match=r"multiples of 4.*\(6,\)"):
+        ProposerBenchConfig(batches=(6,))
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["bench", "proposer", "--batches", "4", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [r["policy"] for r in json.loads(out.read_text())] == ["fixed", "das"]

@@ -29,7 +29,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter import Draft, DraftBatch
-from dasrl.policy import (POLICIES, ClassCaps, DASPolicy, HistoryPolicy, LatencyModel, PolicyBase, RequestState,
+from dasrl.policy import (GPU_LATENCY, POLICIES, ClassCaps, DASPolicy, HistoryPolicy, LatencyModel, PolicyBase, RequestState,
                           make_policy)
 
 # ----------------------------------------------------------------------------- closed form
@@ -211,7 +211,7 @@ class OptimalPolicy(HistoryPolicy):
     request (its problem's history conditioned on the length reached), (k_i, alpha_i) its problem's
     estimate, solve N_fwd, and give each request p_i*/N_fwd draft tokens per forward (at most `limit`)."""
 
-    def __init__(self, latency: LatencyModel = LatencyModel(0.02, 2e-5), *, limit: int = 32,
+    def __init__(self, latency: LatencyModel = GPU_LATENCY, *, limit: int = 32,
                  acceptance: AcceptanceStats | None = None, prior: AcceptancePrior = AcceptancePrior(), **kw) -> None:
         super().__init__(**kw)
         if limit < 0:

@@ -220,8 +220,8 @@ def test_a_save_killed_at_any_stage_leaves_a_loadable_save(saves, tmp_path, stag
         loader.load(folder)
     assert loader.step == step
     assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".sess.")]  # the killed save's leftovers
-    new.save(folder)  # a later save switches cleanly and removes them (the lock file stays: save's docstring)
-    assert sorted(q.name for q in tmp_path.iterdir()) == [".sess.lock", "sess"]
+    new.save(folder)  # a later save switches cleanly and removes them (and makes no lock file)
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["sess"]
     loader.load(folder)
     assert loader.step == 3
 
@@ -243,7 +243,7 @@ def test_a_full_disk_leaves_the_previous_save(tiny_llama, tmp_path):
         with pytest.raises(OSError) as e:
             big.save(folder)
         assert e.value.errno == 28  # ENOSPC
-        assert sorted(q.name for q in disk.iterdir()) == [".sess.lock", "sess"]  # nothing half-written left
+        assert sorted(q.name for q in disk.iterdir()) == ["sess"]  # nothing half-written left
         assert _loads(tiny_llama, folder) == 1
     finally:
         subprocess.run(["umount", str(disk)], check=True)
@@ -298,7 +298,7 @@ def test_two_processes_saving_one_folder_leave_a_loadable_save(tiny_llama, tmp_p
         codes = [os.waitpid(pid, 0)[1] for pid in pids]
         assert codes == [0, 0], f"round {rnd}: a save raised (exit statuses {codes})"
         assert _loads(tiny_llama, folder) in (1, 2)
-        assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(f".ck{rnd}.")) == [f".ck{rnd}.lock"]
+        assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(f".ck{rnd}.")) == []
 
 
 def test_a_load_waits_for_a_save_in_progress(tiny_llama, tmp_path):
@@ -310,8 +310,8 @@ def test_a_load_waits_for_a_save_in_progress(tiny_llama, tmp_path):
     _step(s)
     s.save(tmp_path / "ck")
     _step(s)
-    lock = os.open(tmp_path / ".ck.lock", os.O_RDWR)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # a save in progress: its lock held
+    lock = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a save in progress: its lock (on the parent folder) held
     os.rename(tmp_path / "ck", tmp_path / ".ck.old-000000000000")  # ... between its renames
     loader, done = _session(tiny_llama), []
     t = __import__("threading").Thread(target=lambda: done.append(loader.load(tmp_path / "ck")), daemon=True)

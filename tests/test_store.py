@@ -378,7 +378,10 @@ def test_close_frees_the_history_and_refuses_new_work():
         store.add_rollout("p", [1, 2, 3], [4, 5, 6, 4, 5, 6])
         store.end_step()
         assert store.num_tokens > 0
-    assert store.num_tokens == 0 and store.num_shards == 0
+    assert not store._shards  # freed
+    for counted in ("num_tokens", "num_shards"):  # a closed store answers nothing (it used to answer 0)
+        with pytest.raises(ValueError, match="closed"):
+            getattr(store, counted)
     with pytest.raises(ValueError, match="closed"):
         store.start("r", "p", [1, 2, 3])
     with pytest.raises(ValueError, match="closed"):

@@ -11,7 +11,7 @@ import numpy as np
 
 from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
 from dasrl_lab.experiments.base import REAL_FORWARDS, Context, Experiment, Outcome, pyplot, save_figure
-from dasrl.policy import LatencyModel
+from dasrl.policy import GPU_LATENCY, LatencyModel
 
 
 def run(ctx: Context) -> Outcome:
@@ -70,8 +70,8 @@ def run(ctx: Context) -> Outcome:
         f"the KV-read terms (c_other = {full.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
         f"{full.c_draft_kv * 1e6:.2f} µs per context token of the rows that draft) brings it to "
         f"{full_err:.1%} (max {full_rel.max():.0%}). The form holds; the ratio does not: on 2 CPU cores a token "
-        f"costs {linear.c_tok / max(linear.c_base, 1e-12):.1%} of a forward's base (the simulator's assumed "
-        f"7B-on-GPU model: 0.1%), so draft tokens are far from free here and the per-forward allowance keeps drafts to the "
+        f"costs {linear.c_tok / max(linear.c_base, 1e-12):.1%} of a forward's base (the assumed 7B/H100 profile, "
+        f"dasrl.policy.GPU_LATENCY: {GPU_LATENCY.c_tok / GPU_LATENCY.c_base:.1%}), so draft tokens are far from free here and the per-forward allowance keeps drafts to the "
         f"collapsed tail.")
     return Outcome(summary={"c_base_ms": round(linear.c_base * 1e3, 2), "c_tok_ms": round(linear.c_tok * 1e3, 4),
                             "linear_rel_error": round(lin_err, 4), "kv_fit_rel_error": round(full_err, 4)},

@@ -27,9 +27,11 @@ def latency_model(ctx) -> tuple[LatencyModel, str]:
         note = f"experiment 6's fit missed by {err:.0%} on the loaded machine, so "
     else:
         note = "experiment 6 not run, so "
-    return CPU_LATENCY, (note + "the CPU default (dasrl.policy.latency.CPU_LATENCY, one thread): 73 ms + 3.9 "
-                         "ms/token + 10 µs per row-context token + 13 µs per drafting-row context token + 26 ms "
-                         "per forward with a drafting row")
+    c = CPU_LATENCY
+    return c, (note + f"the CPU default (dasrl.policy.latency.CPU_LATENCY, one thread): {c.c_base * 1e3:.0f} ms + "
+                      f"{c.c_tok * 1e3:.1f} ms/token + {c.c_other * 1e6:.0f} µs per row-context token + "
+                      f"{c.c_draft_kv * 1e6:.0f} µs per drafting-row context token + {c.c_draft * 1e3:.1f} ms per "
+                      f"forward with a drafting row")
 
 
 def modeled_s(summary: dict, latency: LatencyModel) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 from dasrl.drafter import Draft, DraftBatch, Drafter, DraftStore, StoreConfig
 from dasrl.engine import accepted_counts, depths
-from dasrl.policy import BudgetPolicy, LatencyModel, RequestState, propose
+from dasrl.policy import GPU_LATENCY, BudgetPolicy, LatencyModel, RequestState, propose
 from dasrl.rollout import Response
 from dasrl.drafter import NGramDrafter, OracleDrafter
 from dasrl_lab.policies import make_lab_policy
@@ -35,8 +35,8 @@ BATCH_MODES = ("static", "continuous")
 class SimConfig:
     """How the replay batches requests and prices forwards."""
 
-    latency: LatencyModel = LatencyModel(0.020, 20e-6)
-    """Forward cost model (seconds)."""
+    latency: LatencyModel = GPU_LATENCY
+    """Forward cost model (seconds); default: the library's GPU prior, the assumed Qwen2.5-7B / H100 profile."""
     batch_mode: str = "static"
     """static: waves of max_batch until the wave's last request ends; continuous: refill freed rows."""
     max_batch: int = 0

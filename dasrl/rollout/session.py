@@ -42,6 +42,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Protocol, Sequence, runtime_checkable
 
+from dasrl._extras import require
+
+require("engine", "dasrl.rollout.session (RolloutSession)")
+
 from dasrl.atomic import MAX_JSON_BYTES, fsync_dir, open_regular, read_json, write_json
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting

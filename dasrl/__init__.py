@@ -12,12 +12,15 @@ dasrl.policy, dasrl.engine, dasrl.rollout, dasrl.models, dasrl.atomic, dasrl.int
 
 The names below load on first use (PEP 562): `import dasrl.drafter` (the index alone, as a vLLM worker or a
 store-only tool needs it) does not pay for torch and transformers, which the engine and the session import.
+`pip install dasrl` brings numpy and the C++ core only (the drafter, the policy, the vLLM proposer, the VeRL
+router); a name that needs an extra not installed raises ImportError naming it (`pip install 'dasrl[engine]'`).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from dasrl._extras import lazy_exports as _lazy_exports
 
 __version__ = "0.1.0"
 
@@ -43,15 +46,4 @@ if TYPE_CHECKING:
     from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
 
 
-def __getattr__(name: str):
-    try:
-        module = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'dasrl' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports("dasrl", _EXPORTS)

@@ -20,6 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dasrl._extras import require
+
+require("engine", "dasrl.models")
+
 import torch
 
 __all__ = ["EMBEDDED", "cache_dir", "gguf_path", "convert_gguf_folder", "ensure_hf_folder", "resolve_source",
@@ -60,6 +64,7 @@ def _folder_complete(folder: Path) -> bool:
 
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantise a GGUF into a plain fp32 HF folder at dest (which must not exist yet)."""
+    require("models", "dequantising a GGUF (the embedded model)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)

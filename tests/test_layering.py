@@ -3,7 +3,9 @@
 The library's floors: drafter -> policy -> engine -> rollout -> integrations. No library module imports one on
 a higher floor (lazy imports inside functions included), no two modules import each other, and nothing in
 the library imports the lab. The lab (dasrl_lab/, and scripts/) reaches the library through its public names
-only: the `__all__` of the public modules below. `import dasrl` pulls neither the lab nor its extras. The
+only: the `__all__` of the public modules below. `import dasrl` pulls neither the lab nor its extras, and the
+core install's paths (drafter, policy, vLLM proposer, VeRL router, routing) run without torch, transformers
+and pyarrow (pyproject.toml: they are extras); tests/test_install.py checks the same in a real install. The
 library's tests (tests/, tests/support/) import no lab module: the lab's are in tests/lab/, and `make test-lib`
 runs the library's with the lab unimportable."""
 
@@ -19,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "dasrl"
 LAB = [REPO / "dasrl_lab", REPO / "scripts"]
 FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "integrations": 4}
-UTILITIES = {"dasrl", "dasrl._core", "dasrl.atomic", "dasrl.models"}
+UTILITIES = {"dasrl", "dasrl._core", "dasrl._extras", "dasrl.atomic", "dasrl.models"}
 """Top-level modules every floor may use (they import no floor themselves; `dasrl` re-exports the API)."""
 PUBLIC = ("dasrl", "dasrl.atomic", "dasrl.models", "dasrl.drafter", "dasrl.policy", "dasrl.engine", "dasrl.rollout",
           "dasrl.integrations.trl", "dasrl.integrations.ray", "dasrl.integrations.vllm", "dasrl.integrations.verl",
@@ -151,3 +153,57 @@ def test_the_lab_imports_no_test_module():
     bad = [f"{path.relative_to(REPO)}:{line} imports {m}" for path in [p for d in LAB for p in d.rglob("*.py")]
            for line, m in _absolute_imports(path) if m.split(".")[0] in {"tests", "support", "conftest"}]
     assert not bad, "; ".join(bad)
+
+
+CORE_IMPORTS = ("dasrl", "dasrl.drafter", "dasrl.policy", "dasrl.integrations.vllm", "dasrl.integrations.vllm.proposer",
+                "dasrl.integrations.vllm.tracker", "dasrl.integrations.verl", "dasrl.integrations.verl.router",
+                "dasrl.rollout.routing")
+"""What `pip install dasrl` (numpy and the C++ core, no extra) must import."""
+EXTRAS_MODULES = ("torch", "transformers", "pyarrow")
+
+_BLOCK = f"""
+import sys, types
+for m in {EXTRAS_MODULES!r}:
+    sys.modules[m] = None  # as if not installed: importing it raises ModuleNotFoundError
+# VeRL's router module imports torch and transformers itself (VeRL brings them); a stand-in shows that
+# dasrl's router needs neither.
+for name in ("verl", "verl.workers", "verl.workers.rollout", "verl.workers.rollout.router"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["verl.workers.rollout.router"].DEFAULT_ROUTING_CACHE_SIZE = 16
+sys.modules["verl.workers.rollout.router"].GlobalRequestLoadBalancer = type("GlobalRequestLoadBalancer", (), {{}})
+"""
+
+
+def _run_blocked(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _BLOCK + code], capture_output=True, text=True, timeout=300)
+
+
+def test_the_core_install_imports_without_torch_transformers_pyarrow():
+    code = (f"import importlib\nfor m in {CORE_IMPORTS!r}: importlib.import_module(m)\n"
+            "import dasrl.drafter as d, dasrl.policy as p, dasrl.rollout as r\n"
+            "d.DraftStore(d.StoreConfig()); p.make_policy('das'); r.make_router\n"
+            f"print(sorted(m for m in {EXTRAS_MODULES!r} if sys.modules.get(m) is not None))")
+    out = _run_blocked(code)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_path_that_needs_a_missing_extra_names_it():
+    cases = {"from dasrl import RolloutSession": "engine", "from dasrl import SpecEngine": "engine",
+             "from dasrl.rollout import SessionConfig": "engine", "import dasrl.rollout.session": "engine",
+             "from dasrl import load_model": "engine", "import dasrl.integrations.trl": "engine",
+             "import dasrl.integrations.ray": "engine", "from dasrl import read_trace": "trace"}
+    code = (f"for stmt in {list(cases)!r}:\n"
+            "    try:\n        exec(stmt)\n    except ImportError as e:\n        print(stmt, '|', e)\n"
+            "    else:\n        print(stmt, '| imported')\n")
+    out = _run_blocked(code)
+    got = dict(line.split(" | ", 1) for line in out.stdout.splitlines())
+    assert set(got) == set(cases), out.stdout + out.stderr
+    for stmt, extra in cases.items():
+        assert f"pip install 'dasrl[{extra}]'" in got[stmt], (stmt, got[stmt])
+
+
+def test_the_dasrl_command_without_the_lab_says_which_extra_and_exits_2():
+    code = "sys.modules['typer'] = None\nfrom dasrl_lab.__main__ import main\nmain()\n"
+    out = _run_blocked(code)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == ["the dasrl command is the lab: pip install 'dasrl[lab]' (missing: typer)"]

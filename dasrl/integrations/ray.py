@@ -31,6 +31,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
+from dasrl._extras import require
+
+require("engine", "dasrl.integrations.ray")
+
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
 from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams

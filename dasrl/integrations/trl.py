@@ -29,6 +29,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dasrl._extras import require
+
+require("engine", "dasrl.integrations.trl")
+
 from dasrl.engine.sampling import SamplingParams
 from dasrl.rollout.session import RolloutSession, SessionConfig
 

@@ -1,11 +1,31 @@
-"""The RL-facing side: rollout sessions, traces, load balancing."""
+"""The RL-facing side: rollout sessions, traces, load balancing.
 
-from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import (Rollout, RolloutSession, Session, SessionConfig, StepSummary, history_drafter,
-                                   speculation_policy)
-from dasrl.rollout.trace import (FORMAT, Response, Trace, TraceError, TraceWriter, read_parquet, read_trace,
-                                 summarize, write_trace)
+Names load on first use (PEP 562): `dasrl.rollout.routing` needs numpy only (the VeRL router and a vLLM
+deployment import it), the session needs `dasrl[engine]` (torch, transformers), traces `dasrl[trace]`
+(pyarrow); a name whose extra is not installed raises ImportError naming it.
+"""
 
-__all__ = ["ROUTERS", "groups_of", "make_router", "Rollout", "RolloutSession", "Session", "SessionConfig", "StepSummary",
-           "history_drafter", "speculation_policy", "FORMAT", "Response", "Trace", "TraceError", "TraceWriter",
-           "read_parquet", "read_trace", "summarize", "write_trace"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dasrl._extras import lazy_exports as _lazy_exports
+
+_ROUTING = ["ROUTERS", "groups_of", "make_router"]
+_SESSION = ["Rollout", "RolloutSession", "Session", "SessionConfig", "StepSummary", "history_drafter",
+            "speculation_policy"]
+_TRACE = ["FORMAT", "Response", "Trace", "TraceError", "TraceWriter", "read_parquet", "read_trace", "summarize",
+          "write_trace"]
+_EXPORTS = {**dict.fromkeys(_ROUTING, "dasrl.rollout.routing"), **dict.fromkeys(_SESSION, "dasrl.rollout.session"),
+            **dict.fromkeys(_TRACE, "dasrl.rollout.trace")}
+
+__all__ = [*_ROUTING, *_SESSION, *_TRACE]
+
+if TYPE_CHECKING:
+    from dasrl.rollout.routing import ROUTERS, groups_of, make_router
+    from dasrl.rollout.session import (Rollout, RolloutSession, Session, SessionConfig, StepSummary,
+                                       history_drafter, speculation_policy)
+    from dasrl.rollout.trace import (FORMAT, Response, Trace, TraceError, TraceWriter, read_parquet, read_trace,
+                                     summarize, write_trace)
+
+__getattr__, __dir__ = _lazy_exports("dasrl.rollout", _EXPORTS)

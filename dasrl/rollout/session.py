@@ -42,7 +42,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Hashable, Protocol, Sequence, runtime_checkable
 
-import torch
+from dasrl._extras import require
+
+require("engine", "dasrl.rollout.session (RolloutSession)")
+
+import torch  # noqa: E402
 
 from dasrl.atomic import MAX_JSON_BYTES, folder_lock, fsync_dir, open_regular, read_json, write_json
 from dasrl.drafter.base import Drafter, problem_key

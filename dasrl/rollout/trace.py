@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from dasrl._extras import require
+
+require("trace", "dasrl.rollout.trace")
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -33,8 +33,10 @@ there the recovered-token repair is left out, said once).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
                            replace_from: float = 0, replace_to: float = 0) -> torch.Tensor:
     """vLLM's expand_batch_to_tokens in torch, for any dtype: request r's value (`replace_to` where it
     equals `replace_from`) repeated over its tokens cu[r-1]:cu[r]; [batch] -> [num_tokens]."""
+    import torch  # here, not at module level: the proposer imports this module where vLLM may be absent
+
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
     values = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)  # [batch]
     out = x.new_zeros(num_tokens)  # [num_tokens]
@@ -69,6 +73,7 @@ KERNEL_PARAMS = ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "
 def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
                             target_probs, sampling_metadata, device, use_fp64_gumbel=False) -> torch.Tensor:
     """vLLM's sample_recovered_tokens with the Exp(1) noise drawn only for rows that have drafts."""
+    import torch
     from vllm.v1.sample import rejection_sampler
 
     batch, vocab = len(num_draft_tokens), target_probs.shape[-1]
@@ -93,6 +98,7 @@ def expand_is_broken() -> bool:
     all (CPU tensors: call it only on vLLM's CPU platform). It cannot run in a process where vLLM's CPU
     kernels were never registered (a proposer built outside a worker: the Triton launcher raises
     TypeError "Cannot inspect kernel parameters"); the torch version serves there as well."""
+    import torch
     from vllm.v1.sample import rejection_sampler
 
     x = torch.tensor([0.6, 1.0], dtype=torch.float32)  # [batch]

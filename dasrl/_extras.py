@@ -1,0 +1,74 @@
+"""The extras of `pip install dasrl[...]`, as the library's import paths need them.
+
+`pip install dasrl` brings numpy and the C++ core: the drafter, the policy, the vLLM proposer and tracker,
+the VeRL router and routing run on that. The engine and the rollout session need `dasrl[engine]` (torch,
+transformers), traces `dasrl[trace]` (pyarrow), the embedded GGUF model `dasrl[models]`. A path that needs
+an extra which is not installed raises ImportError naming the extra, not a bare "No module named 'torch'".
+This module imports nothing of the library (every floor may use it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Callable
+
+EXTRA_MODULES = {
+    "engine": ("torch", "transformers"),
+    "trace": ("pyarrow",),
+    "models": ("gguf", "accelerate", "safetensors"),
+    "trl": ("trl",),
+    "ray": ("ray",),
+    "vllm": ("vllm",),
+}
+"""Each extra -> the top-level modules it brings that the library imports."""
+
+EXTRA_OF = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
+
+
+class MissingExtra(ImportError):
+    """A dasrl path needs an extra that is not installed (`name` is the missing module)."""
+
+
+def _error(what: str, module: str) -> MissingExtra:
+    extra = EXTRA_OF[module]
+    return MissingExtra(f"{what} needs {module}, which is not installed: pip install 'dasrl[{extra}]'", name=module)
+
+
+def require(extra: str, what: str) -> None:
+    """Raise MissingExtra if a module of `extra` is not installed (found without being imported)."""
+    for module in EXTRA_MODULES[extra]:
+        if sys.modules.get(module) is None and importlib.util.find_spec(module) is None:
+            raise _error(what, module)
+
+
+def import_module(name: str, what: str) -> ModuleType:
+    """importlib.import_module(name); a missing module that an extra brings raises MissingExtra naming it."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top in EXTRA_OF:
+            raise _error(what, top) from e
+        raise
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """PEP 562 `__getattr__` and `__dir__` for a package whose names (name -> module) load on first use, so
+    importing the package (or a numpy-only submodule) does not import what its other modules need."""
+
+    def __getattr__(name: str) -> object:
+        try:
+            module = exports[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = getattr(import_module(module, f"{package}.{name}"), name)
+        setattr(sys.modules[package], name, value)  # loaded once
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(exports))
+
+    return __getattr__, __dir__

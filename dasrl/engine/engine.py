@@ -247,10 +247,10 @@ class SpecEngine:
                  on_step: Callable[[StepInfo], None] | None = None) -> list[Completion]:
         """Generate a completion per prompt, from the model's weights as they are at this call. All input is
         validated before any work starts."""
-        self.bind()
         if drafter is not None and not isinstance(drafter, Drafter):
             raise TypeError(f"drafter {type(drafter).__name__} lacks the Drafter protocol's methods "
                             f"(dasrl.drafter.base.Drafter; DrafterBase supplies the batch calls)")
+        self.bind()
         stops = set(stop_token_ids or ()) | (set() if ignore_eos else set(self.eos_ids))
         job = validate_job(prompts=prompts, seeds=seeds, sampling=sampling, max_new_tokens=max_new_tokens,
                            stop_ids=stops, stop_strings=stop_strings, req_ids=req_ids,

@@ -35,6 +35,7 @@ import torch
 from dasrl.drafter.base import DraftBatch, Drafter, problem_key
 from dasrl.engine.attention import attention_implementation, register
 from dasrl.engine.cache import RowCache
+from dasrl.engine.compat import CacheKeywordMissing, cache_keyword
 from dasrl.engine.gemm import (HEAD_PADDING, INVARIANT_PADDING, NO_PADDING, LinearKernels, RowPadding, onednn_available,
                                padded, padded_linears)
 from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
@@ -198,6 +199,12 @@ class SpecEngine:
         reason = unsupported_reason(model)
         if reason is not None:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
+        try:
+            cache_kw = cache_keyword(self.decoder)
+        except CacheKeywordMissing as e:
+            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {e}") from e
+        self._cache_kw = cache_kw
+        """The decoder forward's KV cache keyword (its name differs by transformers release: compat.py)."""
         self.attn_name = register()
         cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
         self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant and cpu_fp32 \
@@ -418,7 +425,8 @@ class SpecEngine:
         device = self.lm_head.weight.device
         inputs = inputs.to(device)  # the model's device (itself on CPU)
         return self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK.to(device), position_ids=inputs.positions,
-                            cache=cache, use_cache=True, dasrl_packed=inputs.layout).last_hidden_state[0]  # [N, H]
+                            use_cache=True, dasrl_packed=inputs.layout,
+                            **{self._cache_kw: cache}).last_hidden_state[0]  # [N, H]
 
     def _forward(self, cache: RowCache, inputs: PackedInputs, at: np.ndarray | None = None) -> torch.Tensor:
         """Decoder over the packed tokens [1, N]; lm_head at packed indices `at` (default: all): [M, V]."""

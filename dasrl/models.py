@@ -87,7 +87,7 @@ def _encodings(tokenizer) -> tuple[list[int], list[int]]:
 
 
 def _check_tokenizer_round_trip(tokenizer, dest: Path) -> None:
-    """The tokenizer saved at dest must encode as the one read from the GGUF. transformers < 5.9 (read: 5.5.3)
+    """The tokenizer saved at dest must encode as the one read from the GGUF. transformers 5.5.3 (not 5.8.0 on)
     names a Llama-architecture GGUF's tokenizer CodeLlamaTokenizer; SmolLM2's is a byte-level BPE, which that
     class rebuilds on reload with a sentencepiece pre-tokenizer (every space and newline -> unk). The generic
     fast class reads tokenizer.json as saved: it is named instead, then checked again."""

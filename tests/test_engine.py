@@ -71,17 +71,18 @@ def history(engine, chat_prompts):
     return [(c.prompt_ids, c.token_ids) for c in rolls]
 
 
-def perturb(tokens, every=5):
+def perturb(tokens, every=5, vocab=49152):
     """A continuation that is right most of the time and wrong every `every` tokens."""
-    return [(t + 1) % 49152 if i % every == every - 1 else t for i, t in enumerate(tokens)]
+    return [(t + 1) % vocab if i % every == every - 1 else t for i, t in enumerate(tokens)]
 
 
 class TreeOracle(DrafterBase):
     """Tree drafts whose first root child is always wrong and whose right path runs through second children,
     so the accepted path is never contiguous in the input (exercises the cache compaction)."""
 
-    def __init__(self, futures):
+    def __init__(self, futures, vocab=49152):
         self.future = {k: list(v) for k, v in futures.items()}
+        self.vocab = vocab
         self.pos = {}
         self.trees = 0
 
@@ -97,7 +98,7 @@ class TreeOracle(DrafterBase):
             for t in fut:
                 if len(toks) + 2 > b:
                     break
-                toks += [(t + 7) % 49152, t]
+                toks += [(t + 7) % self.vocab, t]
                 parents += [parent, parent]
                 parent = len(toks) - 1
             if not toks and b >= 1 and fut:
@@ -120,16 +121,17 @@ class TreeOracle(DrafterBase):
         pass
 
 
-def make_drafter(name, *, futures, history):
-    """A fresh drafter by name; futures = the true completions by request id (for the oracles)."""
+def make_drafter(name, *, futures, history, vocab=49152):
+    """A fresh drafter by name; futures = the true completions by request id (for the oracles); vocab: the
+    model's (the wrong tokens stay in it)."""
     if name == "ngram":
         return NGramDrafter()
     if name == "oracle":
         return OracleDrafter(futures)
     if name == "wrong-oracle":
-        return OracleDrafter({k: perturb(v) for k, v in futures.items()})
+        return OracleDrafter({k: perturb(v, vocab=vocab) for k, v in futures.items()})
     if name == "tree-oracle":
-        return TreeOracle(futures)
+        return TreeOracle(futures, vocab)
     from dasrl.drafter.store import DraftStore, StoreConfig
 
     mode, branching = {"das": ("problem+request", 1), "problem": ("problem", 1), "global": ("global", 1),
@@ -138,7 +140,7 @@ def make_drafter(name, *, futures, history):
     for prompt, resp in history:
         store.add_rollout(None, prompt, resp)
     for i, (prompt, resp) in enumerate(history[: len(history) // 2]):
-        store.add_rollout(None, prompt, perturb(resp, every=7))
+        store.add_rollout(None, prompt, perturb(resp, every=7, vocab=vocab))
     store.end_step()
     return store
 
@@ -202,6 +204,55 @@ def test_topk_speculative_is_exact(engine, chat_prompts, plain, history, name, b
     out = engine.generate(chat_prompts, sampling=TOPK, seeds=SEEDS[: len(chat_prompts)], drafter=drafter,
                           policy=FixedBudget(budget), max_new_tokens=NEW)
     assert tokens(out) == tokens(ref)
+
+
+# ---------------------------------------------------------------- the same ladder on tiny random llama and qwen2
+TINY_PROMPTS = [[5, 9, 14, 3, 77], [1, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [88], [7, 7, 7, 7]]
+V = 97
+"""The tiny models' vocabulary (conftest's tiny_llama and tiny_qwen2)."""
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request, tiny_llama, tiny_qwen2):
+    """(model, engine) for a small random model of each architecture the engine claims (issue 42: on every
+    supported transformers release, each architecture's own attention and cache code paths)."""
+    model = {"llama": tiny_llama, "qwen2": tiny_qwen2}[request.param]()
+    return model, SpecEngine(model, config=EngineConfig(num_threads=THREADS))
+
+
+def test_tiny_models_greedy_equals_hf_generate_and_speculation_is_exact(tiny):
+    model, engine = tiny
+    with torch.inference_mode():
+        hf = [model.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):].tolist()
+              for p in TINY_PROMPTS]
+    plain = engine.generate(TINY_PROMPTS, sampling=GREEDY, max_new_tokens=NEW, ignore_eos=True)
+    assert tokens(plain) == hf
+    futures = dict(enumerate(hf))
+    history = [(p, perturb(h, every=4, vocab=V)) for p, h in zip(TINY_PROMPTS, hf)]
+    for name, budget in [("ngram", 4), ("oracle", BIG), ("wrong-oracle", 4), ("tree-oracle", 5)] + \
+            ([("das-tree", BIG)] if HAS_STORE else []):
+        drafter = make_drafter(name, futures=futures, history=history, vocab=V)
+        out = engine.generate(TINY_PROMPTS, sampling=GREEDY, drafter=drafter, policy=FixedBudget(budget),
+                              max_new_tokens=NEW, ignore_eos=True)
+        assert tokens(out) == hf, name
+        assert sum(c.drafted for c in out) > 0, name
+
+
+@pytest.mark.parametrize("sampling", [NUCLEUS, TOPK, SamplingParams(temperature=1.0)], ids=["nucleus", "topk", "T=1"])
+def test_tiny_models_sampled_speculation_is_exact(tiny, sampling):
+    _, engine = tiny
+    seeds = list(range(7, 7 + len(TINY_PROMPTS)))
+    ref = engine.generate(TINY_PROMPTS, sampling=sampling, seeds=seeds, max_new_tokens=NEW, ignore_eos=True)
+    history = [(p, perturb(c.token_ids, every=4, vocab=V)) for p, c in zip(TINY_PROMPTS, ref)]
+    for name, budget in [("oracle", BIG), ("wrong-oracle", 4)] + ([("das", 4)] if HAS_STORE else []):
+        drafter = make_drafter(name, futures={i: c.token_ids for i, c in enumerate(ref)}, history=history, vocab=V)
+        out = engine.generate(TINY_PROMPTS, sampling=sampling, seeds=seeds, drafter=drafter, policy=FixedBudget(budget),
+                              max_new_tokens=NEW, ignore_eos=True)
+        assert tokens(out) == tokens(ref), name
+        assert sum(c.drafted for c in out) > 0, name
+        for a, b in zip(out, ref):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-4)
 
 
 def test_sampling_differs_by_seed_and_from_greedy(plain, engine, chat_prompts):

@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
 import dasrl.engine.attention as attention  # noqa: E402
+from dasrl.engine.compat import cache_keyword  # noqa: E402
 from dasrl.drafter.base import DrafterBase  # noqa: E402
 from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, EngineStepError, SpecEngine, UnsupportedModel  # noqa: E402
@@ -49,6 +50,21 @@ def test_llama_and_qwen2_pass_the_probe_and_decode_as_the_model_does():
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
         assert out[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_the_cache_keyword_is_the_one_the_decoder_forward_names(monkeypatch):
+    """transformers renamed the decoder's KV cache argument (past_key_values -> cache in 5.24); a name the
+    forward does not declare falls into **kwargs and reaches attention unused (issue 42, on 5.19). The engine
+    reads it from the forward's signature, and refuses a decoder that names neither."""
+    from packaging.version import Version
+
+    model = build(LlamaConfig, LlamaForCausalLM)
+    new = Version(transformers.__version__).release >= (5, 24)
+    assert cache_keyword(model.get_decoder()) == ("cache" if new else "past_key_values")
+    assert SpecEngine(model)._cache_kw == cache_keyword(model.get_decoder())
+    monkeypatch.setattr(model.model, "forward", lambda input_ids=None, attention_mask=None, **kwargs: None)
+    with pytest.raises(UnsupportedModel, match=r"model type 'llama'.*none of \['cache', 'past_key_values'\]"):
+        SpecEngine(model)
 
 
 @pytest.mark.parametrize("make", [

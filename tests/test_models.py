@@ -103,3 +103,30 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         models.ensure_hf_folder("smollm2-135m")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_converted_tokenizer_encodes_as_the_ggufs(smollm, tmp_path):
+    """transformers 5.5.3 saved SmolLM2's GGUF tokenizer (byte-level BPE) as CodeLlamaTokenizer, which reloads
+    with every space and newline as unk; the conversion checks the round trip, names the generic fast class
+    when it fails, and refuses a tokenizer that still encodes differently."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    _, tok = smollm
+    folder = tmp_path / "tok"
+    shutil.copytree(models.ensure_hf_folder("smollm2-135m"), folder,
+                    ignore=shutil.ignore_patterns("*.safetensors"))
+    assert tok("a\nb  c", add_special_tokens=False)["input_ids"] == [81, 198, 82, 216, 265]
+    before = (folder / "tokenizer_config.json").read_text()
+    models._check_tokenizer_round_trip(AutoTokenizer.from_pretrained(str(folder)), folder)  # survives: untouched
+    assert (folder / "tokenizer_config.json").read_text() == before
+
+    class Other:  # a tokenizer whose saved form cannot reproduce it
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [7] + tok(text, add_special_tokens=add_special_tokens)["input_ids"]}
+
+    with pytest.raises(ValueError, match="does not survive save_pretrained.*encodes"):
+        models._check_tokenizer_round_trip(Other(), folder)
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"

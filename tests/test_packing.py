@@ -55,9 +55,9 @@ def test_pack_prompts_is_causal():
     assert p.layout.more_mask[0, 0].int().tolist() == [[1, 1, 0], [1, 1, 1]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_llama):
-    model = tiny_llama()
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request, tiny_llama, tiny_qwen2):
+    model = {"llama": tiny_llama, "qwen2": tiny_qwen2}[request.param]()
     return model, SpecEngine(model)
 
 

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from dasrl.engine.compat import LayerCompat
 
-class RowLayer(CacheLayerMixin):
+
+class RowLayer(LayerCompat, CacheLayerMixin):
     """One layer's K/V: per-row writes at engine-chosen slots."""
 
     is_compileable = False

@@ -35,6 +35,7 @@ import torch
 from dasrl.drafter.base import DraftBatch, Drafter, problem_key
 from dasrl.engine.attention import attention_implementation, engine_thread, eval_mode, register
 from dasrl.engine.cache import RowCache
+from dasrl.engine.compat import CacheKeywordMissing, cache_keyword
 from dasrl.engine.gemm import (HEAD_PADDING, INVARIANT_PADDING, NO_PADDING, LinearKernels, RowPadding, onednn_available,
                                padded, padded_linears)
 from dasrl.engine.guards import UnsupportedModel, check_packed_forward, unsupported_reason
@@ -224,6 +225,11 @@ class SpecEngine:
         if shape == self._bound:
             return
         self.decoder = model.get_decoder()
+        try:
+            self._cache_kw = cache_keyword(self.decoder)
+            """The decoder forward's KV cache keyword (its name differs by transformers release: compat.py)."""
+        except CacheKeywordMissing as e:
+            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {e}") from e
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
         cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
@@ -443,7 +449,8 @@ class SpecEngine:
         device = self.lm_head.weight.device
         inputs = inputs.to(device)  # the model's device (itself on CPU)
         return self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK.to(device), position_ids=inputs.positions,
-                            cache=cache, use_cache=True, dasrl_packed=inputs.layout).last_hidden_state[0]  # [N, H]
+                            use_cache=True, dasrl_packed=inputs.layout,
+                            **{self._cache_kw: cache}).last_hidden_state[0]  # [N, H]
 
     def _forward(self, cache: RowCache, inputs: PackedInputs, at: np.ndarray | None = None) -> torch.Tensor:
         """Decoder over the packed tokens [1, N]; lm_head at packed indices `at` (default: all): [M, V]."""

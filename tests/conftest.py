@@ -51,31 +51,29 @@ def chat_prompts(smollm):
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_llama():
-    """A factory of small random Llama models (vocab 97, 2 layers, grouped-query heads 4/2), seeded: each
-    call builds a fresh model in eval mode, so a test may change its weights."""
+def _tiny(family: str):
+    """A factory of small random models of a transformers family (vocab 97, 2 layers, grouped-query heads 4/2),
+    seeded: each call builds a fresh model in eval mode, so a test may change its weights."""
     torch = pytest.importorskip("torch")
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, f"{family}{suffix}") for suffix in ("Config", "ForCausalLM"))
 
     def make(seed: int = 0):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-        return LlamaForCausalLM(cfg).eval()
+        cfg = config_cls(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        return model_cls(cfg).eval()
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """Small random Llama models (_tiny)."""
+    return _tiny("Llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2():
-    """A factory of small random Qwen2 models, as tiny_llama (Qwen2: biased q/k/v projections, full attention
-    in every layer), seeded, in eval mode."""
-    torch = pytest.importorskip("torch")
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    def make(seed: int = 0):
-        torch.manual_seed(seed)
-        cfg = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-        return Qwen2ForCausalLM(cfg).eval()
-    return make
+    """Small random Qwen2 models (_tiny; Qwen2: biased q/k/v projections, full attention in every layer)."""
+    return _tiny("Qwen2")

@@ -294,12 +294,17 @@ class LengthClassifier:
     def expected_length(self, problem_id: Hashable, generated: int = 0) -> float:
         """E[L | L >= generated] from the problem's history (pooled if it has none that long), capped at
         max_len; with no history at all, the midpoint between generated and max_len."""
-        return self.expected_span(problem_id, generated)[0]
+        for t in (self._table(problem_id), self._pooled):
+            n = t.count_from(generated)
+            if n:
+                return float(min(t.sum_from(generated) / n, self.max_len))
+        return float(generated + self.max_len) / 2.0
 
     def expected_span(self, problem_id: Hashable, generated: int = 0) -> tuple[float, int]:
         """(expected_length(problem_id, generated), last): the same value for every generated' in
         [generated, last] while `version` stays (the lengths >= generated' are those >= generated: `last` is
-        the smallest of them; with no history at all, `last` = generated)."""
+        the smallest of them; with no history at all, `last` = generated). tests/test_length.py holds the
+        two to each other."""
         t = self._table(problem_id)
         k = bisect.bisect_left(t.sorted, generated)
         if k < t.n:

@@ -12,7 +12,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter.base import DraftBatch
-from dasrl.policy.allowance import CALIB_PRIOR, _Prices, tokens_per_forward
+from dasrl.policy.allowance import CALIB_PRIOR
 from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.budget import DASPolicy, HistoryPolicy
 from dasrl.policy.latency import LatencyModel
@@ -100,6 +100,44 @@ class RowwiseAcceptance:
             raise ValueError(f"acceptance state: run must be [accepted, rejections] >= 0, got {state.get('run')!r}")
         self._problem, self._row = dict(list(problems.items())[-self.max_problems:]), {}
         self._run = run
+
+
+class _Prices:
+    """The per-row price table of `priced_draft`, built once and asked for several shares."""
+
+    def __init__(self, p, most, *, row, kv, c_tok: float) -> None:
+        p = np.clip(np.atleast_1d(np.asarray(p, np.float64)), 0.0, 1.0)
+        most = np.broadcast_to(np.asarray(most, np.int64), p.shape).clip(min=0)
+        self.shape = p.shape
+        d = np.arange(int(min(most.max(initial=0), MAX_PRICED)) + 1)  # [D]
+        self.drafts = (d > 0)[None, :]  # [1, D] the lengths that draft at all
+        row, kv = (np.broadcast_to(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
+        self.cost = row + c_tok * d[None, :] + kv * self.drafts  # [B, D] seconds per forward, no share
+        self.e = tokens_per_forward(d[None, :], p[:, None])  # [B, D] expected tokens per forward
+        self.allowed = d[None, :] <= most[:, None]  # [B, D]
+
+    def best(self, share, fixed=0.0) -> np.ndarray:
+        """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in
+        (each a scalar or [B])."""
+        if self.cost.shape[1] == 1:  # nobody may draft
+            return np.zeros(self.shape, np.int64)
+        share, fixed = (x if np.ndim(x) == 0 else np.asarray(x, np.float64)[:, None] for x in (share, fixed))
+        cost = share + self.cost + fixed * self.drafts  # [B, D]
+        per_token = np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
+        return np.argmin(per_token, axis=1).astype(np.int64)  # ties: the shorter draft
+
+
+MAX_PRICED = 256
+"""Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
+
+
+def tokens_per_forward(k, p) -> np.ndarray:
+    """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
+    1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
+    k, p = np.asarray(k, np.float64), np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    one = p >= 1.0
+    geo = (1.0 - p ** (k + 1)) / np.where(one, 1.0, 1.0 - p)  # p = 1 is taken below (no 0 / 0 to silence)
+    return np.where(one, k + 1, geo)
 
 
 def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:

@@ -1,7 +1,7 @@
 """What the engine needs from transformers that differs between the releases it supports, in one place.
 
 Read in each release's installed source (modeling_llama.py, modeling_qwen2.py, cache_utils.py,
-masking_utils.py); everything not listed here is the same from 5.5.3 to 5.25:
+masking_utils.py) from 4.56.2 to 5.25.0; everything not listed here is the same across that range:
 
 - The KV cache keyword of a decoder's forward (model, decoder layer and attention module alike):
   ``past_key_values=`` up to 5.23, ``cache=`` from 5.24 (``past_key_values`` deprecated there). A
@@ -12,12 +12,16 @@ masking_utils.py); everything not listed here is the same from 5.5.3 to 5.25:
 - The layer cache's capacity: the abstract ``CacheLayerMixin`` method is ``get_max_cache_shape()`` up to
   5.12, ``get_max_length()`` from 5.13 (``get_max_cache_shape()`` a deprecated alias until 5.19, gone
   from 5.20). A layer defines both (``LayerCompat``), else it cannot be instantiated on one side.
-- Unchanged across the range, and relied on: ``Cache(layers=[...])``; a layer's ``update(key, value,
-  *args, **kwargs)`` returns the tensors attention reads (5.25 adds ``kwargs=`` to the call);
-  ``get_mask_sizes(query_length) -> (kv_length, kv_offset)``; a 4D ``attention_mask`` is returned
-  untouched by ``create_causal_mask``; ``position_ids`` given means no ``get_seq_length()`` call; no
-  ``cache_position`` argument in Llama or Qwen2 (none from 5.5.3 on); ``AttentionInterface.register``;
-  ``config._attn_implementation`` settable to a registered name; ``_supports_attention_backend``.
+- Harmless differences: up to 5.3 the decoder computes ``cache_position`` from ``get_seq_length()`` and
+  hands it to the layer's ``update()`` (ignored: slots come from the packed layout) and
+  ``get_mask_sizes()`` takes ``cache_position`` instead of a query length (never called: see below).
+- Unchanged, and relied on: ``Cache(layers=[...])`` and ``lazy_initialization`` (from 4.56: the floor;
+  4.55 builds a Cache from ``layer_classes``); a layer's ``update(key, value, ...)`` returns the tensors
+  attention reads; a 4D ``attention_mask`` is returned untouched by ``create_causal_mask`` (so the mask
+  sizes are never asked for); ``position_ids`` given are used as they are; ``AttentionInterface.register``;
+  ``config._attn_implementation`` settable to a registered name; ``_supports_attention_backend``. The
+  attention function receives no new keyword in any of these releases once the cache goes under its own
+  name (attention.py's ``_CARRIED`` is unchanged).
 """
 
 from __future__ import annotations

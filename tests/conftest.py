@@ -47,15 +47,16 @@ def _torch_threads():
 # `make test` runs two pytest-xdist workers (-n 2 --dist loadfile): each file runs whole on one worker, its
 # module and session fixtures built there once. The scheduler below keeps the files that start a local Ray
 # cluster on one worker, one after the other, and hands out the longest files first, so that no long file
-# starts last (LONGEST_FIRST: each file's seconds in a two-worker run at load ~5 on two cores; the others ~0).
+# starts last (LONGEST_FIRST: each file's seconds in a two-worker `make test` at load ~2 on two cores; the
+# files not named take a few seconds each).
 SAME_WORKER = {"tests/test_ray.py": "ray cluster", "tests/test_verl.py": "ray cluster"}
-LONGEST_FIRST = {"ray cluster": 440, "tests/test_engine.py": 117, "tests/lab/test_validate_sim.py": 101,
-                 "tests/test_trl.py": 94, "tests/test_trl_multiprocess.py": 83, "tests/test_weight_fidelity.py": 70,
-                 "tests/test_batch_invariance.py": 67, "tests/lab/test_sim.py": 50, "tests/test_corrupt_files.py": 46,
-                 "tests/test_session.py": 43, "tests/test_counting.py": 41, "tests/lab/test_tasks.py": 37,
-                 "tests/lab/test_whatif.py": 32, "tests/test_install.py": 29, "tests/lab/test_experiments.py": 25,
-                 "tests/test_session_faults.py": 21, "tests/test_stops.py": 21, "tests/lab/test_fidelity.py": 19,
-                 "tests/lab/test_cli_flags.py": 17}
+LONGEST_FIRST = {"tests/test_engine.py": 81, "ray cluster": 77, "tests/test_batch_invariance.py": 47,
+                 "tests/test_session.py": 37, "tests/lab/test_sim.py": 35, "tests/test_trl.py": 34,
+                 "tests/test_weight_fidelity.py": 34, "tests/lab/test_tasks.py": 22, "tests/test_install.py": 22,
+                 "tests/test_trl_multiprocess.py": 20, "tests/test_counting.py": 18, "tests/test_corrupt_files.py": 15,
+                 "tests/test_session_faults.py": 12, "tests/lab/test_whatif.py": 12, "tests/lab/test_experiments.py": 9,
+                 "tests/test_stops.py": 9, "tests/lab/test_cli_flags.py": 8, "tests/lab/test_fidelity.py": 7,
+                 "tests/test_sampling.py": 7, "tests/lab/test_gpu_check.py": 7}
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

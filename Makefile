@@ -29,8 +29,10 @@ $(STAMP): .venv/bin/python $(SOURCES)
 
 # The resolution test (pip resolving dasrl beside VeRL, vLLM, OpenRLHF, SkyRL and TRL) downloads GBs of wheels
 # each run (PyPI serves this machine no separate metadata): `make test-install`, not the newcomer's `make test`.
+# Two pytest-xdist workers, a test file whole on one (tests/conftest.py: longest files first, the Ray files on
+# one worker), one torch thread each (DASRL_TEST_THREADS).
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not resolve"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not resolve" -n 2 --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not resolve"

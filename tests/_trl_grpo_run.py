@@ -1,7 +1,9 @@
 """One process of a TRL GRPOTrainer run with dasrl rollouts, for tests/test_trl_multiprocess.py.
 
-    python tests/_trl_grpo_run.py OUT_DIR                                      # one process
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/_trl_grpo_run.py OUT_DIR
+    python tests/_trl_grpo_run.py OUT_DIR [MODEL]                              # one process
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/_trl_grpo_run.py OUT_DIR [MODEL]
+
+MODEL: what dasrl.models.load_model takes (default: the embedded smollm2-135m).
 
 One step of 3 prompts x 4 generations (a global generation batch of 12, split evenly over the processes:
 on two, the second prompt's group is split 2 + 2 between them), 16 new tokens at T = 1. Each process writes rank-<i>.json: its completions in the order TRL gave its
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 
-def main(out: Path) -> None:
+def main(out: Path, model_name: str = "smollm2-135m") -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import datasets
     import torch
@@ -27,7 +29,7 @@ def main(out: Path) -> None:
     from dasrl.models import load_model
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model, tok = load_model("smollm2-135m", dtype=torch.float32)
+    model, tok = load_model(model_name, dtype=torch.float32)
     seen: list[list[int]] = []
 
     def reward(completions, completion_ids, **kw):
@@ -52,4 +54,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])

@@ -7,6 +7,7 @@ as where the lab is not installed (`make test-lib`)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -26,6 +27,55 @@ CHAT_PROMPTS = [
     "Write a Python function that returns the square of a number, with a docstring.",
     "Name the planets of the solar system in order from the sun, separated by commas, and add one fact.",
 ]
+
+
+TEST_THREADS = int(os.environ.get("DASRL_TEST_THREADS", "1"))
+"""torch threads for the tests: 1 by default. On two shared cores two threads run several times slower than
+one (and `make test` runs two workers side by side); exactness does not depend on it."""
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Every test starts at TEST_THREADS torch threads, whatever the test before it set (an engine built with
+    num_threads=None keeps the host's count; the latency experiment sets every core)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)
+    yield
+
+
+# `make test` runs two pytest-xdist workers (-n 2 --dist loadfile): each file runs whole on one worker, its
+# module and session fixtures built there once. The scheduler below keeps the files that start a local Ray
+# cluster on one worker, one after the other, and hands out the longest files first, so that no long file
+# starts last (LONGEST_FIRST: each file's seconds in a two-worker `make test` at load ~2 on two cores; the
+# files not named take a few seconds each).
+SAME_WORKER = {"tests/test_ray.py": "ray cluster", "tests/test_verl.py": "ray cluster"}
+LONGEST_FIRST = {"tests/test_engine.py": 81, "ray cluster": 77, "tests/test_batch_invariance.py": 47,
+                 "tests/test_session.py": 37, "tests/lab/test_sim.py": 35, "tests/test_trl.py": 34,
+                 "tests/test_weight_fidelity.py": 34, "tests/lab/test_tasks.py": 22, "tests/test_install.py": 22,
+                 "tests/test_trl_multiprocess.py": 20, "tests/test_counting.py": 18, "tests/test_corrupt_files.py": 15,
+                 "tests/test_session_faults.py": 12, "tests/lab/test_whatif.py": 12, "tests/lab/test_experiments.py": 9,
+                 "tests/test_stops.py": 9, "tests/lab/test_cli_flags.py": 8, "tests/lab/test_fidelity.py": 7,
+                 "tests/test_sampling.py": 7, "tests/lab/test_gpu_check.py": 7}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFileFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return SAME_WORKER.get(scope, scope)
+
+        def _assign_work_unit(self, node):
+            longest = max(self.workqueue, key=lambda scope: LONGEST_FIRST.get(scope, 0))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFileFirst(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +99,36 @@ def chat_prompts(smollm):
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     assert len(out) == 8 and len({len(p) for p in out}) == 8
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(tmp_path_factory):
+    """(model, tokenizer, folder): a tiny random Llama (2 layers, hidden 64, grouped-query heads 4/2) over
+    SmolLM2's tokenizer and chat template, SmolLM2's configuration otherwise (vocabulary, special tokens, tied
+    head, context), saved as a model folder. Its final norm is scaled x8: at T = 0.6 its samples repeat enough
+    that drafts from a prompt's history are accepted about half the time (at x1, never). For the
+    tests of what does not depend on the weights (the simulator's replay, a resumed trainer's seeds, Ray
+    workers) at a small fraction of the real model's cost; the exactness properties are checked on SmolLM2
+    itself (test_engine.py and others)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from dasrl.models import ensure_hf_folder
+
+    real = ensure_hf_folder("smollm2-135m")
+    config = AutoConfig.from_pretrained(real)
+    config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8)
+    tokenizer = AutoTokenizer.from_pretrained(real)
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer, folder
 
 
 def _tiny(family: str):

@@ -2,7 +2,9 @@
 stops, logprobs, bad input and failed steps.
 
 Exactness is checked token for token, fp32: speculative == the engine with drafting off == HF
-`model.generate` (greedy), for every drafter that exists and several budgets, chain and tree.
+`model.generate` (greedy), for every drafter that exists and several budgets, chain and tree: the whole
+matrix on a tiny random Llama (the engine's code paths, at a fraction of a second a case), a few cases of
+each kind on the real model.
 """
 
 from __future__ import annotations
@@ -155,6 +157,57 @@ GREEDY_CASES = [(d, 4) for d in DRAFTERS] + [(d, b) for d in ["oracle", "tree-or
 SAMPLED_CASES = [("ngram", 4), ("oracle", BIG), ("wrong-oracle", 4)] + (
     [("das", 1), ("das", 4), ("das", BIG), ("das-tree", 4), ("das-tree", BIG)] if HAS_STORE else [("ngram", 1)])
 TOPK_CASES = [("oracle", 4)] + ([("das", 4), ("das-tree", BIG)] if HAS_STORE else [("ngram", BIG)])
+# On the real model, a few cases of each kind: chain drafts from the history store, tree drafts whose accepted
+# path is not contiguous, rejected drafts; the whole matrix runs on the tiny model.
+REAL = {"greedy": [("das" if HAS_STORE else "ngram", 4), ("tree-oracle", BIG), ("wrong-oracle", BIG)],
+        "nucleus": [("das", BIG), ("das-tree", 4)] if HAS_STORE else [("oracle", BIG), ("wrong-oracle", 4)],
+        "topk": [TOPK_CASES[1]]}
+
+
+def cases(kind, matrix):
+    return [pytest.param("smollm", n, b, id=f"smollm-{n}-{b}") for n, b in REAL[kind]] + [
+        pytest.param("tiny", n, b, id=f"tiny-{n}-{b}") for n, b in matrix]
+
+
+class Setup:
+    """What a parametrized exactness case needs of one model: the engine, prompts, plain decoding, HF greedy
+    and an earlier epoch's rollouts."""
+
+    def __init__(self, engine, prompts, plain, hf_greedy, history, vocab):
+        self.engine, self.prompts, self.plain = engine, prompts, plain
+        self.hf_greedy, self.history, self.vocab = hf_greedy, history, vocab
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tiny_llama):
+    """The tiny random Llama (vocab 97), its head scaled so that samples repeat themselves often enough for
+    history and n-gram drafts to be accepted as well as rejected; 8 prompts of different lengths."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    engine = SpecEngine(model, None, EngineConfig(num_threads=THREADS))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 97, size=n).tolist() for n in (3, 5, 7, 9, 11, 13, 17, 23)]
+    seeds = SEEDS[: len(prompts)]
+    plain = {name: engine.generate(prompts, sampling=params, seeds=seeds, max_new_tokens=NEW)
+             for name, params in [("greedy", GREEDY), ("nucleus", NUCLEUS), ("topk", TOPK)]}
+    with torch.inference_mode():
+        hf = [model.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):].tolist()
+              for p in prompts]
+    rolls = engine.generate(prompts * 2, sampling=SamplingParams(temperature=0.8), seeds=range(2 * len(prompts)),
+                            max_new_tokens=NEW)
+    assert tokens(plain["greedy"]) == hf
+    return Setup(engine, prompts, plain, hf, [(c.prompt_ids, c.token_ids) for c in rolls], 97)
+
+
+@pytest.fixture
+def case(request):
+    """The Setup of the model a case names: 'smollm' (the real model's session fixtures) or 'tiny'."""
+    if request.param == "tiny":
+        return request.getfixturevalue("tiny_setup")
+    get = request.getfixturevalue
+    return Setup(get("engine"), get("chat_prompts"), get("plain"), get("hf_greedy"), get("history"), 49152)
 
 
 def tokens(completions):
@@ -167,42 +220,44 @@ def test_plain_greedy_equals_hf_generate(plain, hf_greedy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, budget", GREEDY_CASES)
-def test_greedy_speculative_is_exact(engine, chat_prompts, plain, hf_greedy, history, name, budget):
-    futures = dict(enumerate(hf_greedy))
-    drafter = make_drafter(name, futures=futures, history=history)
-    out = engine.generate(chat_prompts, sampling=GREEDY, drafter=drafter, policy=FixedBudget(budget), max_new_tokens=NEW,
-                          seeds=SEEDS[: len(chat_prompts)])
-    assert tokens(out) == hf_greedy
-    assert [c.finish_reason for c in out] == [c.finish_reason for c in plain["greedy"]]
+@pytest.mark.parametrize("case, name, budget", cases("greedy", GREEDY_CASES), indirect=["case"])
+def test_greedy_speculative_is_exact(case, name, budget):
+    futures = dict(enumerate(case.hf_greedy))
+    drafter = make_drafter(name, futures=futures, history=case.history, vocab=case.vocab)
+    out = case.engine.generate(case.prompts, sampling=GREEDY, drafter=drafter, policy=FixedBudget(budget),
+                               max_new_tokens=NEW, seeds=SEEDS[: len(case.prompts)])
+    assert tokens(out) == case.hf_greedy
+    assert [c.finish_reason for c in out] == [c.finish_reason for c in case.plain["greedy"]]
     drafted = sum(c.drafted for c in out)
     assert drafted > 0, "the drafter never drafted: the test would prove nothing"
     if name == "tree-oracle" and budget > 1:
         assert drafter.trees > 0 and sum(c.accepted for c in out) > 0
     if name in ("oracle", "tree-oracle"):
-        assert sum(c.forwards for c in out) < sum(c.forwards for c in plain["greedy"])
+        assert sum(c.forwards for c in out) < sum(c.forwards for c in case.plain["greedy"])
 
 
 # ---------------------------------------------------------------- sampled exactness
 @pytest.mark.slow
-@pytest.mark.parametrize("name, budget", SAMPLED_CASES)
-def test_nucleus_speculative_is_exact(engine, chat_prompts, plain, history, name, budget):
-    ref = plain["nucleus"]
-    drafter = make_drafter(name, futures={i: c.token_ids for i, c in enumerate(ref)}, history=history)
-    out = engine.generate(chat_prompts, sampling=NUCLEUS, seeds=SEEDS[: len(chat_prompts)], drafter=drafter,
-                          policy=FixedBudget(budget), max_new_tokens=NEW)
+@pytest.mark.parametrize("case, name, budget", cases("nucleus", SAMPLED_CASES), indirect=["case"])
+def test_nucleus_speculative_is_exact(case, name, budget):
+    ref = case.plain["nucleus"]
+    drafter = make_drafter(name, futures={i: c.token_ids for i, c in enumerate(ref)}, history=case.history,
+                           vocab=case.vocab)
+    out = case.engine.generate(case.prompts, sampling=NUCLEUS, seeds=SEEDS[: len(case.prompts)], drafter=drafter,
+                               policy=FixedBudget(budget), max_new_tokens=NEW)
     assert tokens(out) == tokens(ref)
     assert sum(c.drafted for c in out) > 0
     for a, b in zip(out, ref):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("name, budget", TOPK_CASES)
-def test_topk_speculative_is_exact(engine, chat_prompts, plain, history, name, budget):
-    ref = plain["topk"]
-    drafter = make_drafter(name, futures={i: c.token_ids for i, c in enumerate(ref)}, history=history)
-    out = engine.generate(chat_prompts, sampling=TOPK, seeds=SEEDS[: len(chat_prompts)], drafter=drafter,
-                          policy=FixedBudget(budget), max_new_tokens=NEW)
+@pytest.mark.parametrize("case, name, budget", cases("topk", TOPK_CASES), indirect=["case"])
+def test_topk_speculative_is_exact(case, name, budget):
+    ref = case.plain["topk"]
+    drafter = make_drafter(name, futures={i: c.token_ids for i, c in enumerate(ref)}, history=case.history,
+                           vocab=case.vocab)
+    out = case.engine.generate(case.prompts, sampling=TOPK, seeds=SEEDS[: len(case.prompts)], drafter=drafter,
+                               policy=FixedBudget(budget), max_new_tokens=NEW)
     assert tokens(out) == tokens(ref)
 
 

@@ -80,14 +80,16 @@ def test_init_local_refuses_what_would_not_be_local(cluster):
 
 
 @pytest.mark.slow
-def test_distributed_equals_local_and_survives_a_killed_worker(cluster, smollm, chat_prompts, tmp_path):
+def test_distributed_equals_local_and_survives_a_killed_worker(cluster, tiny_chat, chat_prompts, tmp_path):
+    """On the tiny Llama over SmolLM2's tokenizer, which each worker loads from its folder (the embedded
+    SmolLM2 loaded by name in the workers: the next test)."""
     from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
 
-    model, tok = smollm
+    model, tok, folder = tiny_chat
     prompts = [p for p in (chat_prompts[0], chat_prompts[2], chat_prompts[6], chat_prompts[3]) for _ in range(2)]
     sp = SamplingParams(temperature=0.0)  # greedy: the exactness rung that holds across batch shapes in fp32
     local = RolloutSession(model, tok, SessionConfig(speculate=False))
-    dist = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=2, router="length"))
+    dist = DistributedRolloutSession(str(folder), DistributedConfig(workers=2, router="length"))
     pids = {}
 
     for step in range(2):

@@ -4,6 +4,7 @@ CLI's name check, and one end-to-end --quick run of a cheap experiment (slow).""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -145,9 +146,19 @@ def test_cli_rejects_unknown_names():
 
 
 @pytest.mark.slow
-def test_quick_latency_end_to_end(tmp_path):
+def test_quick_latency_end_to_end(tmp_path, monkeypatch):
+    """`dasrl experiments latency --quick` end to end: the CLI, the calibration on the real model, both fits,
+    the JSON, CSV, figure and results page. On a grid of 12 small shapes instead of --quick's 34 (up to 32 rows
+    x 12 tokens at context 384) and at one torch thread instead of every core: 5-8 minutes of the suite on two
+    loaded cores, a benchmark rather than a test. The calibration is checked shape by shape in
+    test_engine_bench.py."""
+    from dasrl_lab.bench.engine import CalibrationGrid
     from dasrl_lab.cli import app
 
+    monkeypatch.setattr(CalibrationGrid, "quick", staticmethod(
+        lambda: CalibrationGrid(batch_sizes=(1, 4), tokens_per_row=(1, 4), contexts=(16, 64), repeats=1)))
+    threads = int(os.environ.get("DASRL_TEST_THREADS", "1"))
+    monkeypatch.setattr("dasrl.engine.default_threads", lambda: threads)  # the experiment times on every core
     out, md = tmp_path / "out", tmp_path / "docs" / "results.md"
     r = CliRunner().invoke(app, ["experiments", "latency", "--quick", "--out", str(out), "--results", str(md)])
     assert r.exit_code == 0, r.output

@@ -1,6 +1,8 @@
 """The fidelity bench: comparison bookkeeping, the flip-probability model against Monte Carlo, and a tiny
 end-to-end run on the embedded model (fp32: the race's sampled rollouts equal plain decoding's)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -65,7 +67,7 @@ def test_tiny_fidelity_run_is_exact_with_the_race(smollm):
     model, tok = smollm
     drafters = ("oracle", "trees")  # the bench runs all of DRAFTERS; two keep this test short
     cfg = FidelityConfig(problems=1, group=3, max_new_tokens=6, temperatures=(1.0,), batch_sizes=(1, 2),
-                         single_requests=2, drafters=drafters)
+                         single_requests=2, drafters=drafters, threads=int(os.environ.get("DASRL_TEST_THREADS", "1")))
     rows = run_fidelity(model, tok, cfg)
     assert set(drafters) < set(DRAFTERS)
     assert [(r["sampler"], r["variant"]) for r in rows] == [("gumbel", v) for v in (*drafters, "batch=1", "batch=2")]

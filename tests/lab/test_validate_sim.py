@@ -1,4 +1,4 @@
-"""validate-sim on a real (small) collection run: the simulator's replay of every variant — its drafter,
+"""validate-sim on a real (small) collection run of the tiny Llama over SmolLM2's tokenizer: the simulator's replay of every variant — its drafter,
 its session's policy and allowance, history taken in by record() on the steps without variants — agrees
 exactly with the engine on drafted and accepted tokens and forwards, and its forward shapes are the
 engine's, so its priced time equals the engine's recorded forwards priced the same way."""
@@ -25,10 +25,21 @@ SIZES = (("steps", 3), ("prompts", 2), ("samples", 3), ("max_new_tokens", 40), (
 
 
 @pytest.fixture(scope="module")
-def collection(smollm, tmp_path_factory):
+def trained(tiny_chat):
+    """The model the collection run generates with and trains: a copy of the tiny Llama over SmolLM2's
+    tokenizer (the session's own stays as built). The replay's agreement with the engine does not depend on
+    the weights; on SmolLM2 the collection took ~45 CPU-s of the suite."""
+    import copy
+
+    model, tok, _ = tiny_chat
+    return copy.deepcopy(model), tok
+
+
+@pytest.fixture(scope="module")
+def collection(trained, tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
     ctx = Context(RunOptions(out=out), Console(quiet=True))
-    ctx._model = smollm  # the session's converted model, not a second load
+    ctx._model = trained
     return ensure_collection(CollectConfig(**dict(SIZES)), ctx)
 
 
@@ -102,7 +113,7 @@ def test_fitted_overhead_is_added_to_the_prediction(collection):
         assert f.predicted_s == pytest.approx(r.predicted_s + f.overhead_s) and f.overhead_s >= 0
 
 
-def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
+def test_simulator_experiment_writes_its_section(collection, trained, tmp_path):
     """`dasrl experiments simulator` on the cached collection: the same rows as validate-sim, a figure and
     a section of docs/results.md."""
     from dasrl_lab.experiments.base import run_experiment
@@ -111,7 +122,7 @@ def test_simulator_experiment_writes_its_section(collection, smollm, tmp_path):
 
     out = collection.folder.parent
     ctx = Context(RunOptions(out=out, collect=SIZES), Console(quiet=True))
-    ctx._model = smollm
+    ctx._model = trained
     doc = run_experiment(EXPERIMENTS["simulator"], ctx)
     assert doc["summary"]["exact_rows"] == doc["summary"]["rows"] == 3 + len(VARIANTS)
     assert (out / "simulator" / "simulator.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,6 +2,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dasrl.policy.length import LengthClassifier, LengthConfig
 
@@ -75,3 +77,22 @@ def test_history_window():
     for L in [1, 2, 3, 4, 5]:
         c.record("p", L)
     assert list(c.lengths("p")) == [3, 4, 5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=30), st.integers(0, 4),
+       st.lists(st.integers(0, 80), min_size=1, max_size=6), st.integers(1, 10))
+def test_spans_hold_the_value_over_their_span(history, problem, gens, min_pooled):
+    """expected_span and classify_span: the value is expected_length's / classify's, and stays it for every
+    length up to the span's end (what the policy caches per row)."""
+    c = LengthClassifier(LengthConfig(min_pooled=min_pooled), max_len=70)
+    for pid, n in history:
+        c.record(pid, n)
+    for g in gens:
+        e, last = c.expected_span(problem, g)
+        cls, clast = c.classify_span(problem, g)
+        assert last >= g and clast >= g
+        for h in range(g, min(last, g + 40) + 1):
+            assert c.expected_length(problem, h) == e
+        for h in range(g, min(clast, g + 40) + 1):
+            assert c.classify(problem, h) == cls

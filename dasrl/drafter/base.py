@@ -158,7 +158,7 @@ class DraftBatch:
         """Each request's draft cut to its first caps[i] nodes (topological order keeps it a valid tree)."""
         lens = self.lengths
         keep_n = np.minimum(lens, np.maximum(np.asarray(caps, np.int64), 0))  # [n]
-        if np.array_equal(keep_n, lens):
+        if not np.count_nonzero(keep_n != lens):
             return self
         start = np.repeat(self.offsets[:-1], lens)  # [total]: each node's request start
         rank = np.arange(len(self.tokens)) - start  # [total]: index within its request

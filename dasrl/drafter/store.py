@@ -40,8 +40,8 @@ import numpy as np
 from dasrl.drafter.base import Draft, DraftBatch, budget_array, problem_key
 from dasrl.drafter.config import MODES, StoreConfig  # noqa: F401 (re-exported: callers import them from here)
 from dasrl.drafter.persist import load_store, save_store
-from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_batch, first_bad,
-                                  propose_flat, token_array, token_error)
+from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_native, extend_rows_native,
+                                  first_bad, propose_native, token_array, token_error)
 
 
 GLOBAL = "__global__"
@@ -90,6 +90,7 @@ class DraftStore:
         self._current: list[tuple[Hashable, int]] = []  # this step's finished rollouts, already indexed
         self._pending: list[tuple[Hashable, np.ndarray]] = []  # "problem" mode: indexed at end_step
         self._live: dict[Hashable, _Live] = {}
+        self._native: dict[Hashable, object] = {}  # req -> its cursor's native handle (the batch calls' fast path)
         self._done: set[Hashable] = set()  # requests finished or aborted this step (for clear errors)
         self._next_seq = 0
         self.step = 0
@@ -105,6 +106,7 @@ class DraftStore:
         self._current.clear()
         self._pending.clear()
         self._live.clear()
+        self._native.clear()
         self._closed = True
 
     def __enter__(self) -> "DraftStore":
@@ -208,6 +210,7 @@ class DraftStore:
             cursor.add_source(self._cross, cross_id)
         cursor.feed(prompt)  # the context and, when live-indexed, the live sequences
         self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id, cross_id)
+        self._native[req_id] = cursor.native
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
         return self.propose_flat(req_ids, budgets).drafts()
@@ -215,14 +218,14 @@ class DraftStore:
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> DraftBatch:
         """The whole batch's drafts in one native call, as flat arrays (see DraftBatch)."""
         self._check_open()
-        live = self._live
+        native = self._native
         try:
-            cursors = [live[r].cursor for r in req_ids]
+            cursors = [native[r] for r in req_ids]
         except (KeyError, TypeError):
-            cursors = [self._request(r).cursor for r in req_ids]  # raises, naming the request
+            cursors = [self._request(r).cursor.native for r in req_ids]  # raises, naming the request
         b = budget_array(req_ids, budgets)
         p = self.config.params
-        return propose_flat(cursors, b, min_prob=p.min_prob, branching=p.branching)
+        return propose_native(cursors, b, min_prob=p.min_prob, branching=p.branching)
 
     def best_continuation(self, req_ids: Sequence[Hashable], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """[n] int64: for request i, the longest prefix of targets[offsets[i]:offsets[i+1]] (its true next
@@ -250,17 +253,48 @@ class DraftStore:
         nothing)."""
         if len(req_ids) != len(token_lists):
             raise ValueError(f"{len(req_ids)} request ids but {len(token_lists)} token lists")
-        live = self._live
+        self.observe_flat(req_ids, *_flatten(token_lists))
+
+    def observe_flat(self, req_ids: Sequence[Hashable], tokens: np.ndarray, offsets: np.ndarray) -> None:
+        """observe_batch of request i's tokens[offsets[i]:offsets[i+1]] (tokens: a 1-D integer array, offsets:
+        [n+1] int64 from 0 to len(tokens)): one native call; all or nothing."""
+        native = self._native
         try:
-            cursors = [live[r].cursor for r in req_ids]
+            cursors = [native[r] for r in req_ids]
         except (KeyError, TypeError):
-            cursors = [self._request(r).cursor for r in req_ids]
-        flat, offsets = _flatten(token_lists)
-        bad = extend_batch(cursors, flat, offsets, self._limit) if cursors else -1
+            cursors = [self._request(r).cursor.native for r in req_ids]
+        flat = tokens
+        bad = extend_native(cursors, flat, offsets, self._limit) if cursors else -1
         if bad >= 0:
             i = int(np.searchsorted(offsets, bad, side="right")) - 1
             raise token_error(flat[offsets[i]:offsets[i + 1]], bad - int(offsets[i]),
-                              what=f"tokens of request {req_ids[i]!r}", vocab_size=self.config.vocab_size)
+                              what=f"tokens of request {req_ids[i]!r}", vocab_size=self.config.vocab_size, row=i)
+
+    def observe_rows(self, req_ids: Sequence[Hashable], token_rows: np.ndarray, rows: np.ndarray, start: np.ndarray,
+                     count: np.ndarray) -> None:
+        """observe_batch of request i's token_rows[rows[i], start[i]:start[i] + count[i]] (token_rows: a 2-D
+        integer array, e.g. vLLM's token buffer; rows, start, count: [n] int64), read in place by one native
+        call; all or nothing: a bad token raises TokenError (`row` = i) and changes nothing."""
+        native = self._native
+        try:
+            cursors = [native[r] for r in req_ids]
+        except (KeyError, TypeError):
+            cursors = [self._request(r).cursor.native for r in req_ids]
+        if not cursors:
+            return
+        try:
+            i, j = extend_rows_native(cursors, token_rows, rows, start, count, self._limit)
+        except TypeError:  # not a C-contiguous int32/int64 table: gathered here, then the flat call
+            offsets = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(count, out=offsets[1:])
+            at = np.repeat(rows, count)
+            cols = np.arange(int(offsets[-1])) + np.repeat(start - offsets[:-1], count)
+            self.observe_flat(req_ids, np.asarray(np.asarray(token_rows)[at, cols]), offsets)
+            return
+        if i >= 0:
+            toks = np.asarray(token_rows[rows[i], start[i]:start[i] + count[i]])
+            raise token_error(toks, j, what=f"tokens of request {req_ids[i]!r}", vocab_size=self.config.vocab_size,
+                              row=i)
 
     def finish(self, req_id: Hashable) -> None:
         live = self._live.get(req_id)
@@ -269,6 +303,7 @@ class DraftStore:
                 raise ValueError(f"request {req_id!r} finished twice (or finished after abort)")
             raise KeyError(f"unknown request id {req_id!r}")
         del self._live[req_id]
+        del self._native[req_id]
         self._done.add(req_id)
         if live.seq_id is not None:
             self._current.append((live.shard, live.seq_id))
@@ -282,6 +317,7 @@ class DraftStore:
         """Drop a live request without learning from it (a crashed or cancelled generation)."""
         live = self._request(req_id)
         del self._live[req_id]
+        del self._native[req_id]
         self._done.add(req_id)
         self._drop(live.shard, live.seq_id, user=True)
         if live.cross_id is not None:
@@ -305,6 +341,7 @@ class DraftStore:
             if live.cross_id is not None:
                 self._cross.remove(live.cross_id)
         self._live.clear()
+        self._native.clear()
         self._done.clear()
 
     def end_step(self) -> None:

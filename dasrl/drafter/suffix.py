@@ -50,14 +50,25 @@ def token_array(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> 
     return token_array([int(t) for t in seq], what=what)
 
 
-def token_error(arr: np.ndarray, pos: int, *, what: str = "tokens", vocab_size: int | None = None) -> ValueError:
+class TokenError(ValueError):
+    """A token id outside [0, vocab_size or 2^31): `token` its value, `position` where it stood, `row` the
+    request (its index in a batch call) when the call took several."""
+
+    def __init__(self, message: str, token: int, position: int, row: int | None = None) -> None:
+        super().__init__(message)
+        self.token, self.position, self.row = token, position, row
+
+
+def token_error(arr: np.ndarray, pos: int, *, what: str = "tokens", vocab_size: int | None = None,
+                row: int | None = None) -> TokenError:
     """The error for arr[pos], a token outside [0, vocab_size or 2^31)."""
     t = int(arr[pos])
     if t < 0:
-        return ValueError(f"{what}: negative token id {t} at position {pos}")
+        return TokenError(f"{what}: negative token id {t} at position {pos}", t, pos, row)
     if vocab_size is not None and t < TOKEN_LIMIT:
-        return ValueError(f"{what}: token id {t} at position {pos} is outside the vocabulary (size {vocab_size})")
-    return ValueError(f"{what}: token id {t} at position {pos} is >= 2^31")
+        return TokenError(f"{what}: token id {t} at position {pos} is outside the vocabulary (size {vocab_size})",
+                          t, pos, row)
+    return TokenError(f"{what}: token id {t} at position {pos} is >= 2^31", t, pos, row)
 
 
 def first_bad(arr: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
@@ -164,6 +175,11 @@ class Cursor:
 
     __slots__ = ("index", "_c", "feed")
 
+    @property
+    def native(self):
+        """The native cursor (what the *_native batch calls take)."""
+        return self._c
+
     def __init__(self, index: SuffixIndex, max_match: int, seq_id: int | None = None) -> None:
         DraftParams(max_match=max_match)  # the same bounds as the params
         self.index = index
@@ -205,7 +221,12 @@ def propose_flat(cursors: Sequence[Cursor], budgets: np.ndarray, *, min_prob: fl
                  branching: int = 1) -> DraftBatch:
     """Unchecked: one native call (GIL released) for the whole batch; `budgets` [n] int64, validated
     (base.budget_array)."""
-    toks, parents, probs, offsets, match_len = _core.propose_batch([c._c for c in cursors], budgets, min_prob, branching)
+    return propose_native([c._c for c in cursors], budgets, min_prob=min_prob, branching=branching)
+
+
+def propose_native(cursors: list, budgets: np.ndarray, *, min_prob: float = 0.0, branching: int = 1) -> DraftBatch:
+    """propose_flat of native cursors (Cursor.native)."""
+    toks, parents, probs, offsets, match_len = _core.propose_batch(cursors, budgets, min_prob, branching)
     return DraftBatch(toks, parents, probs, offsets, match_len)
 
 
@@ -232,3 +253,16 @@ def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndar
     integer array; offsets: [n+1] int64). Returns -1 when all tokens are in [0, limit) and were appended,
     else the first bad position in `tokens` (nothing changed)."""
     return _core.extend_batch([c._c for c in cursors], tokens, offsets, limit)
+
+
+def extend_native(cursors: list, tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
+    """extend_batch of native cursors (Cursor.native)."""
+    return _core.extend_batch(cursors, tokens, offsets, limit)
+
+
+def extend_rows_native(cursors: list, token_rows: np.ndarray, rows: np.ndarray, start: np.ndarray, count: np.ndarray,
+                       limit: int = TOKEN_LIMIT) -> tuple[int, int]:
+    """Native cursors[i] take token_rows[rows[i], start[i]:start[i] + count[i]] (a C-contiguous int32 or int64
+    [R, W] array: else TypeError), all or nothing: (-1, -1), or (i, offset) of the first bad token (a negative
+    one anywhere first, else one outside [0, limit)) and nothing changed."""
+    return _core.extend_rows(cursors, token_rows, rows, start, count, limit)

@@ -12,12 +12,65 @@ step, a row's own counts shrink by `row_decay` at every forward it does not draf
 stopped drafting drifts back to its problem's rate and probes again (text turns repetitive late in a
 long sample: on the math preset at T = 0.6 the row that set a step stopped at p = 0.34 after 155 tokens
 and never drafted again, though a zero-waste replay drafts it 16 at a time).
+
+The counts live in arrays, a slot per row and per problem (slot 0: none, all zeros), so that the policy
+reads and ages a whole batch's at once (`rates`, `idle_slots`); the per-request methods are the same
+arithmetic one value at a time.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Hashable
+from typing import Hashable, Sequence
+
+import numpy as np
+
+
+class _Slots:
+    """Keys -> slots >= 1 of two float64 count arrays (slot 0 stays zero: "no counts"); freed slots are
+    reused. `version` changes whenever a key gains or loses its slot (a cached key -> slot map is stale)."""
+
+    def __init__(self) -> None:
+        self.of: dict[Hashable, int] = {}
+        self.a = np.zeros(16)
+        self.r = np.zeros(16)
+        self._free: list[int] = []
+        self._next = 1
+        self.version = 0
+
+    def get(self, key: Hashable) -> int:
+        return self.of.get(key, 0)
+
+    def add(self, key: Hashable) -> int:
+        if self._free:
+            s = self._free.pop()
+        else:
+            s = self._next
+            self._next += 1
+            if s >= len(self.a):
+                self.a = np.concatenate([self.a, np.zeros(len(self.a))])
+                self.r = np.concatenate([self.r, np.zeros(len(self.r))])
+        self.of[key] = s
+        self.version += 1
+        return s
+
+    def drop(self, key: Hashable) -> None:
+        s = self.of.pop(key)
+        self.a[s] = self.r[s] = 0.0
+        self._free.append(s)
+        self.version += 1
+
+    def clear(self) -> None:
+        self.of.clear()
+        self.a[:] = 0.0
+        self.r[:] = 0.0
+        self._free.clear()
+        self._next = 1
+        self.version += 1
+
+    def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
+        get = self.of.get
+        return np.fromiter((get(k, 0) for k in keys), np.int64, len(keys))
 
 
 class AcceptanceRate:
@@ -34,50 +87,139 @@ class AcceptanceRate:
             raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.prior_p, self.prior_tokens, self.decay, self.max_problems = prior_p, prior_tokens, decay, max_problems
         self.row_decay = row_decay
-        self._row: dict[Hashable, tuple[float, float]] = {}  # req -> (accepted, rejections), decayed while idle
-        self._problem: dict[Hashable, tuple[float, float]] = {}  # problem -> (accepted, rejections), decayed;
-        # in order of last update (the first is forgotten past max_problems)
+        self.rows = _Slots()
+        """req -> (accepted, rejections), decayed while idle."""
+        self.problems = _Slots()
+        """problem -> (accepted, rejections), decayed; in order of last update (the first is forgotten past
+        max_problems)."""
         self._run = [0.0, 0.0]  # every problem's (accepted, rejections), decayed alike
+
+    def _run_rate(self) -> float:
+        w = self.prior_tokens
+        a, r = self._run
+        return (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
 
     def rate(self, req_id: Hashable, problem_id: Hashable) -> float:
         w = self.prior_tokens
-        a, r = self._run
-        run = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
-        a, r = self._problem.get(problem_id, (0, 0))
+        run = self._run_rate()
+        s = self.problems.get(problem_id)
+        a, r = float(self.problems.a[s]), float(self.problems.r[s])
         problem = (a + run * w) / (a + r + w) if a + r + w > 0 else run
-        a, r = self._row.get(req_id, (0, 0))
+        s = self.rows.get(req_id)
+        a, r = float(self.rows.a[s]), float(self.rows.r[s])
         return (a + problem * w) / (a + r + w) if a + r + w > 0 else problem
+
+    def rates(self, row_slots: np.ndarray, problem_slots: np.ndarray) -> np.ndarray:
+        """[B] `rate` of every row at once: row_slots from `rows.slots(req_ids)`, problem_slots from
+        `problems.slots(problem_ids)` (the same arithmetic, element by element)."""
+        w = self.prior_tokens
+        run = self._run_rate()
+        a, r = self.problems.a[problem_slots], self.problems.r[problem_slots]
+        den = a + r + w
+        if w > 0:  # den > 0 everywhere
+            problem = (a + run * w) / den
+        else:
+            problem = np.where(den > 0, (a + run * w) / np.where(den > 0, den, 1.0), run)
+        a, r = self.rows.a[row_slots], self.rows.r[row_slots]
+        den = a + r + w
+        if w > 0:
+            return (a + problem * w) / den
+        return np.where(den > 0, (a + problem * w) / np.where(den > 0, den, 1.0), problem)
 
     def record(self, req_id: Hashable, problem_id: Hashable, *, drafted: int, accepted: int) -> None:
         """A verified draft of `drafted` tokens of which the first `accepted` were kept."""
         if drafted <= 0:
             return
         rejected = int(accepted < drafted)
-        ra, rr = self._row.get(req_id, (0, 0))
-        self._row[req_id] = (ra + accepted, rr + rejected)
-        pa, pr = self._problem.pop(problem_id, (0, 0))
-        self._problem[problem_id] = (pa + accepted, pr + rejected)  # now the most recent
+        rows, probs = self.rows, self.problems
+        s = rows.get(req_id) or rows.add(req_id)
+        rows.a[s] += accepted
+        rows.r[s] += rejected
+        s = probs.of.pop(problem_id, 0)  # re-inserted: now the most recent
+        if s:
+            probs.of[problem_id] = s
+        else:
+            s = probs.add(problem_id)
+        probs.a[s] += accepted
+        probs.r[s] += rejected
         self._run = [self._run[0] + accepted, self._run[1] + rejected]
-        if len(self._problem) > self.max_problems:
-            del self._problem[next(iter(self._problem))]
+        if len(probs.of) > self.max_problems:
+            probs.drop(next(iter(probs.of)))
+
+    def record_batch(self, req_ids: Sequence[Hashable], problem_ids: Sequence[Hashable], drafted: np.ndarray,
+                     accepted: np.ndarray) -> None:
+        """`record` of each (req_ids[i], problem_ids[i], drafted[i], accepted[i]) in turn (drafted[i] > 0)."""
+        rej = (accepted < drafted).astype(np.int64)  # [n]
+        rows, probs = self.rows, self.problems
+        at = list(map(rows.of.get, req_ids))
+        if None in at:
+            at = [rows.get(k) or rows.add(k) for k in req_ids]
+        if len(set(at)) == len(at):  # distinct rows (a batch's): one add each
+            rows.a[at] += accepted
+            rows.r[at] += rej
+        else:
+            np.add.at(rows.a, at, accepted)
+            np.add.at(rows.r, at, rej)
+        of = probs.of
+        acc, rj = accepted.tolist(), rej.tolist()
+        if len(of) + len(problem_ids) <= self.max_problems:  # none can be forgotten: each problem's sums at once
+            sums: dict[int, list[float]] = {}
+            for pid, a, r in zip(problem_ids, acc, rj):
+                s = of.pop(pid, 0)  # re-inserted: now the most recent
+                if s:
+                    of[pid] = s
+                else:
+                    s = probs.add(pid)
+                c = sums.get(s)
+                if c is None:
+                    c = sums[s] = [float(probs.a[s]), float(probs.r[s])]
+                c[0] += a  # in order, one by one: the same float sums as record's
+                c[1] += r
+            pa, pr = probs.a, probs.r
+            for s, (a, r) in sums.items():
+                pa[s], pr[s] = a, r
+        else:
+            for pid, a, r in zip(problem_ids, acc, rj):
+                s = of.pop(pid, 0)
+                if s:
+                    of[pid] = s
+                else:
+                    s = probs.add(pid)
+                probs.a[s] += a
+                probs.r[s] += r
+                if len(of) > self.max_problems:
+                    probs.drop(next(iter(of)))
+        run_a, run_r = self._run
+        for a, r in zip(acc, rj):
+            run_a, run_r = run_a + a, run_r + r
+        self._run = [run_a, run_r]
 
     def idle(self, req_id: Hashable) -> None:
         """The row drafts nothing this forward: its own evidence ages (it will probe again)."""
-        c = self._row.get(req_id)
-        if c is not None:
-            self._row[req_id] = (c[0] * self.row_decay, c[1] * self.row_decay)
+        s = self.rows.get(req_id)
+        if s:
+            self.rows.a[s] *= self.row_decay
+            self.rows.r[s] *= self.row_decay
+
+    def idle_slots(self, row_slots: np.ndarray) -> None:
+        """`idle` for the rows at these slots (distinct; slot 0, a row without counts, stays zero)."""
+        self.rows.a[row_slots] *= self.row_decay
+        self.rows.r[row_slots] *= self.row_decay
 
     def forget_row(self, req_id: Hashable) -> None:
-        self._row.pop(req_id, None)
+        if req_id in self.rows.of:
+            self.rows.drop(req_id)
 
     def end_step(self) -> None:
         """Rows are gone; every problem's counts decay."""
-        self._row.clear()
-        self._problem = {k: (a * self.decay, r * self.decay) for k, (a, r) in self._problem.items()}
+        self.rows.clear()
+        self.problems.a *= self.decay
+        self.problems.r *= self.decay
         self._run = [c * self.decay for c in self._run]
 
     def state_dict(self) -> dict:
-        return {"problems": [[pid, [a, r]] for pid, (a, r) in self._problem.items()], "run": list(self._run)}
+        p = self.problems
+        return {"problems": [[pid, [float(p.a[s]), float(p.r[s])]] for pid, s in p.of.items()], "run": list(self._run)}
 
     def load_state_dict(self, state: dict) -> None:
         problems = {}
@@ -99,5 +241,9 @@ class AcceptanceRate:
             run = None
         if run is None or not all(math.isfinite(c) and c >= 0 for c in run):
             raise ValueError(f"acceptance state: run must be [accepted, rejections] >= 0, got {state.get('run')!r}")
-        self._problem, self._row = dict(list(problems.items())[-self.max_problems:]), {}
+        self.rows.clear()
+        self.problems.clear()
+        for pid, (a, r) in list(problems.items())[-self.max_problems:]:
+            s = self.problems.add(pid)
+            self.problems.a[s], self.problems.r[s] = a, r
         self._run = run

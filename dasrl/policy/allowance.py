@@ -27,16 +27,24 @@ expected over the verified drafts).
 The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py): per row, pulled to its problem,
 decayed per step so that a problem that stopped drafting is probed again. The spending is logged per length
 class (`spent`: drafted tokens per class since the last `take_spent`).
+
+The per-row state lives in arrays (a slot per request), a batch is read as arrays (`RowBatch`), and the split
+and the trim run row by row in the native core (dasrl/_core price_split, cut_chains: numpy's arithmetic, in
+numpy's order; the expected-token tables stay numpy's), so a step costs no Python per row. A step in which no
+row can pay at its batch size and price is told by a cheap bound (`nothing_pays`) before any draft is priced.
+tests/test_policy_rows.py holds the batched policy to the row-by-row one it replaced.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import numpy as np
 
+from dasrl import _core
 from dasrl.drafter.base import DraftBatch
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.policy.base import BudgetPolicy, RequestState
@@ -54,39 +62,74 @@ def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
 
 
 class _Prices:
-    """The per-row price table of `priced_draft`, built once and asked for several shares."""
+    """The per-row price table of `priced_draft`, built once and asked for several shares (ForwardAllowance
+    prices a batch with the native split: the same tables, the same arithmetic)."""
 
     def __init__(self, p, most, *, row, kv, c_tok: float) -> None:
-        p = np.clip(np.atleast_1d(np.asarray(p, np.float64)), 0.0, 1.0)
-        most = np.broadcast_to(np.asarray(most, np.int64), p.shape).clip(min=0)
+        p = _unit(np.atleast_1d(np.asarray(p, np.float64)))
+        most = np.maximum(_as_shape(np.asarray(most, np.int64), p.shape), 0)
         self.shape = p.shape
-        d = np.arange(int(min(most.max(initial=0), MAX_PRICED)) + 1)  # [D]
-        self.drafts = (d > 0)[None, :]  # [1, D] the lengths that draft at all
-        row, kv = (np.broadcast_to(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
+        top = int(most.max(initial=0))
+        d, self.drafts, d1 = _lengths(min(top, MAX_PRICED) + 1)  # [D], [1, D] the lengths that draft at all, [1, D] d + 1
+        row, kv = (_as_shape(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
         self.cost = row + c_tok * d[None, :] + kv * self.drafts  # [B, D] seconds per forward, no share
-        self.e = tokens_per_forward(d[None, :], p[:, None])  # [B, D] expected tokens per forward
-        self.allowed = d[None, :] <= most[:, None]  # [B, D]
+        self.e = _tokens_unit(d[None, :], p[:, None], d1)  # [B, D] expected tokens per forward
+        # [B, D] the lengths each row may draft (None: every row all of them)
+        self.allowed = None if not most.size or int(most.min()) >= min(top, MAX_PRICED) else d[None, :] <= most[:, None]
 
     def best(self, share, fixed=0.0) -> np.ndarray:
         """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in
         (each a scalar or [B])."""
         if self.cost.shape[1] == 1:  # nobody may draft
             return np.zeros(self.shape, np.int64)
-        share, fixed = (x if np.ndim(x) == 0 else np.asarray(x, np.float64)[:, None] for x in (share, fixed))
+        if type(share) is not float:
+            share = share if np.ndim(share) == 0 else np.asarray(share, np.float64)[:, None]
+        if type(fixed) is not float:
+            fixed = fixed if np.ndim(fixed) == 0 else np.asarray(fixed, np.float64)[:, None]
         cost = share + self.cost + fixed * self.drafts  # [B, D]
-        per_token = np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
-        return np.argmin(per_token, axis=1).astype(np.int64)  # ties: the shorter draft
+        per_token = cost / self.e if self.allowed is None else np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
+        return np.argmin(per_token, axis=1)  # ties: the shorter draft
 
 
 MAX_PRICED = 256
 """Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
 
 
+def _unit(p: np.ndarray) -> np.ndarray:
+    """np.clip(p, 0, 1) (the same values), without clip's overhead."""
+    return np.minimum(np.maximum(p, 0.0), 1.0)
+
+
+_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _lengths(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arange(n), [1, n] which draft at all, [1, n] the lengths + 1 as float64), kept per n (read only)."""
+    out = _LENGTHS.get(n)
+    if out is None:
+        d = np.arange(n)
+        out = _LENGTHS[n] = (d, (d > 0)[None, :], (d.astype(np.float64) + 1)[None, :])
+        for a in out:
+            a.flags.writeable = False
+    return out
+
+
+def _as_shape(x: np.ndarray, shape: tuple) -> np.ndarray:
+    return x if x.shape == shape else np.broadcast_to(x, shape)
+
+
 def tokens_per_forward(k, p) -> np.ndarray:
     """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
     1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
-    k, p = np.asarray(k, np.float64), np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    return _tokens_unit(k, _unit(np.asarray(p, np.float64)))
+
+
+def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
+    """tokens_per_forward of a p already in [0, 1] (k1: k + 1 as float64, when at hand)."""
+    k = np.asarray(k, np.float64)
     one = p >= 1.0
+    if not one.any():  # the usual case: the formula alone
+        return (1.0 - p ** (k + 1 if k1 is None else k1)) / (1.0 - p)
     geo = (1.0 - p ** (k + 1)) / np.where(one, 1.0, 1.0 - p)  # p = 1 is taken below (no 0 / 0 to silence)
     return np.where(one, k + 1, geo)
 
@@ -95,12 +138,11 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
     """Per row, the shortest draft (at most `most`) with which its `remaining` tokens take no more than
     `horizon` forwards: a row that finishes within the critical path anyway drafts nothing."""
     remaining, most = np.asarray(remaining, np.float64), np.asarray(most, np.int64)
-    p = np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    p = _unit(np.asarray(p, np.float64))
     need = remaining / max(horizon, 1e-9)  # [B] tokens per forward the row must make
     out = np.zeros(len(need), np.int64)
-    for i, (n, q, m) in enumerate(zip(need, p, most)):
-        if n <= 1.0 or m <= 0:
-            continue
+    at = np.flatnonzero((need > 1.0) & (most > 0))  # every other row drafts nothing
+    for i, n, q, m in zip(at.tolist(), need[at].tolist(), p[at].tolist(), most[at].tolist()):
         if q >= 1.0:
             k = math.ceil(n - 1.0)
         elif 1.0 - (1.0 - q) * n <= 0.0 or q <= 0.0:
@@ -111,13 +153,122 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
     return out
 
 
+_NONE = np.zeros(0)
+
 CALIB_PRIOR = 4.0
 """Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
 
 
+CLASS_NAMES = ("none", "short", "medium", "long")
+"""The length classes a drafting row's spending is logged under ("none": no class); a policy naming others
+adds them (ForwardAllowance keeps each row's as a code, an index into its list of names)."""
+
+
+@dataclass
+class RowBatch:
+    """The live rows of one step as arrays: what `budgets` reads of each RequestState."""
+
+    keys: Sequence[Hashable]
+    """Each row's request key (RequestState.req_id)."""
+    problems: Sequence[Hashable]
+    """Each row's problem (RequestState.problem_id)."""
+    prompt_len: np.ndarray
+    """[B] int64, and the same for the four below."""
+    max_new_tokens: np.ndarray
+    generated: np.ndarray
+    drafted: np.ndarray
+    accepted: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @staticmethod
+    def of(states: Sequence[RequestState]) -> "RowBatch":
+        def col(name: str) -> np.ndarray:
+            return np.fromiter((getattr(s, name) for s in states), np.int64, len(states))
+
+        return RowBatch([s.req_id for s in states], [s.problem_id for s in states], col("prompt_len"),
+                        col("max_new_tokens"), col("generated"), col("drafted"), col("accepted"))
+
+
+class _RowSlots:
+    """The allowance's per-row state in arrays, a slot per request key: what the row drafted and had accepted
+    when last folded in (`drafted`, `accepted`) and the class it last drafted under (`cls`, a CLASS_NAMES
+    code); and its expected length, cached while the length history stays and its length stays within the
+    span over which the expectation is constant (`e`, valid up to `e_last` generated tokens at history
+    version `e_version`). A key without a slot has (0, 0, "none") and nothing cached."""
+
+    def __init__(self) -> None:
+        self.of: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self._next = 0
+        self.version = 0
+        """Changes whenever a key gains or loses its slot."""
+        self._grow(16)
+        self._cache: tuple[object, int, np.ndarray] | None = None  # (keys, version, slots)
+
+    def _grow(self, n: int) -> None:
+        old = getattr(self, "drafted", None)
+        size = 0 if old is None else len(old)
+        new = {"drafted": np.int64, "accepted": np.int64, "cls": np.int32, "e": np.float64, "e_last": np.int64,
+               "e_version": np.int64, "c_code": np.int32, "c_last": np.int64, "c_version": np.int64}
+        for name, dt in new.items():
+            arr = np.zeros(n, dt)
+            if old is not None:
+                arr[:size] = getattr(self, name)
+            setattr(self, name, arr)
+
+    def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """[B] the slot of each key, made for the keys without one. The same keys list object as the last
+        call (unchanged: the caller's promise) with no slot made or freed since returns the same array."""
+        c = self._cache
+        if c is not None and c[0] is keys and c[1] == self.version:
+            return c[2]
+        get = self.of.get
+        out = np.fromiter((get(k, -1) for k in keys), np.int64, len(keys))
+        if (out < 0).any():
+            for i in np.flatnonzero(out < 0).tolist():
+                out[i] = self.of.get(keys[i], -1)
+                if out[i] < 0:  # a key twice in one batch takes one slot
+                    out[i] = self._add(keys[i])
+        self._cache = (keys, self.version, out)
+        return out
+
+    def _add(self, key: Hashable) -> int:
+        if self._free:
+            s = self._free.pop()
+        else:
+            s = self._next
+            self._next += 1
+            if s >= len(self.drafted):
+                self._grow(2 * len(self.drafted))
+        self.drafted[s] = self.accepted[s] = self.cls[s] = 0
+        self.e_version[s] = self.c_version[s] = -1
+        self.of[key] = s
+        self.version += 1
+        return s
+
+    def drop(self, key: Hashable) -> None:
+        s = self.of.pop(key, None)
+        if s is not None:
+            self._free.append(s)
+            self.version += 1
+
+    def clear(self) -> None:
+        self.of.clear()
+        self._free.clear()
+        self._next = 0
+        self.version += 1
+
+
 class ForwardAllowance:
     """Wraps a policy: each row's draft under its cap priced (module docstring); with `max_tokens`, the
-    drafts of a forward capped and spent critical row first."""
+    drafts of a forward capped and spent critical row first.
+
+    `budgets(states)` serves any caller; `budgets_rows(rows)` is the same split for a caller that keeps its
+    rows as arrays (the vLLM proposer), finishes or aborts every request itself and whose wrapped policy
+    caps every row alike: no per-row Python on the way, and a step in which no row can pay at its batch
+    size and price (`nothing_pays`) is told before any draft is priced."""
 
     def __init__(self, inner: BudgetPolicy, max_tokens: int | None = None, *, latency: LatencyModel | None = None,
                  acceptance: AcceptanceRate | None = None) -> None:
@@ -128,110 +279,262 @@ class ForwardAllowance:
         """The per-token acceptance estimate of rows and problems (the policy's only one)."""
         self.lengths: LengthClassifier | None = inner.lengths if isinstance(inner, HistoryPolicy) else None
         """The wrapped policy's length history (predicts each row's remaining length), None without one."""
-        self._price: dict[Hashable, tuple[float, float, float]] = {}  # req -> (share, row, kv) this forward
+        self._prices: tuple[Sequence[Hashable], np.ndarray, np.ndarray, np.ndarray] | None = None
+        """The last priced batch: (its keys, [B] each row's share, own cost and extra cost of drafting)."""
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
         self._calib = [0.0, 0.0]  # accepted tokens, expected ones (path probabilities) of verified drafts
         self.spent: Counter = Counter()
         """Drafted tokens per length class since the last take_spent()."""
-        self._seen: dict[Hashable, tuple[int, int, str]] = {}  # req -> (drafted, accepted, last class)
+        self._rows = _RowSlots()  # req -> (drafted, accepted, last class) folded in, its expected length
+        self._batch: tuple[RowBatch, np.ndarray] | None = None  # the last budgets_rows batch and its slots
+        self._acc_cache: list = [None, -1, None, None, -1, None]  # keys, version, slots; problems, version, slots
+        self.skipped = 0
+        """budgets calls that `nothing_pays` settled before pricing a draft."""
+        self._caps: dict[tuple[int, int], np.ndarray] = {}  # (rows, cap) -> [rows] that cap (read only)
+        self._class_names = list(CLASS_NAMES)
+        self._class_code = {c: i for i, c in enumerate(CLASS_NAMES)}
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
-        for s in states:
-            self._account(s)
+        rows = RowBatch.of(states)
+        slots = self._rows.slots(rows.keys)
+        self._account(rows, slots)
         caps = np.asarray(self.inner.budgets(states), np.int64).clip(min=0)  # [B] class caps
         if not states:
             return []
-        p = np.array([self._p(s) for s in states])  # [B] per-token acceptance
-        remaining = np.maximum(self._remaining(states), 1.0)  # [B] predicted tokens still to come
+        lazy = isinstance(self.inner, DASPolicy) and self.inner.lazy_classes
+
+        def classify(i: int) -> str:
+            s = states[i]
+            return self.inner.classify(s) if lazy else s.classes[-1] if s.classes else "none"
+
+        return self._split(rows, slots, caps, classify).tolist()
+
+    def budgets_rows(self, rows: RowBatch) -> np.ndarray:
+        """[B] int64: `budgets` of these rows, for a caller that finishes or aborts each request itself (none is
+        finished by its absence from a batch) and whose wrapped policy caps every row alike (`uniform_cap`:
+        equal class caps, a fixed k). `rows.keys` and `rows.problems` are read only: the same list objects
+        as the last call promise the same rows. `trim_rows` trims their drafts."""
+        cap = getattr(self.inner, "uniform_cap", lambda: None)()
+        if cap is None:
+            raise TypeError(f"budgets_rows needs a wrapped policy that caps every row alike (uniform_cap), got "
+                            f"{type(self.inner).__name__}: call budgets(states)")
+        slots = self._rows.slots(rows.keys)
+        self._batch = (rows, slots)
+        self._account(rows, slots)
+        n = len(rows)
+        if not n:
+            return np.zeros(0, np.int64)
+        if isinstance(self.inner, HistoryPolicy):
+            self.inner.track_max_len(int(rows.max_new_tokens.max()))
+        caps = self._caps.get((n, cap))
+        if caps is None:
+            if len(self._caps) > 64:
+                self._caps.clear()
+            caps = self._caps[(n, cap)] = np.full(n, max(int(cap), 0), np.int64)
+            caps.flags.writeable = False
+        # equal class caps: a drafting row's class is its length class (DASPolicy.classify), else none
+        return self._split(rows, slots, caps, None if isinstance(self.inner, DASPolicy) else (lambda i: "none"))
+
+    def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
+        """[B] what each row drafts (the module docstring), given its class cap; `classify(i)` names the class
+        row i drafts under (asked for the drafting rows only; None: its length class, cached per row)."""
+        p = self._rates(rows)  # [B] per-token acceptance
+        remaining = np.maximum(self._remaining(rows, slots), 1.0)  # [B] predicted tokens still to come
         if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
             best = caps
             need = pace_draft(remaining, p, horizon=float((remaining / tokens_per_forward(best, p)).max()), most=best)
+        elif self.nothing_pays(rows, caps, p, remaining):
+            self.skipped += 1
+            self._prices = None  # no row drafts: no draft of this batch to cut
+            best = need = np.zeros(len(rows), np.int64)
         else:
-            best, need = self._priced(states, caps, p, remaining)
+            best, need = self._priced(rows, caps, p, remaining)
         if self.max_tokens is None:
-            out = np.asarray(need, np.int64).tolist()
+            out = np.asarray(need, np.int64)
         else:  # the forward's drafts capped: spent critical row first
             at_best = remaining / tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
-            out, left = [0] * len(states), self.max_tokens
+            out, left = np.zeros(len(rows), np.int64), self.max_tokens
             for i in np.argsort(-at_best, kind="stable"):
                 if left <= 0:
                     break
                 out[i] = int(min(need[i], left))
                 left -= out[i]
-        lazy = isinstance(self.inner, DASPolicy) and self.inner.lazy_classes
-        for s, k in zip(states, out):  # the class each drafting row drafts under this step
-            if not k:
-                self.acceptance.idle(s.req_id)
-                continue
-            cls = self.inner.classify(s) if lazy else s.classes[-1] if s.classes else "none"
-            self._seen[s.req_id] = (*self._seen[s.req_id][:2], cls)
+        drafting = out > 0
+        acc_rows = self._acc_slots(rows)[0]
+        n_drafting = int(np.count_nonzero(drafting))
+        if n_drafting:
+            if n_drafting < len(out):
+                self.acceptance.idle_slots(acc_rows[~drafting])
+            idx = np.flatnonzero(drafting)  # the class each drafting row drafts under this step
+            if classify is None:
+                self._length_classes(rows, slots, idx)
+            else:
+                for i in idx.tolist():
+                    self._rows.cls[slots[i]] = self._code(classify(i))
+        else:
+            self.acceptance.idle_slots(acc_rows)
         return out
 
-    def _priced(self, states, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
+    def _length_classes(self, rows: RowBatch, slots: np.ndarray, idx: np.ndarray) -> None:
+        """Rows idx draft under their length class now (LengthClassifier.classify), cached per row while it
+        stays the same (LengthClassifier.classify_span)."""
+        r, lengths = self._rows, self.lengths
+        ver, ss, g = lengths.version, slots[idx], rows.generated[idx]
+        stale = (r.c_version[ss] != ver) | (g > r.c_last[ss])
+        for j in np.flatnonzero(stale).tolist():
+            cls, last = lengths.classify_span(rows.problems[idx[j]], int(g[j]))
+            s = ss[j]
+            r.c_code[s], r.c_last[s], r.c_version[s] = self._code(cls), last, ver
+        r.cls[ss] = r.c_code[ss]
+
+    def _code(self, cls: str) -> int:
+        code = self._class_code.get(cls)
+        if code is None:
+            code = self._class_code[cls] = len(self._class_names)
+            self._class_names.append(cls)
+        return code
+
+    def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:
+        """True only if `_priced` would give every row 0 (then it need not run): a bound from the batch size,
+        the price and each row's acceptance and remaining length. Draft d costs at least c_tok * d more per
+        forward and gains at most (share + own cost) * d * p (E(d) - 1 <= d p), so a row with p * (share +
+        row) < c_tok drafts nothing at any length. Its share is c_base / B off the critical group and
+        c_base / m in it, m the group's size, which only grows from its size at m = 1; that group holds every
+        row whose remaining length exceeds an upper bound of the critical path at m = 1 (each row whose first
+        draft token pays even alone cuts its forwards by 1 + p at least). So every row with p * (c_base / m0
+        + row) < c_tok, m0 that bound of the group, drafts nothing. Margins keep it true in floating point."""
+        lat = self.latency
+        ctx = rows.prompt_len + rows.generated  # [B]
+        # A quick no: some row pays even alone (its own cost is monotone in its context: the longest's is the most)
+        if float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
+                lat.c_tok * (1.0 - 1e-6) and caps.all():
+            return False
+        row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
+        if not caps.all():
+            can = caps > 0  # [B]
+            if not np.count_nonzero(can):
+                return True
+            p, row_can = p[can], row[can]  # only rows that may draft can pay; every row counts in the group
+        else:
+            can, row_can = None, row
+        r_lo, r_hi = float(row_can.min()), float(row_can.max())
+        if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
+            return False
+        q_lo, q_hi = max(float(p.min()), 0.0), min(float(p.max()), 1.0)
+        if q_hi * (lat.c_base / len(rows) + r_hi) > lat.c_tok * (1.0 - 1e-6):
+            return False  # some row might pay even off the critical group
+        # The loose bound first (scalars): every row's first draft token surely pays alone at m = 1.
+        r_max = float(remaining.max())
+        extra = lat.c_tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
+        if can is None and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
+            m0 = max(int(np.count_nonzero(remaining > r_max / ((1.0 + q_lo) * (1.0 - 1e-12)) * (1 + 1e-9))), 1)
+            if q_hi * (lat.c_base / m0 + r_hi) <= lat.c_tok * (1.0 - 1e-6):
+                return True
+        # Row by row (arrays): the horizon's bound from each row's own acceptance.
+        q = np.minimum(np.maximum(p, 0.0), 1.0)  # [C]
+        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * (ctx if can is None else ctx[can])) \
+            * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
+        bound = remaining.copy()  # [B] each row's forwards at m = 1, bounded above (1: rows that cannot draft)
+        pr = bound if can is None else bound[can]
+        pr = np.where(pay1, pr / ((1.0 + q) * (1.0 - 1e-12)), pr)
+        if can is None:
+            bound = pr
+        else:
+            bound[can] = pr
+        m0 = max(int(np.count_nonzero(remaining > float(bound.max()) * (1 + 1e-9))), 1)
+        return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
+
+    def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
         """([B] each row's priced draft, [B] what it drafts): rows off the critical group carry c_base / B
         (any of the B live rows may turn out to be the last) and the whole c_draft; the group's m rows share
         c_base and c_draft (they draft together) and draft what keeps them within the critical path
         (module docstring)."""
         lat = self.latency
-        ctx = np.array([s.prompt_len + s.generated for s in states], np.float64)  # [B] context lengths
+        n = len(rows)
+        ctx = (rows.prompt_len + rows.generated).astype(np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
-        prices = _Prices(p, caps, row=row, kv=kv, c_tok=lat.c_tok)
-        spread = lat.c_base / len(states)
-        solo = prices.best(spread, lat.c_draft)  # [B]
-        at_solo = remaining / tokens_per_forward(solo, p)  # [B] forwards drafting for itself
-        m = 1
-        while True:
-            crit = prices.best(lat.c_base / m, lat.c_draft / m)  # [B]
-            horizon = float((remaining / tokens_per_forward(crit, p)).max())
-            group = at_solo > horizon * (1 + 1e-9)  # [B] rows that would outlast the critical path alone
-            if max(int(group.sum()), 1) <= m:
-                break
-            m = int(group.sum())
-        share = np.where(group, lat.c_base / m, spread)  # [B]
-        extra = kv + np.where(group, lat.c_draft / m, lat.c_draft)  # [B]
-        self._price = {st.req_id: (float(a), float(b), float(c)) for st, a, b, c in zip(states, share, row, extra)}
-        best = np.where(group, crit, solo)
-        return best, np.where(group, pace_draft(remaining, p, horizon=horizon, most=crit), solo)
+        # _Prices' tables: E(d) by numpy (its power), the costs in the native split
+        pu, most = _unit(p), np.maximum(caps, 0)
+        top = min(int(most.max()), MAX_PRICED)
+        d, _, d1 = _lengths(top + 1)
+        e = _tokens_unit(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
+        # The split, row by row in the native core (dasrl/_core price_split, numpy's arithmetic):
+        #   solo = the cheapest draft at share c_base / n (and the whole c_draft); at_solo = remaining / E(solo);
+        #   m = 1, then: crit = the cheapest at c_base / m, c_draft / m; horizon = max(remaining / E(crit));
+        #   group = at_solo > horizon (1 + 1e-9); until the group's size is at most m, m = that size;
+        #   the group drafts pace_draft(remaining, p, horizon, crit) at share c_base / m, the rest solo.
+        # E(d) is read from the table (tokens_per_forward of the same p and d).
+        best, need, share, extra, _, _, _ = _core.price_split(
+            row, lat.c_tok, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base, lat.c_draft)
+        self._prices = (rows.keys, share, row, extra)
+        return best, need
 
     def acceptance_rate(self, state: RequestState) -> float:
         """The per-token acceptance rate the row's drafts are expected to have (see the module docstring)."""
-        return self._p(state)
+        return self.acceptance.rate(state.req_id, state.problem_id)
 
-    def _remaining(self, states: Sequence[RequestState]) -> np.ndarray:
-        lengths = self.lengths
+    def _acc_slots(self, rows: RowBatch) -> tuple[np.ndarray, np.ndarray]:
+        """([B] the acceptance estimate's row slots, [B] its problem slots), kept while the same keys and
+        problems lists come with no slot made or freed there."""
+        c, acc = self._acc_cache, self.acceptance
+        if c[0] is not rows.keys or c[1] != acc.rows.version:
+            c[0:3] = rows.keys, acc.rows.version, acc.rows.slots(rows.keys)
+        if c[3] is not rows.problems or c[4] != acc.problems.version:
+            c[3:6] = rows.problems, acc.problems.version, acc.problems.slots(rows.problems)
+        return c[2], c[5]
+
+    def _rates(self, rows: RowBatch) -> np.ndarray:
+        return self.acceptance.rates(*self._acc_slots(rows))
+
+    def _remaining(self, rows: RowBatch, slots: np.ndarray) -> np.ndarray:
+        """[B] each row's predicted tokens still to come: min(E[L | L >= generated], max_new_tokens) -
+        generated, the expectation cached per row while it stays the same (LengthClassifier.expected_span)."""
+        lengths, g = self.lengths, rows.generated
         if lengths is None:
-            return np.array([s.generated for s in states], np.float64)
-        return np.array([min(lengths.expected_length(s.problem_id, s.generated), s.max_new_tokens) - s.generated
-                         for s in states], np.float64)
-
-    def _p(self, s: RequestState) -> float:
-        return self.acceptance.rate(s.req_id, s.problem_id)
+            return g.astype(np.float64)
+        r, ver = self._rows, lengths.version
+        stale = (r.e_version[slots] != ver) | (g > r.e_last[slots])  # [B]
+        if stale.any():
+            for i in np.flatnonzero(stale).tolist():
+                e, last = lengths.expected_span(rows.problems[i], int(g[i]))
+                s = slots[i]
+                r.e[s], r.e_last[s], r.e_version[s] = e, last, ver
+        return np.minimum(r.e[slots], rows.max_new_tokens) - g
 
     # ------------------------------------------------------------------ bookkeeping
-    def _account(self, s: RequestState) -> None:
-        """Fold in what the row's last step drafted and accepted (budgets() runs once per engine step)."""
-        drafted, accepted, cls = self._seen.get(s.req_id, (0, 0, "none"))
-        d, a = s.drafted - drafted, s.accepted - accepted
-        if d > 0:
-            self.spent[cls] += d
-            x = self._expected.pop(s.req_id, None)
-            if x is not None:
-                self._calib[0] += a
-                self._calib[1] += x
-            self.acceptance.record(s.req_id, s.problem_id, drafted=d, accepted=a)
-        self._seen[s.req_id] = (s.drafted, s.accepted, cls)
+    def _account(self, rows: RowBatch, slots: np.ndarray) -> None:
+        """Fold in what each row's last step drafted and accepted (budgets runs once per engine step)."""
+        r = self._rows
+        d = rows.drafted - r.drafted[slots]  # [B]
+        if np.count_nonzero(d > 0):
+            idx = np.flatnonzero(d > 0)  # rows whose drafts were verified since
+            di, ai = d[idx], (rows.accepted - r.accepted[slots])[idx]
+            every = len(idx) == len(d)
+            keys = rows.keys if every else [rows.keys[i] for i in idx.tolist()]
+            names, spent = self._class_names, self.spent
+            for c, x in zip(r.cls[slots[idx]].tolist(), di.tolist()):
+                spent[names[c]] += x
+            expected, calib = self._expected, self._calib
+            for key, a in zip(keys, ai.tolist()):
+                x = expected.pop(key, None)
+                if x is not None:
+                    calib[0] += a
+                    calib[1] += x
+            self.acceptance.record_batch(keys, rows.problems if every else [rows.problems[i] for i in idx.tolist()], di, ai)
+        r.drafted[slots] = rows.drafted
+        r.accepted[slots] = rows.accepted
 
     def finish(self, state: RequestState) -> None:
         """The request left the batch: count its last step's drafts; the wrapped policy learns from it."""
-        self._account(state)
-        self._seen.pop(state.req_id, None)
+        self._account(RowBatch.of([state]), self._rows.slots([state.req_id]))
+        self._rows.drop(state.req_id)
         self.acceptance.forget_row(state.req_id)
         self.inner.finish(state)
 
     def abort(self, state: RequestState) -> None:
         """The request's generation failed: forget it (its partial drafts count nowhere)."""
-        self._seen.pop(state.req_id, None)
+        self._rows.drop(state.req_id)
         self._expected.pop(state.req_id, None)
         self.acceptance.forget_row(state.req_id)
         self.inner.abort(state)
@@ -242,7 +545,8 @@ class ForwardAllowance:
         return out
 
     def end_step(self) -> None:
-        self._seen.clear()
+        self._rows.clear()
+        self._batch = None
         self.acceptance.end_step()  # problems decay: one that stopped drafting is probed again later
         self._calib = [c * self.acceptance.decay for c in self._calib]
         self._expected.clear()
@@ -252,38 +556,61 @@ class ForwardAllowance:
     def trims(self) -> bool:
         return self.latency is not None or self.inner.trims
 
+    @property
+    def _price(self) -> dict[Hashable, tuple[float, float, float]]:
+        """{req: (share, own cost, extra cost of drafting)} of the last priced batch (for inspection)."""
+        if self._prices is None:
+            return {}
+        keys, share, row, extra = self._prices
+        return {k: v for k, v in zip(keys, zip(share.tolist(), row.tolist(), extra.tolist()))}
+
     def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
         """The wrapped policy's trim, then each draft cut to the prefix with the fewest expected seconds per
         emitted token, node i accepted with probability its path probability x the calibration (accepted /
         expected over the verified drafts): a draft as long as the cap but sure only of its first tokens
         keeps those."""
         drafts = self.inner.trim(states, drafts) if self.inner.trims else drafts
-        if self.latency is None:
+        if self.latency is None or self._prices is None:
             return drafts
+        at = {k: i for i, k in enumerate(self._prices[0])}
+        where = np.fromiter((at.get(s.req_id, -1) for s in states), np.int64, len(states))
+        return self._trim([s.req_id for s in states], where, drafts)
+
+    def trim_rows(self, index: np.ndarray, drafts: DraftBatch, match_factor: float = 0.0) -> np.ndarray:
+        """[D] the nodes each draft keeps: rows `index` (positions in the last `budgets_rows` batch, in order),
+        each draft cut to match_factor x its match length first (0: not), then by `trim`'s rule."""
+        if self.inner.trims:
+            raise TypeError("trim_rows: the wrapped policy trims by state: call trim(states, drafts)")
+        rows = None if self._batch is None else self._batch[0]
+        if self.latency is None or self._prices is None or rows is None or self._prices[0] is not rows.keys:
+            # nothing to cut by price (unpriced, or the last batch was not priced: nothing paid)
+            return _core.cut_chains(np.ascontiguousarray(drafts.probs, np.float64), drafts.offsets, drafts.match_len,
+                                    float(match_factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
+        return self._cut([rows.keys[i] for i in index.tolist()], np.asarray(index, np.int64), drafts, match_factor)
+
+    def _trim(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch) -> DraftBatch:
+        """Each draft b (of request keys[b], row where[b] of the priced batch; -1: not priced) cut by price."""
+        return drafts.capped(self._cut(keys, where, drafts, 0.0))
+
+    def _cut(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch, match_factor: float) -> np.ndarray:
+        """[B] the nodes each draft keeps: at most match_factor x its match length (0: no such cap), then, where
+        priced (where[b] >= 0), the prefix with the fewest expected seconds per emitted token, node i accepted
+        with probability min(path probability x calibration, 1) -- in the native core (dasrl/_core cut_chains,
+        numpy's arithmetic). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
         a, x = self._calib
         calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
-        q = np.minimum(drafts.probs * calib, 1.0)  # [T] P(node accepted); prefixes of best-first trees are trees
-        keep = drafts.lengths.copy()  # [B] nodes each row keeps
-        priced = np.array([s.req_id in self._price for s in states], bool) & (keep > 0)  # [B]
-        if not priced.any():
-            return drafts
-        rows = np.flatnonzero(priced)  # [R] the rows to cut
-        price = np.array([self._price[states[b].req_id] for b in rows.tolist()], np.float64).reshape(-1, 3)  # [R, 3]
-        share, row, kv = price[:, :1], price[:, 1:2], price[:, 2:3]  # [R, 1] each
-        width = int(keep[rows].max())
-        n = np.arange(width + 1)[None, :]  # [1, W+1] kept nodes
-        qs = np.zeros((len(rows), width + 1))  # [R, W+1] column j+1: node j's acceptance, 0 past the draft
-        node_row, node_idx = drafts.node_rows()
-        at = np.searchsorted(rows, node_row)  # [T] each node's place among the cut rows (where it is one)
-        mine = priced[node_row]
-        qs[at[mine], node_idx[mine] + 1] = q[mine]
-        cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.cumsum(qs, axis=1))  # [R, W+1]
-        cost[n > keep[rows][:, None]] = np.inf  # past a row's draft
-        keep[rows] = np.argmin(cost, axis=1)  # ties: the shorter prefix
-        for b in rows[keep[rows] > 0].tolist():  # the raw path probabilities each kept draft expects accepted
-            lo = int(drafts.offsets[b])
-            self._expected[states[b].req_id] = float(q[lo:lo + keep[b]].sum() / calib)
-        return drafts.capped(keep)
+        priced = where >= 0  # [B]
+        at = where if priced.all() else np.where(priced, where, 0)
+        share, row, kv = (v[at] for v in self._prices[1:])
+        keep, expected = _core.cut_chains(np.ascontiguousarray(drafts.probs, np.float64), drafts.offsets,
+                                          drafts.match_len, float(match_factor), priced.view(np.uint8), share, row, kv,
+                                          self.latency.c_tok, calib)
+        cut = np.flatnonzero(priced & (keep > 0))
+        if len(cut):
+            store = self._expected
+            for b, e in zip(cut.tolist(), expected[cut].tolist()):
+                store[keys[b]] = e
+        return keep
 
     def parts(self) -> dict[str, object]:
         """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance

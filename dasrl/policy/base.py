@@ -113,6 +113,10 @@ class NoSpeculation(PolicyBase):
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         return [0] * len(states)
 
+    def uniform_cap(self) -> int:
+        """The cap every row gets, whatever its state (what `budgets` returns for each)."""
+        return 0
+
 
 class FixedBudget(PolicyBase):
     """The same cap k for every request, every step."""
@@ -124,3 +128,7 @@ class FixedBudget(PolicyBase):
 
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         return [self.k] * len(states)
+
+    def uniform_cap(self) -> int:
+        """The cap every row gets, whatever its state (what `budgets` returns for each)."""
+        return self.k

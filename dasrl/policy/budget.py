@@ -56,6 +56,12 @@ class HistoryPolicy(PolicyBase):
         self._track(states)
         return self._budgets(states)
 
+    def track_max_len(self, max_new_tokens: int) -> None:
+        """What `budgets` learns of a batch whose caller finishes or aborts each request itself (none is
+        finished by its absence): the length limit, `max_new_tokens` the batch's largest."""
+        if not self._fixed_max:
+            self.lengths.set_max_len(max_new_tokens)
+
     def _budgets(self, states: Sequence[RequestState]) -> list[int]:
         raise NotImplementedError
 
@@ -93,6 +99,10 @@ class DASPolicy(HistoryPolicy):
         policy asks only for the rows that draft (their spending is logged by class; the classes of a large
         batch were most of a budgets() call)."""
         return self.caps.short == self.caps.medium == self.caps.long
+
+    def uniform_cap(self) -> int | None:
+        """The cap every row gets whatever its state (equal class caps), else None."""
+        return int(self.caps.long) if self.lazy_classes else None
 
     def classify(self, s: RequestState) -> str:
         """The row's class now (appended to its classes)."""

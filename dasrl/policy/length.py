@@ -165,12 +165,15 @@ class LengthClassifier:
         self._pooled = _Pooled()
         self._tables: dict[Hashable, _Table] = {}
         self._thr: tuple[int, int] | None = None
+        self.version = 0
+        """Changes whenever the history or max_len does (what `expected_span` returned may be stale)."""
 
     # ---------------------------------------------------------------- history
     def set_max_len(self, max_len: int) -> None:
         if int(max_len) != self.max_len:
             self.max_len = int(max_len)
             self._thr = None
+            self.version += 1
 
     def record(self, problem_id: Hashable, length: int) -> None:
         """A response of this problem finished with `length` output tokens."""
@@ -185,6 +188,7 @@ class LengthClassifier:
         self._lengths[problem_id] = d  # now the most recent
         self._tables.pop(problem_id, None)
         self._thr = None
+        self.version += 1
         while len(self._lengths) > self.config.max_problems:
             self._forget(next(iter(self._lengths)))
 
@@ -270,6 +274,23 @@ class LengthClassifier:
         short, medium, long = self._probabilities(problem_id, generated)
         return "long" if long >= medium and long >= short else "medium" if medium >= short else "short"
 
+    def classify_span(self, problem_id: Hashable, generated: int = 0) -> tuple[str, int]:
+        """(classify(problem_id, generated), last): the same class for every generated' in [generated, last]
+        while `version` stays (the counts of lengths >= generated', the problem's and the pooled, and which
+        side of each threshold generated' is on, stay those at generated)."""
+        g = int(generated)
+        lo, hi = self.thresholds()
+        last = min(lo - 1 if g < lo else 1 << 62, hi - 1 if g < hi else 1 << 62)
+        t = self._table(problem_id)
+        k = bisect.bisect_left(t.sorted, g)
+        if k < t.n:
+            last = min(last, t.sorted[k])
+        p = self._pooled
+        n = p.count_from(g)
+        if n:
+            last = min(last, p.kth(p.n - n))
+        return self.classify(problem_id, g), last
+
     def expected_length(self, problem_id: Hashable, generated: int = 0) -> float:
         """E[L | L >= generated] from the problem's history (pooled if it has none that long), capped at
         max_len; with no history at all, the midpoint between generated and max_len."""
@@ -278,6 +299,21 @@ class LengthClassifier:
             if n:
                 return float(min(t.sum_from(generated) / n, self.max_len))
         return float(generated + self.max_len) / 2.0
+
+    def expected_span(self, problem_id: Hashable, generated: int = 0) -> tuple[float, int]:
+        """(expected_length(problem_id, generated), last): the same value for every generated' in
+        [generated, last] while `version` stays (the lengths >= generated' are those >= generated: `last` is
+        the smallest of them; with no history at all, `last` = generated). tests/test_length.py holds the
+        two to each other."""
+        t = self._table(problem_id)
+        k = bisect.bisect_left(t.sorted, generated)
+        if k < t.n:
+            return float(min(t.sums_from[k] / (t.n - k), self.max_len)), t.sorted[k]
+        p = self._pooled
+        n = p.count_from(generated)
+        if n:
+            return float(min(p.sum_from(generated) / n, self.max_len)), p.kth(p.n - n)
+        return float(generated + self.max_len) / 2.0, int(generated)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -303,6 +339,7 @@ class LengthClassifier:
         self.max_len = max_len
         keep = list(lengths.items())[-self.config.max_problems:]  # the most recent (a save's order is theirs)
         self._lengths, self._pooled, self._tables, self._thr = dict(keep), _Pooled(), {}, None
+        self.version += 1
         for _, d in keep:
             for x in d:
                 self._pooled.add(x)

@@ -12,6 +12,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "rows.hpp"
 #include "suffix_index.hpp"
 
 namespace nb = nanobind;
@@ -19,6 +20,29 @@ using namespace dasrl;
 
 using AnyArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;  // any dtype, checked below
 using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F64Array = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F64Table = nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using U8Array = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using TokTable = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;  // int32 or int64, checked below
+using DraftTable = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Calls f with the token table's typed pointer (int32 or int64 rows; anything else: TypeError).
+template <class F> static auto with_rows(const TokTable& t, F f) {
+  if (t.dtype() == nb::dtype<int32_t>()) return f(static_cast<const int32_t*>(t.data()));
+  if (t.dtype() == nb::dtype<int64_t>()) return f(static_cast<const int64_t*>(t.data()));
+  throw nb::type_error("token rows must be an int32 or int64 array");
+}
+
+// rows[i], start[i], count[i] must name a run inside the [R, W] table.
+static void check_runs(const TokTable& t, const I64Array& rows, const I64Array& start, const I64Array& count, size_t n) {
+  if (rows.shape(0) != n || start.shape(0) != n || count.shape(0) != n)
+    throw nb::value_error("rows, start and count need one entry per row");
+  const int64_t R = int64_t(t.shape(0)), W = int64_t(t.shape(1));
+  for (size_t i = 0; i < n; ++i)
+    if (rows.data()[i] < 0 || rows.data()[i] >= R || start.data()[i] < 0 || count.data()[i] < 0 ||
+        start.data()[i] + count.data()[i] > W)
+      throw nb::value_error(("run " + std::to_string(i) + " lies outside the token rows").c_str());
+}
 constexpr int64_t kTokenLimit = int64_t(INT32_MAX) + 1;
 
 template <class T>
@@ -189,6 +213,108 @@ NB_MODULE(_core, m) {
         }
         return to_numpy(std::move(out));
       }, nb::arg("cursors"), nb::arg("targets"), nb::arg("offsets"));
+
+  // cursors[i] takes tokens[rows[i], start[i] : start[i] + count[i]] of a [R, W] int32/int64 table: (-1, -1) when
+  // every token is in [0, limit) and all were appended, else (i, offset) of the first bad one (a negative one
+  // anywhere first) and nothing changed.
+  m.def("extend_rows", [](const std::vector<Cursor*>& cursors, TokTable tokens, I64Array rows, I64Array start,
+                          I64Array count, int64_t limit) {
+        size_t n = cursors.size();
+        check_runs(tokens, rows, start, count, n);
+        for (Cursor* c : cursors)
+          if (!c) throw nb::value_error("cursor is None");
+        const int64_t W = int64_t(tokens.shape(1));
+        return with_rows(tokens, [&](auto* t) {
+          auto bad = first_bad_rows(t, W, rows.data(), start.data(), count.data(), int64_t(n), std::min(limit, kTokenLimit));
+          if (bad.first < 0) {
+            nb::gil_scoped_release release;
+            extend_rows(cursors.data(), t, W, rows.data(), start.data(), count.data(), int64_t(n));
+          }
+          return nb::make_tuple(bad.first, bad.second);
+        });
+      }, nb::arg("cursors"), nb::arg("tokens"), nb::arg("rows"), nb::arg("start"), nb::arg("count"),
+      nb::arg("limit") = kTokenLimit);
+
+  // [n] leading tokens of drafts[j, :dlen[j]] equal to tokens[rows[j], start[j] : start[j] + count[j] - 1].
+  m.def("accepted_rows", [](DraftTable drafts, I64Array dlen, TokTable tokens, I64Array rows, I64Array start,
+                            I64Array count) {
+        size_t n = drafts.shape(0);
+        check_runs(tokens, rows, start, count, n);
+        if (dlen.shape(0) != n) throw nb::value_error("one draft length per draft needed");
+        for (size_t j = 0; j < n; ++j)
+          if (dlen.data()[j] < 0 || dlen.data()[j] > int64_t(drafts.shape(1))) throw nb::value_error("draft length out of range");
+        std::vector<int64_t> out(n);
+        with_rows(tokens, [&](auto* t) {
+          accepted_rows(drafts.data(), int64_t(drafts.shape(1)), dlen.data(), t, int64_t(tokens.shape(1)), rows.data(),
+                        start.data(), count.data(), int64_t(n), out.data());
+          return 0;
+        });
+        return to_numpy(std::move(out));
+      }, nb::arg("drafts"), nb::arg("dlen"), nb::arg("tokens"), nb::arg("rows"), nb::arg("start"), nb::arg("count"));
+
+  // ForwardAllowance._priced's split (rows.hpp): (best, need, share, extra, group size, m, horizon).
+  m.def("price_split", [](F64Array row, double c_tok, F64Table e, nb::object most, F64Array remaining, F64Array pu,
+                          F64Array kv, double c_base, double c_draft) {
+        size_t B = e.shape(0), D = e.shape(1);
+        if (B == 0 || D == 0 || row.shape(0) != B || remaining.shape(0) != B || pu.shape(0) != B || kv.shape(0) != B)
+          throw nb::value_error("price_split: e must be [B, D] (B, D >= 1), row, remaining, pu and kv [B]");
+        const int64_t* m_ptr = nullptr;
+        I64Array most_arr;
+        if (!most.is_none()) {
+          most_arr = nb::cast<I64Array>(most);
+          if (most_arr.shape(0) != B) throw nb::value_error("price_split: most must be [B]");
+          m_ptr = most_arr.data();
+        }
+        std::vector<int64_t> best(B), need(B);
+        std::vector<double> share(B), extra(B);
+        Split sp = price_split(row.data(), c_tok, e.data(), int64_t(B), int64_t(D), m_ptr, remaining.data(), pu.data(),
+                               kv.data(), c_base, c_draft, best.data(), need.data(), share.data(), extra.data());
+        return nb::make_tuple(to_numpy(std::move(best)), to_numpy(std::move(need)), to_numpy(std::move(share)),
+                              to_numpy(std::move(extra)), sp.size, sp.m, sp.horizon);
+      }, nb::arg("row"), nb::arg("c_tok"), nb::arg("e"), nb::arg("most").none(), nb::arg("remaining"), nb::arg("pu"),
+      nb::arg("kv"), nb::arg("c_base"), nb::arg("c_draft"));
+
+  // drafts[slots[j], :keep[j]] = tokens[starts[j] : starts[j] + keep[j]] (the tracker's pending drafts, rows of k).
+  m.def("scatter_rows", [](nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> drafts, I64Array slots,
+                           nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens, I64Array starts,
+                           I64Array keep) {
+        size_t n = slots.shape(0);
+        const int64_t R = int64_t(drafts.shape(0)), k = int64_t(drafts.shape(1)), T = int64_t(tokens.shape(0));
+        if (starts.shape(0) != n || keep.shape(0) != n) throw nb::value_error("scatter_rows: one start and keep per slot");
+        for (size_t j = 0; j < n; ++j)
+          if (slots.data()[j] < 0 || slots.data()[j] >= R || keep.data()[j] < 0 || keep.data()[j] > k ||
+              starts.data()[j] < 0 || starts.data()[j] + keep.data()[j] > T)
+            throw nb::value_error("scatter_rows: a run lies outside the drafts or the tokens");
+        scatter_rows(drafts.data(), k, slots.data(), tokens.data(), starts.data(), keep.data(), int64_t(n));
+      }, nb::arg("drafts"), nb::arg("slots"), nb::arg("tokens"), nb::arg("starts"), nb::arg("keep"));
+
+  // match_capped then ForwardAllowance._trim over flat chain drafts (rows.hpp): (keep, expected).
+  m.def("cut_chains", [](F64Array probs, I64Array offsets, I64Array match_len, double factor, nb::object priced,
+                         F64Array share, F64Array row, F64Array extra, double c_tok, double calib) {
+        size_t n = match_len.shape(0);
+        const int64_t* o = offsets.data();
+        if (offsets.shape(0) != n + 1 || o[0] != 0 || o[n] != int64_t(probs.shape(0)))
+          throw nb::value_error("cut_chains: offsets must run from 0 to len(probs), one per draft plus one");
+        for (size_t i = 0; i < n; ++i)
+          if (o[i + 1] < o[i]) throw nb::value_error("cut_chains: offsets must not decrease");
+        const uint8_t* pr = nullptr;
+        U8Array pr_arr;
+        if (!priced.is_none()) {
+          pr_arr = nb::cast<U8Array>(priced);
+          if (pr_arr.shape(0) != n || share.shape(0) != n || row.shape(0) != n || extra.shape(0) != n)
+            throw nb::value_error("cut_chains: priced, share, row and extra must be [n]");
+          pr = pr_arr.data();
+        }
+        std::vector<int64_t> keep(n);
+        std::vector<double> expected(n);
+        cut_chains(probs.data(), o, match_len.data(), int64_t(n), factor, pr, pr ? share.data() : nullptr,
+                   pr ? row.data() : nullptr, pr ? extra.data() : nullptr, c_tok, calib, keep.data(), expected.data());
+        return nb::make_tuple(to_numpy(std::move(keep)), to_numpy(std::move(expected)));
+      }, nb::arg("probs"), nb::arg("offsets"), nb::arg("match_len"), nb::arg("factor"), nb::arg("priced").none(),
+      nb::arg("share"), nb::arg("row"), nb::arg("extra"), nb::arg("c_tok"), nb::arg("calib"));
+
+  // numpy's float64 sum of a contiguous array, computed here (tests: it must equal a.sum()).
+  m.def("numpy_sum", [](F64Array a) { return numpy_sum(a.data(), int64_t(a.shape(0))); }, nb::arg("values"));
 
   // cursors[i] takes tokens[offsets[i]:offsets[i+1]]. -1 when all tokens are in [0, limit) and were
   // appended; else the first bad position in `tokens`, and nothing changed.

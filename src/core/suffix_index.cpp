@@ -116,10 +116,12 @@ void SuffixIndex::add(int64_t seq_id, const Token* toks, size_t n, double weight
 }
 
 void SuffixIndex::append(int64_t seq_id, const Token* toks, size_t n) {
-  Sequence& s = live(seq_id);
+  auto it = slot_of_.find(seq_id);  // one look-up: the slot and its sequence
+  if (it == slot_of_.end()) throw std::out_of_range("unknown sequence id " + id_str(seq_id));
+  const uint32_t slot = it->second;
+  Sequence& s = slots_[slot];
   check_tokens(toks, n);  // before any change: a bad token leaves the index as it was
   if (s.tokens.size() + n >= (1ULL << 32) - 1) throw std::length_error("sequence too long");
-  uint32_t slot = slot_of_[seq_id];
   size_t start = s.tokens.size();
   s.tokens.insert(s.tokens.end(), toks, toks + n);
   s.prev1.resize(s.tokens.size());

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dasrl.integrations.vllm import cpu_fix
@@ -143,7 +143,7 @@ class DASProposer:
             return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
                                         token_rows=input_batch.token_ids_cpu,
                                         num_tokens=input_batch.num_tokens_no_spec[:n], sampled=sampled_token_ids,
-                                        max_new_tokens=self._max_new_tokens(req_ids), live=self._live())
+                                        max_new_tokens=self._max_new_tokens(), live=self._live())
         except Exception as exc:
             self.drafter.stats.errors += 1
             if not self._warned_error:
@@ -176,16 +176,19 @@ class DASProposer:
         requests = getattr(self._runner, "requests", None)
         return requests if isinstance(requests, Mapping) else None
 
-    def _max_new_tokens(self, req_ids: list[str]) -> list[int] | None:
+    def _max_new_tokens(self) -> Callable[[str], int] | None:
+        """Each new request's max_tokens, read from the runner's `requests` (the drafter asks once per
+        request); None when the runner has no such dict."""
         requests = getattr(self._runner, "requests", None)
         if requests is None:
             return None
-        out = []
-        for rid in req_ids:
+
+        def max_tokens(rid: str) -> int:
             params = getattr(requests.get(rid), "sampling_params", None)
             mt = getattr(params, "max_tokens", None)
-            out.append(int(mt) if mt else self.drafter.max_model_len)
-        return out
+            return int(mt) if mt else self.drafter.max_model_len
+
+        return max_tokens
 
     def end_step(self) -> None:
         """Close the RL step now (and infer no boundary from the batch from here on)."""

@@ -42,38 +42,36 @@ requests in flight are `abort`ed and carry on under a fresh state (their partial
 length), then the policy's `end_step` runs. States are keyed by (request id, serial): a reused vLLM id
 is another request to the policy.
 
-Pure Python over numpy: no vLLM import, so it is tested on hand-made batches.
+Per step the host work scales with what is drafted, not with the batch: what the tracker keeps of each request
+is in arrays (a slot per request), the rows' new tokens are indexed straight from vLLM's token buffer and the
+verified drafts counted in one native call each (dasrl/_core extend_rows, accepted_rows), the policy reads the
+batch as arrays (ForwardAllowance.budgets_rows: a step where no row can pay is settled before any pricing) and
+the drafts are cut (max_spec_factor, then the policy's trim) in one native call. tests/test_vllm_rows.py holds it
+to the row-by-row tracker it replaced, draft for draft.
+
+Numpy and the native core: no vLLM import, so it is tested on hand-made batches.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from dasrl import _core
 from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
+from dasrl.drafter.suffix import TokenError
 from dasrl.engine.verify import accepted_counts
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
+from dasrl.policy.allowance import ForwardAllowance, RowBatch
 from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.factory import make_policy
 from dasrl.policy.latency import LatencyModel, prior_for
-
-
-@dataclass
-class _Req:
-    prompt_len: int
-    state: RequestState
-    """What the policy reads (module docstring); replaced by a fresh one at a step boundary."""
-    handle: object = None
-    """vLLM's state object of this request (`live[rid]` when `live` is a mapping): identity = same request."""
-    seen: int = 0
-    """Row tokens already fed to the store (0 = not started in the store yet)."""
-    draft: list[int] = field(default_factory=list)
-    """The draft proposed at the last call whose verification is not seen yet (the next row shows it)."""
 
 
 @dataclass
@@ -122,6 +120,19 @@ def _accepted(drafts: Sequence[list[int]], news: Sequence[np.ndarray]) -> np.nda
     return accepted_counts(batch, targets, starts)
 
 
+_NONE = np.zeros(0)
+_ARANGE = np.arange(0)
+
+
+def _arange(n: int) -> np.ndarray:
+    """np.arange(n), shared (read only)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
+
+
 def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
     """Each draft cut to `factor` x its match length (vLLM's max_spec_factor rule); factor <= 0: uncut."""
     return batch if factor <= 0 else batch.capped((factor * batch.match_len).astype(np.int64))
@@ -134,6 +145,88 @@ def proposer_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
         latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
         return make_policy("das", latency=latency, caps=config.caps)
     return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
+
+
+def accepted_in_rows(drafts: np.ndarray, lengths: np.ndarray, token_rows: np.ndarray, rows: np.ndarray,
+                     starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`_accepted` on arrays, for the whole step at once: [n] leading tokens of each chain draft
+    (drafts[j, :lengths[j]]) equal to the tokens vLLM emitted after it, token_rows[rows[j], starts[j]:
+    starts[j] + counts[j]], the last of those compared with nothing."""
+    n, k = drafts.shape
+    if not n or not k:
+        return np.zeros(n, np.int64)
+    j = np.arange(k)  # [k]
+    cols = np.minimum(starts[:, None] + j, token_rows.shape[1] - 1)  # [n, k] (past the row: never compared)
+    seen = np.minimum(counts - 1, lengths)  # [n] draft tokens verification compared
+    same = (drafts == token_rows[rows[:, None], cols]) & (j < seen[:, None])  # [n, k]
+    return np.where(same.all(axis=1), k, same.argmin(axis=1)).astype(np.int64)
+
+
+class _Rows:
+    """What the drafter keeps of each request vLLM holds, in arrays, a slot per request: its prompt length,
+    tokens fed to the store (`seen`, 0 = not started there yet), generated tokens, verification forwards,
+    drafted and accepted tokens (what the policy reads, as the engine keeps them), its length limit and its
+    pending draft (`draft[s, :dlen[s]]`, proposed at the last call, verified in the next row). Python lists
+    keep its id, its RequestState (synced from the arrays when handed out) and vLLM's state object."""
+
+    FIELDS = ("plen", "seen", "gen", "fwd", "drafted", "accepted", "max_new", "dlen", "hid")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.cap = 0
+        self.draft = np.zeros((0, k), np.int32)
+        for f in self.FIELDS:
+            setattr(self, f, np.zeros(0, np.int64))
+        self.rid: list[str | None] = []
+        self.rids = np.zeros(0, object)
+        """The ids again, as an array (gathered by slots)."""
+        self.state: list[RequestState | None] = []
+        self.handle: list[object] = []
+        self._free: list[int] = []
+
+    def add(self) -> int:
+        if self._free:
+            return self._free.pop()
+        s = self.cap
+        if s >= len(self.plen):
+            size = max(16, 2 * len(self.plen))
+            for f in self.FIELDS:
+                a = np.zeros(size, np.int64)
+                a[:s] = getattr(self, f)[:s]
+                setattr(self, f, a)
+            d = np.zeros((size, self.k), np.int32)
+            d[:s] = self.draft[:s]
+            self.draft = d
+            ids = np.full(size, None, object)
+            ids[:s] = self.rids[:s]
+            self.rids = ids
+        self.rid.append(None)
+        self.state.append(None)
+        self.handle.append(None)
+        self.cap += 1
+        return s
+
+    def free(self, s: int) -> None:
+        self.rid[s] = self.state[s] = self.handle[s] = self.rids[s] = None
+        self._free.append(s)
+
+    def synced(self, s: int) -> RequestState:
+        """The request's RequestState, its counters brought up to date."""
+        st = self.state[s]
+        st.generated, st.forwards = int(self.gen[s]), int(self.fwd[s])
+        st.drafted, st.accepted = int(self.drafted[s]), int(self.accepted[s])
+        return st
+
+
+@dataclass
+class _ReqView:
+    """One tracked request as the tracker sees it (`BatchDrafter._reqs`, for inspection)."""
+
+    prompt_len: int
+    state: RequestState
+    handle: object
+    seen: int
+    draft: list[int]
 
 
 class BatchDrafter:
@@ -152,8 +245,12 @@ class BatchDrafter:
         self.policy = proposer_policy(config, self.k)
         self.stats = DrafterStats()
         self.clock = StepClock(self.policy.latency or prior_for("cpu"), window=config.latency_window)
-        self._reqs: dict[str, _Req] = {}
-        """Requests vLLM holds: in the batch, or paused (absent from it but still in `live`)."""
+        self._rows = _Rows(self.k)
+        self._slot: dict[str, int] = {}
+        """Requests vLLM holds (in the batch, or paused: absent from it but still in `live`) -> their slot, in
+        the order they came (the order the policy sees them)."""
+        self._held: tuple | None = None
+        """(slots, request keys, problems, each slot's place) of the held requests in order; None: changed."""
         self._serial = 0
         """States made so far: the policy's request key is (vLLM's id, serial)."""
         self._finished_since_step = 0
@@ -166,6 +263,13 @@ class BatchDrafter:
     def latency(self) -> LatencyModel | None:
         """The model the policy prices drafts with (None: the fixed policy prices nothing)."""
         return self.policy.latency
+
+    @property
+    def _reqs(self) -> dict[str, _ReqView]:
+        """The tracked requests, id -> a view of what the tracker keeps (its state synced)."""
+        r = self._rows
+        return {rid: _ReqView(int(r.plen[s]), r.synced(s), r.handle[s], int(r.seen[s]),
+                              r.draft[s, :r.dlen[s]].tolist()) for rid, s in self._slot.items()}
 
     def _state(self, rid: str, problem: object, prompt_len: int, max_new_tokens: int, generated: int = 0) -> RequestState:
         self._serial += 1
@@ -181,13 +285,16 @@ class BatchDrafter:
 
     def _roll(self) -> None:
         self._signalled = False
-        for req in self._reqs.values():  # in flight across the boundary: neither finished nor the new step's yet
-            s = req.state
-            self.policy.abort(s)
-            req.state = self._state(s.req_id[0], s.problem_id, s.prompt_len, s.max_new_tokens, s.generated)
-            if req.seen:  # the store drops them at end_step: re-started from their rows
-                req.seen, req.draft = 0, []
+        r = self._rows
+        for s in self._slot.values():  # in flight across the boundary: neither finished nor the new step's yet
+            st = r.state[s]
+            self.policy.abort(st)
+            r.state[s] = self._state(st.req_id[0], st.problem_id, st.prompt_len, st.max_new_tokens, int(r.gen[s]))
+            r.fwd[s] = r.drafted[s] = r.accepted[s] = 0
+            if r.seen[s]:  # the store drops them at end_step: re-started from their rows
+                r.seen[s] = r.dlen[s] = 0
                 self.stats.restarted += 1
+        self._held = None
         self.store.end_step()
         self.policy.end_step()
         self._finished_since_step = 0
@@ -199,40 +306,49 @@ class BatchDrafter:
             return False
         if self.config.step_requests:
             return n >= self.config.step_requests
-        drained = new_ids and not self._reqs  # every known request departed; a new one arrives
+        drained = new_ids and not self._slot  # every known request departed; a new one arrives
         return drained or 0 < self.config.max_step_requests <= n
 
     def _depart(self, rid: str) -> None:
         """vLLM no longer holds the request (finished or aborted): its rollout joins the history now."""
-        req = self._reqs.pop(rid)
-        if not req.seen:  # left before its first token: nothing to learn from
-            self.policy.abort(req.state)
+        s = self._slot.pop(rid)
+        self._held = None
+        r = self._rows
+        state = r.synced(s)
+        seen = r.seen[s]
+        r.free(s)
+        if not seen:  # left before its first token: nothing to learn from
+            self.policy.abort(state)
             return
         self.store.finish(rid)
-        self.policy.finish(req.state)
+        self.policy.finish(state)
         self.stats.finished += 1
         self._finished_since_step += 1
 
     def forget(self) -> None:
         """Drop every tracked request without learning from it (after a failed call: whatever it left half
         done cannot leak into later steps); vLLM's requests are re-started from their rows next call."""
-        for rid, req in self._reqs.items():
-            if req.seen:
+        r = self._rows
+        for rid, s in self._slot.items():
+            if r.seen[s]:
                 self.store.abort(rid)
-            self.policy.abort(req.state)
-        self._reqs.clear()
+            self.policy.abort(r.synced(s))
+            r.free(s)
+        self._slot.clear()
+        self._held = None
 
     # -------------------------------------------------------------- propose
     def propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
                 num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
-                max_new_tokens: Sequence[int] | None = None,
+                max_new_tokens: Sequence[int] | Callable[[str], int] | None = None,
                 live: Collection[str] | None = None) -> list[list[int]]:
         """Drafts for the batch: row i is request req_ids[i], whose tokens are token_rows[i, :num_tokens[i]]
         (the first prompt_lens[i] are its prompt); sampled[i] are the tokens it just got (empty while
-        its prompt is still being prefilled: no draft). `live`: every request id vLLM still holds state
-        for (the runner's `requests`), so that an absent one is known to be paused, not finished; as a
-        mapping, its values tell a reused id from the same request; None = unknown (every absent request
-        counts as departed). Returns one list of draft ids per row."""
+        its prompt is still being prefilled: no draft). `max_new_tokens`: each row's max_tokens, or a
+        function of the request id asked once per new request (None: the context limit). `live`: every
+        request id vLLM still holds state for (the runner's `requests`), so that an absent one is known to
+        be paused, not finished; as a mapping, its values tell a reused id from the same request; None =
+        unknown (every absent request counts as departed). Returns one list of draft ids per row."""
         start = time.perf_counter()
         try:
             return self._propose(req_ids=req_ids, prompt_lens=prompt_lens, token_rows=token_rows,
@@ -243,133 +359,227 @@ class BatchDrafter:
 
     def _propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
                  num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
-                 max_new_tokens: Sequence[int] | None, live: Collection[str] | None) -> list[list[int]]:
+                 max_new_tokens: Sequence[int] | Callable[[str], int] | None,
+                 live: Collection[str] | None) -> list[list[int]]:
         n_rows = len(req_ids)
         for name, seq in (("prompt_lens", prompt_lens), ("num_tokens", num_tokens), ("sampled", sampled)):
             if len(seq) < n_rows:
                 raise ValueError(f"{name} has {len(seq)} entries for {n_rows} requests")
-        present = set(req_ids)
-        if len(present) != n_rows:
+        if not isinstance(req_ids, list):
+            req_ids = list(req_ids)
+        tracked, r = self._slot, self._rows
+        slots = np.fromiter(map(tracked.get, req_ids, repeat(-1)), np.int64, n_rows)  # [n] -1: not tracked
+        if len(set(req_ids)) != n_rows:
             raise ValueError(f"duplicate request ids in the batch: {sorted(req_ids)}")
-        held = present if live is None else present | set(live)
-        for rid in [r for r in self._reqs if r not in held]:
-            self._depart(rid)
-        for i, rid in enumerate(req_ids):
-            req = self._reqs.get(rid)
-            if req is not None and not self._same(req, rid, int(prompt_lens[i]), int(num_tokens[i]), live):
-                self.stats.reused += 1
+        plens = np.asarray(prompt_lens[:n_rows], np.int64)  # [n]
+        ntok = np.asarray(num_tokens[:n_rows], np.int64)  # [n]
+        n_new = int(np.count_nonzero(slots < 0))
+        if len(tracked) != n_rows - n_new:  # some tracked request is absent from the batch
+            present = set(req_ids)
+            held = live if live is None or isinstance(live, (Mapping, set, frozenset)) else set(live)
+            for rid in [t for t in tracked if t not in present and (held is None or t not in held)]:
                 self._depart(rid)
-        self.stats.paused += len(self._reqs.keys() - present)
-        new_ids = any(r not in self._reqs for r in req_ids)
-        if new_ids:  # the step just computed prefilled them: its token count is unknown
+        known = np.flatnonzero(slots >= 0) if n_new else None  # [K] rows of tracked requests (None: all)
+        ks = slots[known] if n_new else slots
+        if len(ks):
+            other = (plens[known] if n_new else plens) != r.plen[ks]  # [K] another request under the id
+            other |= (ntok[known] if n_new else ntok) < r.seen[ks]
+            if isinstance(live, Mapping):
+                hid = np.fromiter(map(id, map(live.get, req_ids)), np.int64, n_rows)
+                other |= (hid[known] if n_new else hid) != r.hid[ks]
+            if np.count_nonzero(other):
+                for i in (known[other] if n_new else np.flatnonzero(other)).tolist():
+                    self.stats.reused += 1
+                    self._depart(req_ids[i])
+                    slots[i] = -1
+                n_new = int(np.count_nonzero(slots < 0))
+        self.stats.paused += len(tracked) - (n_rows - n_new)
+        if n_new:  # the step just computed prefilled them: its token count is unknown
             self.clock.skip()
-        if self._signalled or self._boundary(new_ids):
+        if self._signalled or self._boundary(n_new > 0):
             self._roll()
 
-        rows: list[int] = []
-        fed: list[tuple[str, np.ndarray]] = []  # rows with new tokens
-        verified: list[tuple[_Req, np.ndarray]] = []  # rows whose last draft the step just run verified
-        for i, rid in enumerate(req_ids):
-            req = self._reqs.get(rid)
-            if req is None:
-                plen = int(prompt_lens[i])
-                if plen < 1:
-                    raise ValueError(f"request {rid!r}: prompt length {plen} (vLLM gave no prompt tokens)")
+        every = all(sampled[:n_rows])  # no row in (chunked) prefill
+        has = None if every else np.fromiter(map(len, sampled[:n_rows]), np.int64, n_rows) > 0
+        self._check(req_ids, slots, plens, ntok, has, token_rows, n_new)
+        for i in (np.flatnonzero(slots < 0).tolist() if n_new else ()):
+            rid, plen = req_ids[i], int(plens[i])
+            if callable(max_new_tokens):
+                cap = int(max_new_tokens(rid))
+            else:
                 cap = int(max_new_tokens[i]) if max_new_tokens is not None else self.max_model_len - plen
-                state = self._state(rid, problem_key(token_rows[i, :plen]), plen, max(cap, 1))
-                req = _Req(plen, state, handle=live.get(rid) if isinstance(live, Mapping) else None)
-                self._reqs[rid] = req
-            if len(sampled[i]) == 0:
-                continue  # partial prefill
-            new = self._feed(rid, req, token_rows[i], int(num_tokens[i]))
-            if new is not None:
-                fed.append((rid, new))
-                if req.draft:
-                    verified.append((req, new))
-            rows.append(i)
-        if fed:  # one native call for the batch's new tokens (a failed call forgets every request anyway)
-            self.store.observe_batch([rid for rid, _ in fed], [new for _, new in fed])
-        self._resolve(verified)
+            s = r.add()
+            r.rid[s], r.handle[s] = rid, live.get(rid) if isinstance(live, Mapping) else None
+            r.rids[s] = rid
+            r.state[s] = self._state(rid, problem_key(token_rows[i, :plen]), plen, max(cap, 1))
+            r.plen[s], r.max_new[s], r.hid[s] = plen, max(cap, 1), id(r.handle[s])
+            r.seen[s] = r.gen[s] = r.fwd[s] = r.drafted[s] = r.accepted[s] = r.dlen[s] = 0
+            tracked[rid] = slots[i] = s
+            self._held = None
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
-        if not rows:
+        rows = _arange(n_rows) if every else np.flatnonzero(has)  # [R] batch rows that may draft
+        if not len(rows):
             self.clock.tick(None)
             return drafts
-        caps = self._caps([req_ids[i] for i in rows], [int(num_tokens[i]) for i in rows])
-        drafting = [i for i, c in zip(rows, caps) if c > 0]
-        if drafting:
-            ids = [req_ids[i] for i in drafting]
-            out = match_capped(self.store.propose_flat(ids, [c for c in caps if c > 0]), self.config.max_spec_factor)
-            if self.policy.trims:
-                out = self.policy.trim([self._reqs[rid].state for rid in ids], out)
-            for i, rid, d in zip(drafting, ids, out.drafts()):
-                drafts[i] = self._reqs[rid].draft = d.tokens.tolist()
-                if drafts[i]:
-                    self.stats.proposals += 1
-                    self.stats.drafted += len(drafts[i])
-        prefilling = len(rows) < n_rows  # rows still in (chunked) prefill: the next step's tokens unknown
-        self.clock.tick(None if prefilling else sum(1 + len(drafts[i]) for i in rows),
-                        sum(int(num_tokens[i]) for i in rows))
+        rs = slots if every else slots[rows]  # [R]
+        old = r.seen[rs]  # [R] tokens fed so far
+        if not old.all():
+            for j in np.flatnonzero(old == 0).tolist():  # first call with tokens: start in the store
+                s, i = rs[j], rows[j]
+                self.store.start(r.rid[s], r.state[s].problem_id, token_rows[i, :r.plen[s]])
+                r.seen[s] = old[j] = r.plen[s]
+                self.stats.started += 1
+        self._feed(req_ids, rows, rs, old, ntok if every else ntok[rows], token_rows)
+        caps = self._caps(rows, rs, ntok if every else ntok[rows])  # [R]
+        drafted = self._draft(rows, rs, caps, drafts)
+        self.clock.tick(len(rows) + drafted if every else None,  # rows in prefill: the next step's tokens unknown
+                        int(ntok.sum() if every else ntok[rows].sum()))
         return drafts
 
-    @staticmethod
-    def _same(req: _Req, rid: str, prompt_len: int, n: int, live: Collection[str] | None) -> bool:
-        """Whether batch row (rid, prompt_len, n tokens) is still the tracked request `req`."""
-        if isinstance(live, Mapping) and live.get(rid) is not req.handle:
-            return False
-        return prompt_len == req.prompt_len and n >= req.seen
-
-    def _feed(self, rid: str, req: _Req, row: np.ndarray, n: int) -> np.ndarray | None:
-        """Start tracking the row (its first call) and advance it to n tokens; returns its new tokens (None:
-        none since the last step), which the caller indexes for the whole batch at once."""
-        if n > row.shape[0]:
-            raise ValueError(f"request {rid!r}: {n} tokens but the token row holds {row.shape[0]}")
-        if not req.seen:
-            self.store.start(rid, req.state.problem_id, row[:req.prompt_len])
-            req.seen = req.prompt_len
-            self.stats.started += 1
-        if n == req.seen:
-            return None
-        new = row[req.seen:n]
-        if int(new.min()) < 0:
-            raise ValueError(f"request {rid!r}: token id {int(new.min())} in vLLM's token row (placeholders "
-                             f"of async scheduling?); run vLLM with async_scheduling=False")
-        s = req.state
-        s.generated = n - req.prompt_len
-        s.forwards += 1
-        req.seen = n
-        return new
-
-    def _resolve(self, verified: list[tuple[_Req, np.ndarray]]) -> None:
-        """Count what the step just run kept of each verified draft (one accept-rule call for the batch):
-        drafted and accepted move together, as in the engine."""
-        if not verified:
+    def _check(self, req_ids, slots, plens, ntok, has, token_rows, n_new: int) -> None:
+        """The first bad row, in row order, raises what the row-by-row path raised there: a new request with
+        no prompt token, more tokens than its row holds or than it was fed already (a negative token id among
+        its new ones: _feed)."""
+        r, width = self._rows, token_rows.shape[1]
+        if not n_new and (not len(ntok) or int(ntok.max()) <= width):  # known rows, reuse checked: n >= seen
             return
-        for (req, _), acc in zip(verified, _accepted([r.draft for r, _ in verified], [n for _, n in verified]).tolist()):
-            s = req.state
-            s.drafted += len(req.draft)
-            s.accepted += acc
-            self.stats.accepted += acc
-            self.stats.resolved += len(req.draft)
-            req.draft = []
+        new = slots < 0
+        seen = plens.copy()  # [n] tokens fed once the row is started (the prompt, if not yet)
+        known = np.flatnonzero(~new)
+        seen[known] = np.maximum(r.seen[slots[known]], plens[known])
+        bad_plen = new & (plens < 1)
+        if has is None:
+            has = np.ones(len(ntok), bool)
+        bad_width = has & (ntok > width)
+        short = has & ~bad_width & (ntok < seen)
+        if not (bad_plen | bad_width | short).any():
+            return
+        for i in np.flatnonzero(bad_plen | bad_width | short).tolist():
+            rid = req_ids[i]
+            if bad_plen[i]:
+                raise ValueError(f"request {rid!r}: prompt length {int(plens[i])} (vLLM gave no prompt tokens)")
+            if bad_width[i]:
+                raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens but the token row holds {width}")
+            raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens, fewer than the {int(seen[i])} already fed")
 
-    def _caps(self, rids: list[str], num_tokens: list[int]) -> list[int]:
-        """Each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""
+    def _feed(self, req_ids, rows: np.ndarray, rs: np.ndarray, old: np.ndarray, n: np.ndarray,
+              token_rows: np.ndarray) -> None:
+        """Advance the rows (batch rows `rows`, slots `rs`, `old` tokens fed so far) to `n` tokens: index every
+        row's new tokens in one native call, and count what the step just run kept of each verified draft
+        (one accept-rule call for the batch): drafted and accepted move together, as in the engine."""
+        r = self._rows
+        count = n - old  # [R] new tokens
+        if int(count.min()) > 0:  # every row got tokens (the usual step)
+            fed, fr, fs, fc, fo, fn = None, rows, rs, count, old, n
+        else:
+            fed = np.flatnonzero(count > 0)
+            if not len(fed):
+                return
+            fr, fs, fc, fo, fn = rows[fed], rs[fed], count[fed], old[fed], n[fed]
+        try:
+            self.store.observe_rows(r.rids[fs].tolist(), token_rows, fr, fo, fc)
+        except TokenError as e:
+            if e.token >= 0 or e.row is None:
+                raise
+            i = int(fr[e.row])
+            new = np.asarray(token_rows[i, int(fo[e.row]):int(fo[e.row] + fc[e.row])])
+            raise ValueError(f"request {req_ids[i]!r}: token id {int(new.min())} in vLLM's token row "
+                             f"(placeholders of async scheduling?); run vLLM with async_scheduling=False") from None
+        r.gen[fs] = fn - r.plen[fs]
+        r.fwd[fs] += 1
+        r.seen[fs] = fn
+        pending = r.dlen[fs]
+        n_pending = int(np.count_nonzero(pending))  # rows whose last draft the step just run verified
+        if n_pending:
+            if n_pending == len(fs):  # all of them (every row drafted)
+                vs, dl, vr, vo, vc = fs, pending, fr, fo, fc
+            else:
+                v = np.flatnonzero(pending)
+                vs, dl, vr, vo, vc = fs[v], pending[v], fr[v], fo[v], fc[v]
+            try:
+                acc = _core.accepted_rows(r.draft[vs], dl, token_rows, vr, vo, vc)
+            except TypeError:  # token rows of another layout: the numpy rule
+                acc = accepted_in_rows(r.draft[vs], dl, np.asarray(token_rows), vr, vo, vc)
+            r.drafted[vs] += dl
+            r.accepted[vs] += acc
+            self.stats.accepted += int(acc.sum())
+            self.stats.resolved += int(dl.sum())
+            r.dlen[vs] = 0
+
+    def _held_rows(self) -> tuple[np.ndarray | slice, list, list, np.ndarray]:
+        """(slots (or the slice of them), request keys, problems, each slot's place among them) of the held requests,
+        in order."""
+        if self._held is None:
+            r = self._rows
+            slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
+            states = [r.state[s] for s in slots.tolist()]
+            place = np.zeros(r.cap, np.int64)
+            place[slots] = np.arange(len(slots))
+            # slots 0..n-1 in order: the arrays' first n entries are the batch (views, read before any change)
+            self._held = (slice(0, len(slots)) if np.array_equal(slots, np.arange(len(slots))) else slots,
+                          [s.req_id for s in states], [s.problem_id for s in states], place)
+        return self._held
+
+    def _caps(self, rows: np.ndarray, rs: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """[R] each row's draft cap (batch rows `rows`, slots `rs`, `n` tokens each): the policy's budget within
+        k, the context limit and its max_tokens."""
         lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
         if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: OnlineLatency)
             self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
-        states = [req.state for req in self._reqs.values()]
-        for s in states:
-            s.classes.clear()  # DASPolicy appends one class per call: keep only this call's
-        by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
-        out = []
-        for rid, n in zip(rids, num_tokens):
-            s = self._reqs[rid].state
-            room = min(self.max_model_len - n, s.max_new_tokens - s.generated) - 1  # the target adds one
-            out.append(max(0, min(self.k, room, by_id[s.req_id])))
-        return out
+        r, pol = self._rows, self.policy
+        uniform = getattr(pol, "uniform_cap", None)
+        if uniform is not None:  # fixed k, no speculation: every row alike, nothing kept per row
+            budget = np.full(len(rows), uniform(), np.int64)
+        else:
+            held, keys, problems, place = self._held_rows()
+            if isinstance(pol, ForwardAllowance) and getattr(pol.inner, "uniform_cap", lambda: None)() is not None:
+                budget = pol.budgets_rows(RowBatch(keys, problems, r.plen[held], r.max_new[held], r.gen[held],
+                                                   r.drafted[held], r.accepted[held]))[place[rs]]
+            else:  # a policy that reads its rows one by one
+                states = [r.synced(s) for s in np.arange(r.cap)[held].tolist()]
+                for st in states:
+                    st.classes.clear()  # DASPolicy appends one class per call: keep only this call's
+                budget = np.asarray(pol.budgets(states), np.int64)[place[rs]]
+        room = np.minimum(self.max_model_len - n, r.max_new[rs] - r.gen[rs]) - 1  # the target adds one
+        return np.maximum(np.minimum(np.minimum(room, budget), self.k), 0)
+
+    def _draft(self, rows: np.ndarray, rs: np.ndarray, caps: np.ndarray, drafts: list[list[int]]) -> int:
+        """Propose for the rows with a cap, cut to max_spec_factor x the match and trimmed by the policy; each
+        row's draft goes to `drafts` and is kept until its verification shows. Returns the tokens drafted."""
+        n_on = int(np.count_nonzero(caps))
+        if not n_on:
+            return 0
+        r, pol = self._rows, self.policy
+        if n_on == len(caps):  # every row drafts
+            on, ds, caps_on = slice(None), rs, caps
+        else:
+            on = np.flatnonzero(caps)
+            ds, caps_on = rs[on], caps[on]
+        out = self.store.propose_flat(r.rids[ds].tolist(), caps_on)
+        factor = self.config.max_spec_factor
+        if not pol.trims:  # cut to max_spec_factor x the match (0: not cut)
+            keep = out.lengths if factor <= 0 else \
+                _core.cut_chains(out.probs, out.offsets, out.match_len, float(factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
+        elif isinstance(pol, ForwardAllowance) and not pol.inner.trims and pol._batch is not None and \
+                pol._batch[0].keys is self._held_rows()[1]:  # the batch the policy just priced: trimmed by row
+            keep = pol.trim_rows(self._held_rows()[3][ds], out, factor)
+        else:
+            out = pol.trim([r.synced(s) for s in ds.tolist()], match_capped(out, factor))
+            keep = out.lengths
+        r.dlen[ds] = keep
+        total = int(keep.sum())
+        starts = out.offsets[:-1]
+        if total:  # kept until their verification shows
+            _core.scatter_rows(r.draft, ds, out.tokens, starts, keep)
+        self.stats.proposals += int(np.count_nonzero(keep))
+        self.stats.drafted += total
+        toks = out.tokens.tolist()
+        for i, lo, k in zip(rows[on].tolist(), starts.tolist(), keep.tolist()):
+            drafts[i] = toks[lo:lo + k]
+        return total
 
     @property
     def num_live(self) -> int:
-        return len(self._reqs)
+        return len(self._slot)

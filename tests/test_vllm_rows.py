@@ -42,7 +42,7 @@ def test_the_array_tracker_equals_the_row_by_row_tracker(data):
         cfg["max_step_requests"] = draw(st.integers(1, 6))
     k = draw(st.sampled_from([3, 8]))
     width = 90
-    new = BatchDrafter(VLLMDrafterConfig.from_dict(cfg), num_speculative_tokens=k, max_model_len=width)
+    new = BatchDrafter(VLLMDrafterConfig.from_dict(cfg), num_speculative_tokens=k, max_model_len=width, device="cpu")
     old = RowwiseTracker(VLLMDrafterConfig.from_dict(cfg), num_speculative_tokens=k, max_model_len=width)
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     prompts = [rng.integers(1, 50, int(rng.integers(2, 8))).tolist() for _ in range(3)]

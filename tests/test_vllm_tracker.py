@@ -53,7 +53,7 @@ def drafter(**kw) -> BatchDrafter:
     k = kw.pop("k", 8)
     # latency_floor off: the das tests price drafts with a model they name (the clock's fit has its own tests)
     return BatchDrafter(VLLMDrafterConfig.from_dict({"policy": "fixed", "max_spec_factor": 0.0, "latency_floor": False,
-                                                     **kw}), num_speculative_tokens=k, max_model_len=64)
+                                                     **kw}), num_speculative_tokens=k, max_model_len=64, device="cpu")
 
 
 def run_to_end(d: BatchDrafter, b: Batch, rid: str, response: list[int]) -> None:
@@ -145,7 +145,7 @@ def test_caps_by_k_and_by_the_context_limit():
     b.add("b", P)
     assert b.step(d, {"b": R1[:1]})["b"] == R1[1:4]
     tight = BatchDrafter(VLLMDrafterConfig(policy="fixed", max_spec_factor=0.0), num_speculative_tokens=8,
-                         max_model_len=len(P) + 4)
+                         max_model_len=len(P) + 4, device="cpu")
     b2 = Batch()
     b2.add("a", P)
     b2.step(tight, {"a": R1[:3]})
@@ -228,7 +228,7 @@ def test_bad_input_names_the_request():
         d.propose(req_ids=["x", "x"], prompt_lens=[1, 1], token_rows=np.ones((2, 4), np.int32), num_tokens=[2, 2],
                   sampled=[[1], [1]])
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        BatchDrafter(num_speculative_tokens=0, max_model_len=64)
+        BatchDrafter(num_speculative_tokens=0, max_model_len=64, device="cpu")
 
 
 def test_config_from_additional_config():
@@ -265,7 +265,7 @@ def das(tmp_path, k: int = 8, **kw) -> BatchDrafter:
     return BatchDrafter(VLLMDrafterConfig.from_dict({"policy": "das", "caps": [8, 8, 8], "max_spec_factor": 0.0,
                                                      "latency_floor": False, "latency": str(tmp_path / "cpu.json"),
                                                      **kw}),
-                        num_speculative_tokens=k, max_model_len=512)
+                        num_speculative_tokens=k, max_model_len=512, device="cpu")
 
 
 def test_rejected_drafts_stop_drafting_and_the_step_end_probes_again(tmp_path):
@@ -333,7 +333,7 @@ def test_the_fixed_policy_is_k_for_everyone():
     """policy fixed: vLLM suffix's rule, no pricing (its drafts never shrink with rejections)."""
     H = list(range(100, 200))
     d = BatchDrafter(VLLMDrafterConfig(policy="fixed", max_spec_factor=0.0), num_speculative_tokens=4,
-                     max_model_len=512)
+                     max_model_len=512, device="cpu")
     b = Batch(width=256)
     b.add("h", P)
     b.step(d, {"h": H})
@@ -422,11 +422,27 @@ def test_paused_requests_do_not_count_as_departures_in_step_requests_mode():
 
 # ------------------------------------------------------------------ DASProposer without vLLM
 
-def vllm_config(**dasrl):
+def vllm_config(device_type="cpu", **dasrl):
+    """The fields of vLLM's VllmConfig that DASProposer reads (config/vllm.py, config/device.py)."""
     from types import SimpleNamespace as NS
 
     return NS(speculative_config=NS(num_speculative_tokens=4), additional_config={"dasrl": dasrl},
-              model_config=NS(max_model_len=64, get_vocab_size=lambda: 256))
+              model_config=NS(max_model_len=64, get_vocab_size=lambda: 256),
+              device_config=NS(device_type=device_type))
+
+
+def test_proposer_prices_with_its_devices_prior():
+    """One rule for the latency prior: the device's, in the vLLM proposer as in the session (a GPU server's
+    vLLM is priced with GPU_LATENCY, never the CPU prior); a latency file, when given, wins."""
+    from dasrl.integrations.vllm.proposer import DASProposer
+    from dasrl.policy.latency import GPU_LATENCY
+
+    assert DASProposer(vllm_config("cuda")).drafter.policy.latency is GPU_LATENCY
+    assert DASProposer(vllm_config("cuda")).drafter.clock.fit.prior.c_base == GPU_LATENCY.c_base
+    assert DASProposer(vllm_config("cpu")).drafter.policy.latency is CPU_LATENCY
+    p = DASProposer(vllm_config("cuda"))
+    p.reset()
+    assert p.drafter.policy.latency is GPU_LATENCY
 
 
 def input_batch(rows, generators=None):

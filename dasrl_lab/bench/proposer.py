@@ -110,10 +110,11 @@ class VLLMSuffixProposer:
 
 
 def das_proposer(policy: dict, k: int, width: int) -> DASProposer:
-    """DASProposer as vLLM builds it (custom_class), `policy` its additional_config["dasrl"]."""
+    """DASProposer as vLLM builds it (custom_class) on a GPU server, `policy` its additional_config["dasrl"]."""
     model = SimpleNamespace(max_model_len=width, get_vocab_size=lambda: VOCAB)
     return DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                                       additional_config={"dasrl": policy}, model_config=model))
+                                       additional_config={"dasrl": policy}, model_config=model,
+                                       device_config=SimpleNamespace(device_type="cuda")))
 
 
 def run_one(cfg: ProposerBenchConfig, batch: int, policy: dict, seed: int = 0) -> dict:
@@ -179,21 +180,13 @@ def run_one(cfg: ProposerBenchConfig, batch: int, policy: dict, seed: int = 0) -
 
 
 def policies(latency: Optional[Path], suffix: bool = True) -> list[dict]:
-    """fixed k (every row drafts), das priced by `latency` (a latency.json; None: the shipped 7B-H100 profile,
-    written to a temporary file, as the proposer reads one), and vLLM's `suffix` when `suffix` and
-    arctic-inference imports. Plain vLLM runs no proposer: 0 host seconds."""
-    if latency is None:
-        import tempfile
-
-        from dasrl_lab.sim import profiles
-
-        prof = next(p for p in profiles.shipped() if p.name == "qwen2.5-7b-h100")
-        latency = Path(tempfile.mkdtemp()) / "qwen2.5-7b-h100.json"
-        prof.latency.save(latency)
+    """fixed k (every row drafts), das priced by `latency` (a latency.json; None: the prior of the proposer's
+    device, a GPU server's: dasrl.policy.GPU_LATENCY, the 7B-H100 profile), and vLLM's `suffix` when `suffix`
+    and arctic-inference imports. Plain vLLM runs no proposer: 0 host seconds."""
     from dasrl_lab.drafters.arctic import arctic_available
 
-    return [{"policy": "fixed", "max_spec_factor": 0.0},
-            {"policy": "das", "latency": str(latency), "latency_floor": False}] + (
+    das = {"policy": "das", "latency_floor": False} | ({"latency": str(latency)} if latency else {})
+    return [{"policy": "fixed", "max_spec_factor": 0.0}, das] + (
         [{"policy": "suffix"}] if suffix and arctic_available() else [])
 
 

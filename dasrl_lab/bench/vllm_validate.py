@@ -107,7 +107,7 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
         return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
     if method == "das":
         vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path)})  # as vllm_run.build
-        return _ProposerStore(vc), _WithinK(proposer_policy(vc, cfg["k"]), cfg["k"])
+        return _ProposerStore(vc), _WithinK(proposer_policy(vc, cfg["k"], "cpu"), cfg["k"])
     raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
 
 

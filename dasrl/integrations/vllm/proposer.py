@@ -96,7 +96,8 @@ class DASProposer:
         model = vllm_config.model_config
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
-                                    max_model_len=int(model.max_model_len), vocab_size=int(model.get_vocab_size()))
+                                    max_model_len=int(model.max_model_len), device=vllm_config.device_config.device_type,
+                                    vocab_size=int(model.get_vocab_size()))
         self._runner: Any = None
         self._warned_seeded = False
         self._warned_error = False
@@ -111,7 +112,7 @@ class DASProposer:
         """Drop every request, the history and the counters (a fresh drafter; `dasrl bench vllm` calls it
         between runs that must start cold)."""
         self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
-                                    max_model_len=self.drafter.max_model_len,
+                                    max_model_len=self.drafter.max_model_len, device=self.drafter.device,
                                     vocab_size=self.drafter.store.config.vocab_size)
 
     def bind(self, runner: Any) -> None:

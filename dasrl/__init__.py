@@ -1,13 +1,15 @@
 """dasrl: distribution-aware speculative decoding for the rollout phase of RL post-training.
 
-    from dasrl import RolloutSession, SessionConfig, SamplingParams, load_model
-    model, tok = load_model("smollm2-135m")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from dasrl import RolloutSession, SessionConfig, SamplingParams
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()   # the model you train
+    tok = AutoTokenizer.from_pretrained(folder)
     with RolloutSession(model, tok, SessionConfig()) as session:
         rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.6), max_new_tokens=512)
         session.end_step()
 
 The public API is the names below and those of the public subpackages' `__all__` (dasrl.drafter,
-dasrl.policy, dasrl.engine, dasrl.rollout, dasrl.models, dasrl.atomic, dasrl.integrations.trl / .ray /
+dasrl.policy, dasrl.engine, dasrl.rollout, dasrl.atomic, dasrl.integrations.trl / .ray /
 .vllm / .verl, each importing its framework lazily); everything else is private.
 
 The names below load on first use (PEP 562): `import dasrl.drafter` (the index alone, as a vLLM worker or a
@@ -28,7 +30,6 @@ _EXPORTS = {
     "DraftStore": "dasrl.drafter", "StoreConfig": "dasrl.drafter",
     "Completion": "dasrl.engine", "EngineConfig": "dasrl.engine", "SamplingParams": "dasrl.engine",
     "SpecEngine": "dasrl.engine",
-    "load_model": "dasrl.models",
     "ClassCaps": "dasrl.policy", "LatencyModel": "dasrl.policy", "OnlineLatency": "dasrl.policy",
     "make_policy": "dasrl.policy",
     "Rollout": "dasrl.rollout", "RolloutSession": "dasrl.rollout", "Session": "dasrl.rollout",
@@ -41,7 +42,6 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     from dasrl.drafter import DraftStore, StoreConfig
     from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine
-    from dasrl.models import load_model
     from dasrl.policy import ClassCaps, LatencyModel, OnlineLatency, make_policy
     from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
 

@@ -167,7 +167,7 @@ def input_file(value: Path | None) -> Path | None:
 
 def model_source(value: str) -> str:
     """--model: an embedded model name, a folder with a config.json and weights, or a hub id (org/name)."""
-    from dasrl.models import EMBEDDED, resolve_source
+    from dasrl_lab.models import EMBEDDED, resolve_source
 
     if value in EMBEDDED:
         return value  # resolving would convert it now (seconds); it is always loadable
@@ -227,7 +227,7 @@ def temperature(value):
 
 def device(value: str | None) -> str | None:
     """--device: cpu, cuda or cuda:N, and present on this machine."""
-    from dasrl.models import resolve_device
+    from dasrl_lab.models import resolve_device
 
     if value is not None:
         try:

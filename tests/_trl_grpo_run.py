@@ -1,9 +1,9 @@
 """One process of a TRL GRPOTrainer run with dasrl rollouts, for tests/test_trl_multiprocess.py.
 
-    python tests/_trl_grpo_run.py OUT_DIR [MODEL]                              # one process
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/_trl_grpo_run.py OUT_DIR [MODEL]
+    python tests/_trl_grpo_run.py OUT_DIR MODEL_DIR                              # one process
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/_trl_grpo_run.py OUT_DIR MODEL_DIR
 
-MODEL: what dasrl.models.load_model takes (default: the embedded smollm2-135m).
+MODEL_DIR: a Hugging Face model folder (tests/test_trl_multiprocess.py: conftest's tiny_chat).
 
 One step of 3 prompts x 4 generations (a global generation batch of 12, split evenly over the processes:
 on two, the second prompt's group is split 2 + 2 between them), 16 new tokens at T = 1. Each process writes rank-<i>.json: its completions in the order TRL gave its
@@ -18,18 +18,19 @@ import sys
 from pathlib import Path
 
 
-def main(out: Path, model_name: str = "smollm2-135m") -> None:
+def main(out: Path, folder: str) -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import datasets
     import torch
     import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dasrl.engine.engine import EngineConfig
     from dasrl.integrations.trl import dasrl_rollout
-    from dasrl.models import load_model
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model, tok = load_model(model_name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
     seen: list[list[int]] = []
 
     def reward(completions, completion_ids, **kw):
@@ -54,4 +55,4 @@ def main(out: Path, model_name: str = "smollm2-135m") -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), *sys.argv[2:3])
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -1,5 +1,5 @@
-"""Shared fixtures (the library's tests and the lab's, tests/lab/): the embedded SmolLM2 model (converted once,
-cached), loaded once per session.
+"""Shared fixtures (the library's tests and the lab's, tests/lab/): SmolLM2-135M-Instruct, loaded once per session
+from the folder the lab converts from its embedded GGUF (smollm_path).
 
 DASRL_BLOCK_LAB=1 makes `dasrl_lab` unimportable and leaves tests/lab/ uncollected: the library's tests alone,
 as where the lab is not installed (`make test-lib`)."""
@@ -7,11 +7,16 @@ as where the lab is not installed (`make test-lib`)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
 
-if os.environ.get("DASRL_BLOCK_LAB") == "1":
+LAB_BLOCKED = os.environ.get("DASRL_BLOCK_LAB") == "1"
+SMOLLM_ENV = "DASRL_SMOLLM"
+"""The converted SmolLM2 folder's variable (make test-lib sets it)."""
+
+if LAB_BLOCKED:
     from support import block_lab
 
     block_lab.install()
@@ -79,13 +84,34 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 @pytest.fixture(scope="session")
-def smollm():
-    """(model, tokenizer): SmolLM2-135M-Instruct in float32, eval mode."""
+def smollm_path() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (for the smollm and tiny_chat fixtures, Ray actors, child
+    processes): $DASRL_SMOLLM, else the lab's converted copy, asked of the lab in a child process (`python -m
+    dasrl_lab.models` converts the embedded GGUF once, caches it and prints the folder; the lab owns the
+    conversion and the cache's place, and the library's tests import no lab module). With the lab blocked
+    (`make test-lib`, a machine without the lab) the variable must name it."""
+    folder = os.environ.get(SMOLLM_ENV)
+    if not folder:
+        if LAB_BLOCKED:
+            pytest.fail(f"{SMOLLM_ENV} is not set: with the lab blocked, the library's tests load SmolLM2 from the "
+                        f"folder it names (make test-lib sets it: python -m dasrl_lab.models)", pytrace=False)
+        out = subprocess.run([sys.executable, "-m", "dasrl_lab.models"], capture_output=True, text=True)
+        if out.returncode != 0:
+            pytest.fail(f"python -m dasrl_lab.models could not give the SmolLM2 folder:\n{out.stderr}", pytrace=False)
+        folder = out.stdout.strip().splitlines()[-1]
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path):
+    """(model, tokenizer): SmolLM2-135M-Instruct in float32, eval mode (on CUDA when there is one)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from dasrl.models import load_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model, tokenizer = load_model("smollm2-135m", dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(smollm_path)
+    model = AutoModelForCausalLM.from_pretrained(smollm_path, dtype=torch.float32)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     _FINGERPRINT[id(model)] = _fingerprint(model)
     return model, tokenizer
 
@@ -132,7 +158,7 @@ def chat_prompts(smollm):
 
 
 @pytest.fixture(scope="session")
-def tiny_chat(tmp_path_factory):
+def tiny_chat(tmp_path_factory, smollm_path):
     """(model, tokenizer, folder): a tiny random Llama (2 layers, hidden 64, grouped-query heads 4/2) over
     SmolLM2's tokenizer and chat template, SmolLM2's configuration otherwise (vocabulary, special tokens, tied
     head, context), saved as a model folder. Its final norm is scaled x8: at T = 0.6 its samples repeat enough
@@ -144,9 +170,7 @@ def tiny_chat(tmp_path_factory):
     pytest.importorskip("transformers")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from dasrl.models import ensure_hf_folder
-
-    real = ensure_hf_folder("smollm2-135m")
+    real = smollm_path
     config = AutoConfig.from_pretrained(real)
     config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16))

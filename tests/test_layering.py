@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "dasrl"
 LAB = [REPO / "dasrl_lab", REPO / "scripts"]
 FLOORS = {"drafter": 0, "policy": 1, "engine": 2, "rollout": 3, "integrations": 4}
-UTILITIES = {"dasrl", "dasrl._core", "dasrl._extras", "dasrl.atomic", "dasrl.models"}
+UTILITIES = {"dasrl", "dasrl._core", "dasrl._extras", "dasrl.atomic"}
 """Top-level modules every floor may use (they import no floor themselves; `dasrl` re-exports the API)."""
-PUBLIC = ("dasrl", "dasrl.atomic", "dasrl.models", "dasrl.drafter", "dasrl.policy", "dasrl.engine", "dasrl.rollout",
+PUBLIC = ("dasrl", "dasrl.atomic", "dasrl.drafter", "dasrl.policy", "dasrl.engine", "dasrl.rollout",
           "dasrl.integrations.trl", "dasrl.integrations.ray", "dasrl.integrations.vllm", "dasrl.integrations.verl",
           "dasrl.integrations.verl.router")
 """The library's public modules: their `__all__` is the public API."""
@@ -190,7 +190,7 @@ def test_the_core_install_imports_without_torch_transformers_pyarrow():
 def test_a_path_that_needs_a_missing_extra_names_it():
     cases = {"from dasrl import RolloutSession": "engine", "from dasrl import SpecEngine": "engine",
              "from dasrl.rollout import SessionConfig": "engine", "import dasrl.rollout.session": "engine",
-             "from dasrl import load_model": "engine", "import dasrl.integrations.trl": "engine",
+             "import dasrl.integrations.trl": "engine",
              "import dasrl.integrations.ray": "engine", "from dasrl import read_trace": "trace"}
     code = (f"for stmt in {list(cases)!r}:\n"
             "    try:\n        exec(stmt)\n    except ImportError as e:\n        print(stmt, '|', e)\n"

@@ -81,8 +81,8 @@ def test_init_local_refuses_what_would_not_be_local(cluster):
 
 @pytest.mark.slow
 def test_distributed_equals_local_and_survives_a_killed_worker(cluster, tiny_chat, chat_prompts, tmp_path):
-    """On the tiny Llama over SmolLM2's tokenizer, which each worker loads from its folder (the embedded
-    SmolLM2 loaded by name in the workers: the next test)."""
+    """On the tiny Llama over SmolLM2's tokenizer, which each worker loads from its folder (SmolLM2 itself
+    in the workers: the next test)."""
     from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
 
     model, tok, folder = tiny_chat
@@ -147,7 +147,7 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, tiny_cha
 
 
 @pytest.mark.slow
-def test_a_failed_load_or_set_weights_changes_no_worker(cluster, smollm, chat_prompts, tmp_path):
+def test_a_failed_load_or_set_weights_changes_no_worker(cluster, smollm, smollm_path, chat_prompts, tmp_path):
     """A save whose worker-1 part is damaged: load() raises naming worker 1, and worker 0 keeps its state
     (it used to load its own part first). Weights whose keys or shapes are not the model's are refused
     before any worker changes (they used to be accepted with strict=False, and the workers kept their old
@@ -157,7 +157,7 @@ def test_a_failed_load_or_set_weights_changes_no_worker(cluster, smollm, chat_pr
     from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession
 
     model, _ = smollm
-    dist = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=2, router="round_robin"))
+    dist = DistributedRolloutSession(smollm_path, DistributedConfig(workers=2, router="round_robin"))
     prompts = [chat_prompts[0], chat_prompts[2]] * 2
     sp = SamplingParams(temperature=0.0)
 

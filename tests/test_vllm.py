@@ -29,7 +29,7 @@ BIND = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1")
 def runs(tmp_path_factory):
     """none, das and das-fixed on the same RL-like workload: 3 prompts x 2 samples x 2 steps, greedy."""
     from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_method
-    from dasrl.models import ensure_hf_folder
+    from dasrl_lab.models import ensure_hf_folder
 
     try:
         model = str(ensure_hf_folder())
@@ -71,7 +71,7 @@ def test_one_rl_step_per_generate_call(runs):
 
 
 def _model_or_skip() -> str:
-    from dasrl.models import ensure_hf_folder
+    from dasrl_lab.models import ensure_hf_folder
 
     try:
         return str(ensure_hf_folder())

@@ -2,7 +2,7 @@
 
     from dasrl.integrations.ray import init_local
     init_local()                                            # or ray.init(address=...) for a cluster
-    session = DistributedRolloutSession("smollm2-135m", DistributedConfig(workers=4))
+    session = DistributedRolloutSession("HuggingFaceTB/SmolLM2-135M-Instruct", DistributedConfig(workers=4))
     for step in range(steps):
         rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.8), max_new_tokens=512)
         ...                                                 # rewards, policy update
@@ -136,12 +136,16 @@ class RolloutWorker:
     """The actor body: one RolloutSession on its own model copy (wrapped with ray.remote at runtime)."""
 
     def __init__(self, model: str, config: SessionConfig, dtype: str = "float32") -> None:
+        """`model`: what transformers' from_pretrained takes (a local folder, or a hub id); loaded in eval mode
+        on CUDA when the actor sees a device, else on the CPU."""
         import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from dasrl.models import load_model
         from dasrl.rollout.session import RolloutSession
 
-        m, self.tokenizer = load_model(model, dtype=getattr(torch, dtype))
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        m = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+        m.to("cuda" if torch.cuda.is_available() else "cpu").eval()
         self.session = RolloutSession(m, self.tokenizer, config)
 
     def generate(self, prompts, *, problem_ids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines):

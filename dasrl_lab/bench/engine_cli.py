@@ -80,7 +80,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
         from dasrl_lab.bench.engine import EngineBenchConfig, run_engine_bench
-        from dasrl.models import load_model
+        from dasrl_lab.models import load_model
 
         cfg = EngineBenchConfig.quick() if quick else EngineBenchConfig()
         overrides = {k: v for k, v in dict(budget=budget, problems=problems, group=group,
@@ -126,7 +126,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from dasrl.engine import EngineConfig, SpecEngine
         from dasrl.engine import default_threads
         from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
-        from dasrl.models import load_model
+        from dasrl_lab.models import load_model
 
         grid = CalibrationGrid.quick() if quick else CalibrationGrid()
         console = Console()
@@ -186,7 +186,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         from dasrl_lab.bench.fidelity import (FidelityConfig, run_fidelity, sampler_cost_rows, shape_flip_rows,
                                            totals)
-        from dasrl.models import load_model
+        from dasrl_lab.models import load_model
 
         cfg = FidelityConfig.quick() if quick else FidelityConfig()
         overrides = {k: v for k, v in dict(problems=problems, group=group, max_new_tokens=max_new_tokens,

@@ -250,7 +250,7 @@ def run(cfg: GPUCheckConfig, json_path: Path | None, log: Callable[[str], None] 
     when an fp32 ladder row differs or is vacuous, or a part failed."""
     import torch
 
-    from dasrl.models import resolve_device
+    from dasrl_lab.models import resolve_device
 
     dev = resolve_device(cfg.device)
     cfg = replace(cfg, device=str(dev))

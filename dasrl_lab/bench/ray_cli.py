@@ -58,7 +58,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter("this bench needs Ray: pip install 'dasrl[ray]'") from None
         from dasrl.engine import SamplingParams
         from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession, init_local
-        from dasrl.models import load_model
+        from dasrl_lab.models import load_model, resolve_source
         from dasrl.rollout import ROUTERS
         from dasrl.rollout import SessionConfig
 
@@ -79,7 +79,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--temperature'") from None
         with user_errors("--model"):
-            _, tok = load_model(model)
+            source = resolve_source(model)[0]  # the actors load a folder or hub id (an embedded name: its folder)
+            _, tok = load_model(source)
         problems = [_chat(tok, text) for text, _ in PROMPTS]
         rng = np.random.default_rng(0)
         orders = [rng.permutation(len(problems)).tolist() for _ in range(steps)]
@@ -94,7 +95,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("ray", total=len(names) * steps)
             prog.update(task, description=f"starting {workers} workers x {len(names)} routers")
-            sessions = {n: DistributedRolloutSession(model, DistributedConfig(
+            sessions = {n: DistributedRolloutSession(source, DistributedConfig(
                 workers=workers, router=n, session=SessionConfig(speculate=speculate))) for n in names}
             for step in range(steps):
                 prompts = [problems[p] for p in orders[step] for _ in range(samples)]

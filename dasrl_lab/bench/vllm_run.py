@@ -174,7 +174,7 @@ def build(cfg: dict, method: str):
     from transformers import AutoTokenizer
     from vllm import LLM
 
-    from dasrl.models import ensure_hf_folder
+    from dasrl_lab.models import ensure_hf_folder
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
     das = method.startswith("das")

@@ -166,7 +166,7 @@ def trace_rows(step: int, outs: Sequence[Rollout], rewards: Sequence[float]) -> 
 def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     import torch
 
-    from dasrl.models import load_model
+    from dasrl_lab.models import load_model
 
     console = console or Console()
     cfg.validate()

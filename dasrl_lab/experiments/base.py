@@ -95,7 +95,7 @@ class Context:
         if self._model is None:
             import torch
 
-            from dasrl.models import load_model
+            from dasrl_lab.models import load_model
 
             with self.console.status(f"loading {self.options.model}"):
                 self._model = load_model(self.options.model, dtype=torch.float32)

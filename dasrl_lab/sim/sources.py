@@ -255,7 +255,7 @@ def hf_tokenizer(folder: str | Path | None):
     from transformers import AutoTokenizer
 
     if folder is None:
-        from dasrl.models import ensure_hf_folder
+        from dasrl_lab.models import ensure_hf_folder
 
         return AutoTokenizer.from_pretrained(str(ensure_hf_folder()))
     folder = Path(folder)

@@ -58,7 +58,7 @@ def test_bad_config_is_named():
         run(GPUCheckConfig(device="gpu0", parts=("whatif",)), None, log=lambda s: None)
     import torch
 
-    from dasrl.models import resolve_device
+    from dasrl_lab.models import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():

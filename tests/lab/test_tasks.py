@@ -126,7 +126,7 @@ def test_math_preset_is_champ_statements():
 
 def test_math_prompt_formatting():
     pytest.importorskip("torch")
-    from dasrl.models import ensure_hf_folder
+    from dasrl_lab.models import ensure_hf_folder
     from transformers import AutoTokenizer
 
     from dasrl_lab.tasks import chat_ids

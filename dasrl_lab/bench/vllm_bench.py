@@ -269,9 +269,9 @@ def trace_name(method: str, temperature: float, repeat: int) -> str:
 
 
 def write_run_trace(path: Path, result: dict, *, max_tokens: int) -> None:
-    """One run's rollouts as a dasrl trace directory (dasrl/rollout/trace.py, one file per step), what
+    """One run's rollouts as a dasrl trace directory (dasrl_lab/trace.py, one file per step), what
     `dasrl whatif` replays: request i of a step is sample i % samples of prompt i // samples (vllm_run.run)."""
-    from dasrl.rollout import Response, TraceWriter
+    from dasrl_lab.trace import Response, TraceWriter
 
     writer, prompts, g = TraceWriter(path), result["prompts"], result["samples"]
     for s in result["steps"]:

@@ -39,7 +39,7 @@ from dasrl_lab.drafters.arctic import ArcticDrafter
 from dasrl.drafter import DraftStore
 from dasrl.integrations.vllm import VLLMDrafterConfig, match_capped, proposer_policy
 from dasrl.policy import FixedBudget, LatencyModel, NoSpeculation, PolicyBase, nonnegative_lstsq
-from dasrl.rollout import read_trace
+from dasrl_lab.trace import read_trace
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
 from dasrl_lab.sim.simulator import group_steps

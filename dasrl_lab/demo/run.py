@@ -21,7 +21,7 @@ from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl_lab.tasks import PRESETS, Task, chat_ids, preset, reward
 from dasrl.engine import SamplingParams
 from dasrl.rollout import Rollout, RolloutSession, SessionConfig
-from dasrl.rollout import Response, TraceWriter
+from dasrl_lab.trace import Response, TraceWriter
 
 
 @dataclass(frozen=True)

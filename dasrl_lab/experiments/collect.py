@@ -31,7 +31,7 @@ from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, SessionPolicy, p
 from dasrl_lab.policies import make_lab_policy
 from dasrl_lab.experiments.machine import load_avg
 from dasrl.rollout import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
-from dasrl.rollout import Trace, TraceWriter, read_trace
+from dasrl_lab.trace import Trace, TraceWriter, read_trace
 
 FORMAT = "dasrl-experiments-collect/3"
 UNBOUNDED_CAP = ClassCaps().long

@@ -16,7 +16,7 @@ import numpy as np
 
 from dasrl.drafter import Draft, Drafter, DrafterBase
 from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.rollout import Response
+from dasrl_lab.trace import Response
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 
 REPLAY_BUDGET = 16

@@ -31,7 +31,7 @@ from dasrl.atomic import MAX_JSON_BYTES, read_json
 from dasrl.drafter import DraftStore
 from dasrl_lab.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl.policy import LatencyModel, nonnegative_lstsq
-from dasrl.rollout import read_trace
+from dasrl_lab.trace import read_trace
 from dasrl_lab.sim.simulator import Simulator, StepStats
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dasrl.drafter import MAX_DRAFT
 from dasrl.drafter import StoreConfig
 from dasrl_lab.policies import ALL_POLICIES as POLICIES
 from dasrl.policy import LatencyModel
-from dasrl.rollout import Response, TraceError, read_trace, summarize, write_trace
+from dasrl_lab.trace import Response, TraceError, read_trace, summarize, write_trace
 from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
 from dasrl_lab.sim.workloads import CPU_LATENCY, WORKLOADS, generate, get_workload
 

@@ -19,7 +19,7 @@ import numpy as np
 from dasrl.drafter import DraftBatch
 from dasrl.policy import RequestState
 from dasrl.policy import propose
-from dasrl.rollout import Response
+from dasrl_lab.trace import Response
 from dasrl.engine import accepted_counts
 from dasrl_lab.sim.simulator import StepStats, replay_targets
 

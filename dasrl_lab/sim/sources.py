@@ -10,7 +10,7 @@ Sources:
   extra reward fields; the prompt text is the problem key (GRPO siblings share it).
 - a JSONL or Parquet file of rows `step`, `problem_id` or `prompt`, `response` (text or token ids), and
   optionally `prompt` (text or token ids) beside a problem_id;
-- our own traces (dasrl.rollout.trace, Parquet with format metadata): token ids as recorded.
+- our own traces (dasrl_lab.trace, Parquet with format metadata): token ids as recorded.
 
 Bad input raises SourceError naming the file, the line (1-based; a Parquet row index) and the field,
 before anything is replayed or written. Files are opened by dasrl.atomic.open_regular: a FIFO, a device or
@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl.atomic import open_regular
-from dasrl.rollout import FORMAT as TRACE_FORMAT
-from dasrl.rollout import Response, TraceError, read_parquet, read_trace
+from dasrl_lab.trace import FORMAT as TRACE_FORMAT
+from dasrl_lab.trace import Response, TraceError, read_parquet, read_trace
 
 Tokenize = Callable[[list[str]], list[list[int]]]
 

@@ -32,7 +32,7 @@ from dasrl.policy import ForwardAllowance
 from dasrl.policy import FixedBudget, NoSpeculation
 from dasrl.policy import make_policy
 from dasrl.rollout import SessionConfig, history_drafter
-from dasrl.rollout import Response
+from dasrl_lab.trace import Response
 from dasrl_lab.sim.profiles import Profile
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.oracle import HistoryOracle

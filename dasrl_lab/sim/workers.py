@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl.rollout import groups_of, make_router
-from dasrl.rollout import Response
+from dasrl_lab.trace import Response
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 
 

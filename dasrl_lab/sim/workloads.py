@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dasrl.policy import CPU_LATENCY, LatencyModel, GPU_LATENCY
-from dasrl.rollout import Response
+from dasrl_lab.trace import Response
 
 
 @dataclass(frozen=True)

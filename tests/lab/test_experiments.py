@@ -16,7 +16,7 @@ from dasrl_lab.experiments.drafters import fraction_of_oracle
 from dasrl_lab.experiments.registry import EXPERIMENTS, select
 from dasrl_lab.experiments.replay import StaticDrafter, TimedDrafter, replay, totals
 from dasrl_lab.experiments.similarity import by_lag, ngram_overlap, overlap_matrix
-from dasrl.rollout.trace import Response
+from dasrl_lab.trace import Response
 
 
 def resp(step, pid, sample, tokens, prompt=(1, 2, 3)):

@@ -7,7 +7,7 @@ import pytest
 from dasrl.drafter import StoreConfig
 from dasrl.drafter.base import Draft
 from dasrl.policy import LatencyModel, RequestState
-from dasrl.rollout.trace import Response
+from dasrl_lab.trace import Response
 from dasrl_lab.sim import SimConfig, generate, get_workload, simulate
 from dasrl_lab.sim.simulator import DRAFTERS, accepted_length, compare
 from dasrl_lab.sim.workers import simulate_routed

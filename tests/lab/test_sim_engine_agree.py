@@ -15,7 +15,7 @@ from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
-from dasrl.rollout.trace import Response  # noqa: E402
+from dasrl_lab.trace import Response  # noqa: E402
 from dasrl_lab.sim.simulator import SimConfig, Simulator  # noqa: E402
 
 NEW = 20

@@ -12,7 +12,7 @@ from dasrl_lab.bench import vllm_validate
 from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, check_trace_free, trace_name, write_run_trace
 from dasrl.policy.base import NoSpeculation
 from dasrl.policy.latency import LatencyModel
-from dasrl.rollout.trace import read_trace
+from dasrl_lab.trace import read_trace
 from dasrl_lab.sim import whatif
 from dasrl_lab.sim.profiles import measured
 from dasrl_lab.sim.simulator import group_steps

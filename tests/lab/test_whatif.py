@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dasrl.policy.base import FixedBudget, NoSpeculation
-from dasrl.rollout.trace import Response, write_trace
+from dasrl_lab.trace import Response, write_trace
 from dasrl_lab.sim import fastreplay, profiles, sources, whatif
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
 from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
@@ -155,7 +155,7 @@ def test_replay_matches_the_engine_on_the_demo_trace(tok):
     benchmarks/demo_math_t06.json (math preset, the session's priced policy): the session's drafter and
     policy replayed over it give the engine's forwards, drafted and accepted tokens exactly, step by step."""
     from dasrl.rollout.session import SessionConfig, history_drafter, speculation_policy
-    from dasrl.rollout.trace import read_trace
+    from dasrl_lab.trace import read_trace
 
     doc = json.loads((ROOT / "benchmarks/demo_math_t06.json").read_text())
     steps = dict(read_trace(ROOT / "benchmarks/demo_math_t06_trace").by_step())
@@ -494,7 +494,7 @@ def test_a_dead_worker_raises_instead_of_hanging():
         import os, signal, sys
         import numpy as np
         from concurrent.futures.process import BrokenProcessPool
-        from dasrl.rollout.trace import Response
+        from dasrl_lab.trace import Response
         from dasrl_lab.sim import profiles, sources, whatif
 
         def die(*a, **k):

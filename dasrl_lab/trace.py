@@ -1,4 +1,5 @@
-"""Rollout traces in Parquet: one row per response.
+"""The lab's rollout traces in Parquet: one row per response (the demo, the experiments and `dasrl bench vllm`
+write them; the simulator, whatif and the validations replay them).
 
 Columns: step (int64), problem_id (int64 >= 0 or string), sample (int64 >= 0), prompt_ids (list<int32>),
 response_ids (list<int32>), reward (float64, may be null), finish_reason (string), and optionally
@@ -25,10 +26,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
-
-from dasrl._extras import require
-
-require("trace", "dasrl.rollout.trace")
 
 import numpy as np
 import pyarrow as pa

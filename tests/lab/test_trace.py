@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dasrl.rollout.trace import (Response, TraceError, TraceWriter, read_trace, summarize, to_table,
+from dasrl_lab.trace import (Response, TraceError, TraceWriter, read_trace, summarize, to_table,
                                  write_trace)
 
 # A Parquet file from another writer carries no dasrl checksum: read only when asked, field by field.

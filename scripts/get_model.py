@@ -167,7 +167,7 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
 
-    from dasrl.drafter import NGramDrafter
+    from dasrl_lab.drafters.baselines import NGramDrafter
     from dasrl.engine import EngineConfig, SpecEngine
     from dasrl.engine import SamplingParams
     from dasrl_lab.models import load_model

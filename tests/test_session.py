@@ -52,26 +52,29 @@ def test_bad_input(smollm):
 
 
 def test_drafter_override_and_record(smollm, chat_prompts):
-    """A session with another drafter (n-gram) stays exact; record() + end_step() gives a session the
-    history of a step it did not generate, so it drafts from it on the next step."""
-    from dasrl.drafter import NGramDrafter
+    """A session with another drafter (an oracle, wrong at every 4th token) stays exact; record() + end_step()
+    gives a session the history of a step it did not generate, so it drafts from it on the next step."""
+    from support.drafters import Oracle
 
     model, tok = smollm
     prompts = [chat_prompts[0]] * 2 + [chat_prompts[6]] * 2
     sp = SamplingParams(temperature=0.7, top_p=0.95)
     off = RolloutSession(model, tok, SessionConfig(speculate=False))
-    ngram = RolloutSession(model, tok, SessionConfig(speculate=True, policy="fixed", policy_kw=(("k", 4),)),
-                           drafter=NGramDrafter())
     late = RolloutSession(model, tok, SessionConfig(speculate=True, policy="das"))
-    assert ngram.store is None and isinstance(ngram.drafter, NGramDrafter) and late.store is not None
     with pytest.raises(ValueError, match="speculate is False"):
-        RolloutSession(model, tok, SessionConfig(speculate=False), drafter=NGramDrafter())
+        RolloutSession(model, tok, SessionConfig(speculate=False), drafter=Oracle({}))
     ref = off.generate(prompts, sampling=sp, max_new_tokens=20)
-    got = ngram.generate(prompts, sampling=sp, max_new_tokens=20)
+    wrong = {(0, i): [t if j % 4 != 3 else (t + 1) % len(tok) for j, t in enumerate(r.completion_ids)]
+             for i, r in enumerate(ref)}  # the session's request ids: (step, index)
+    other = RolloutSession(model, tok, SessionConfig(speculate=True, policy="fixed", policy_kw=(("k", 4),)),
+                           drafter=Oracle(wrong))
+    assert other.store is None and isinstance(other.drafter, Oracle) and late.store is not None
+    got = other.generate(prompts, sampling=sp, max_new_tokens=20)
     assert [x.completion_ids for x in got] == [y.completion_ids for y in ref]
+    assert other.engine.last_run.drafted > other.engine.last_run.accepted > 0  # drafts taken, some refused
     late.record(ref)  # step 0 taken from the baseline, not generated
     assert late.store.num_tokens > 0 and late.history == []
-    for s in (off, ngram, late):
+    for s in (off, other, late):
         s.end_step()
     ref1 = off.generate(prompts, sampling=sp, max_new_tokens=20)
     got1 = late.generate(prompts, sampling=sp, max_new_tokens=20)

@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dasrl.drafter import OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.stops import LineStop  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
+from support.drafters import Oracle  # noqa: E402
 
 
 def _expected_cut(tok, ids: list[int], phrase: str) -> int | None:
@@ -51,7 +51,7 @@ def test_stop_lines_cut_plain_and_speculative_at_the_same_token(smollm):
     free = engine.generate(prompts, seeds=seeds, sampling=sampling, max_new_tokens=40)
     plain = engine.generate(prompts, seeds=seeds, sampling=sampling, max_new_tokens=40, stop_lines=(phrase,))
     spec = engine.generate(prompts, seeds=seeds, sampling=sampling, max_new_tokens=40, stop_lines=(phrase,),
-                           drafter=OracleDrafter({i: c.token_ids for i, c in enumerate(free)}),
+                           drafter=Oracle({i: c.token_ids for i, c in enumerate(free)}),
                            policy=FixedBudget(8))
     cut = 0
     for f, p, s in zip(free, plain, spec):

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import MAX_DRAFT
-from dasrl.drafter import NGramDrafter, OracleDrafter
 from dasrl.drafter.counting import CountingDrafter, counting_draft
 from dasrl.drafter.store import MIN_STEP_WEIGHT, DraftStore, StoreConfig
 
@@ -242,12 +241,8 @@ def test_live_weight_is_bounded_so_decayed_weights_stay_normal():
 def test_budgets_that_are_not_ints_are_refused_not_truncated(bad):
     store = DraftStore()
     store.start("r", 1, [1, 2, 3])
-    ngram, oracle = NGramDrafter(), OracleDrafter({"r": [1, 2]})
-    ngram.start("r", 1, [1, 2, 3])
-    oracle.start("r", 1, [1, 2, 3])
-    for d in (store, ngram, oracle):
-        with pytest.raises(ValueError, match=rf"draft budget must be an int, got {re.escape(repr(bad))} .* for request 'r'"):
-            d.propose(["r"], [bad])
+    with pytest.raises(ValueError, match=rf"draft budget must be an int, got {re.escape(repr(bad))} .* for request 'r'"):
+        store.propose(["r"], [bad])
     with pytest.raises(ValueError, match=r"draft budget must be an int, got np.float64\(1.5\) \(float64\) for request 'r'"):
         store.propose(["r"], np.array([1.5]))
     with pytest.raises(ValueError, match=r"draft budget must be an int, got (np.)?(True|np.True_) \(bool_?\) for request 'r'"):

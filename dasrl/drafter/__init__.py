@@ -2,7 +2,6 @@
 
 from dasrl.drafter.base import (MAX_DRAFT, Draft, DraftBatch, Drafter, DrafterBase, DraftParams, budget_array,
                                 check_budgets, problem_key)
-from dasrl.drafter.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.config import MODES, StoreConfig
 from dasrl.drafter.counting import CountingDrafter, digit_tokens, with_counting
 from dasrl.drafter.store import DraftStore
@@ -10,6 +9,6 @@ from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, 
                                   token_array)
 
 __all__ = ["MAX_DRAFT", "Draft", "DraftBatch", "Drafter", "DrafterBase", "DraftParams", "budget_array",
-           "check_budgets", "problem_key", "NGramDrafter", "OracleDrafter", "MODES", "StoreConfig",
+           "check_budgets", "problem_key", "MODES", "StoreConfig",
            "CountingDrafter", "digit_tokens", "with_counting", "DraftStore", "Cursor", "SuffixIndex",
            "best_continuation_batch", "extend_batch", "propose_flat", "token_array"]

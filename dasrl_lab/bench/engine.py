@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dasrl.drafter import DraftBatch
-from dasrl.drafter import NGramDrafter, OracleDrafter
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter import with_counting
 from dasrl.engine import RowCache
 from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads

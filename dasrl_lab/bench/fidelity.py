@@ -140,7 +140,7 @@ def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> fl
 
 def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: list[Completion]):
     from dasrl.drafter import DraftParams
-    from dasrl.drafter import NGramDrafter, OracleDrafter
+    from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
     from dasrl.drafter import DraftStore, StoreConfig
 
     if name == "ngram":

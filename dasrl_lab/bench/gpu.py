@@ -104,7 +104,7 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     import torch
 
     from dasrl.drafter import DraftParams
-    from dasrl.drafter import NGramDrafter, OracleDrafter
+    from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
     from dasrl.drafter import DraftStore, StoreConfig
     from dasrl.engine import EngineConfig, SpecEngine, default_threads
     from dasrl.engine import SamplingParams

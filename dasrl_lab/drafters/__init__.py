@@ -1,3 +1,3 @@
-"""Drafters the lab compares against: arctic-inference's suffix cache (vLLM's `suffix`). The n-gram and oracle
-baselines are the library's (`dasrl.drafter.NGramDrafter`, `OracleDrafter`); the pure-Python reference index,
-the native index's oracle, is the tests' (tests/support/reference.py)."""
+"""Drafters the lab compares against: arctic-inference's suffix cache (vLLM's `suffix`, arctic.py), n-gram prompt
+lookup and the oracle (baselines.py). The pure-Python reference index, the native index's oracle, and the
+oracle drafter the library's tests draft with are the tests' (tests/support/)."""

@@ -23,7 +23,7 @@ from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
 from dasrl_lab.demo.run import score, step_batch, trace_rows
 from dasrl_lab.tasks import preset
 from dasrl.drafter import DraftParams, Drafter
-from dasrl.drafter import NGramDrafter, OracleDrafter
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter import StoreConfig
 from dasrl.engine import RunStats
 from dasrl.engine import SamplingParams

@@ -25,7 +25,7 @@ from dasrl.drafter import Draft, DraftBatch, Drafter, DraftStore, StoreConfig
 from dasrl.engine import accepted_counts, depths
 from dasrl.policy import GPU_LATENCY, BudgetPolicy, LatencyModel, RequestState, propose
 from dasrl_lab.trace import Response
-from dasrl.drafter import NGramDrafter, OracleDrafter
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl_lab.policies import make_lab_policy
 
 BATCH_MODES = ("static", "continuous")

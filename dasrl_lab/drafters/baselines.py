@@ -1,11 +1,11 @@
-"""Two baseline drafters behind the same protocol: n-gram prompt lookup and the oracle.
+"""The lab's two baseline drafters behind the library's drafter protocol: n-gram prompt lookup and the oracle.
 
 Reference points for a drafter, not replacements for DAS's: `NGramDrafter` drafts from the request's own prompt
 and output only (no history, no store), and `OracleDrafter`, told each request's true completion, drafts it
-exactly: the upper bound any drafter can reach (the engine's exactness tests draft with it, the lab's
-simulator and benches measure against both). Either goes where a drafter goes, e.g.
-`RolloutSession(..., drafter=NGramDrafter())`. The global suffix drafter (the ArcticInference / vLLM `suffix`
-behaviour) is `DraftStore(mode="global")`.
+exactly: the upper bound any drafter can reach (the lab's simulator, benches and experiments measure against
+both). Either goes where a drafter goes, e.g. `RolloutSession(..., drafter=NGramDrafter())`. The global
+suffix drafter (the ArcticInference / vLLM `suffix` behaviour) is the library's `DraftStore(mode="global")`.
+The library's tests draft with their own oracle (tests/support/drafters.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import Draft, DrafterBase, check_budgets
+from dasrl.drafter import Draft, DrafterBase, check_budgets
 
 
 class NGramDrafter(DrafterBase):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dasrl.drafter import NGramDrafter
 from dasrl.drafter.counting import NUM, CountingDrafter, _items, _period, counting_draft, digit_tokens, periods
+from support.drafters import PromptLookup
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
 DIGITS = np.arange(10, 20)
@@ -110,7 +110,7 @@ def test_any_tail_gives_a_valid_draft(tokens, budget):
 
 # ------------------------------------------------------------------ the wrapper
 def test_wrapper_counts_where_it_can_and_delegates_elsewhere():
-    d = CountingDrafter(NGramDrafter(), DIGITS)
+    d = CountingDrafter(PromptLookup(), DIGITS)
     d.start("r", "p", enc("a:"))
     d.start("s", "p", enc("ab ab ab a"))
     d.observe("r", enc(" 43, 44, 45, "))
@@ -128,7 +128,7 @@ def test_wrapper_counts_where_it_can_and_delegates_elsewhere():
 @pytest.mark.parametrize("digits, match", [(np.arange(9), "10 distinct"), (np.zeros(10), "10 distinct")])
 def test_bad_digits_are_refused(digits, match):
     with pytest.raises(ValueError, match=match):
-        CountingDrafter(NGramDrafter(), digits)
+        CountingDrafter(PromptLookup(), digits)
 
 
 def test_digit_tokens_of_the_embedded_tokenizer(smollm):

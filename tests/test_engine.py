@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from dasrl.drafter.base import Draft, DrafterBase, DraftParams, check_budgets  # noqa: E402
-from dasrl.drafter import NGramDrafter, OracleDrafter  # noqa: E402
 from dasrl.engine import EngineConfig, EngineStepError, SamplingParams, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import filtered_probs  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
+from support.drafters import Oracle, PromptLookup  # noqa: E402
 
 HAS_STORE = os.path.exists(os.path.join(os.path.dirname(__file__), "..", "dasrl", "drafter", "store.py"))
 NEW = 24
@@ -127,11 +127,11 @@ def make_drafter(name, *, futures, history, vocab=49152):
     """A fresh drafter by name; futures = the true completions by request id (for the oracles); vocab: the
     model's (the wrong tokens stay in it)."""
     if name == "ngram":
-        return NGramDrafter()
+        return PromptLookup()
     if name == "oracle":
-        return OracleDrafter(futures)
+        return Oracle(futures)
     if name == "wrong-oracle":
-        return OracleDrafter({k: perturb(v, vocab=vocab) for k, v in futures.items()})
+        return Oracle({k: perturb(v, vocab=vocab) for k, v in futures.items()})
     if name == "tree-oracle":
         return TreeOracle(futures, vocab)
     from dasrl.drafter.store import DraftStore, StoreConfig
@@ -336,7 +336,7 @@ def test_batch_composition_does_not_matter(engine, chat_prompts, history):
 def test_oracle_saves_forwards(engine, chat_prompts, plain, budget):
     prompts = chat_prompts[:3]
     ref = engine.generate(prompts, sampling=GREEDY, ignore_eos=True, max_new_tokens=NEW)
-    drafter = OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})
+    drafter = Oracle({i: c.token_ids for i, c in enumerate(ref)})
     out = engine.generate(prompts, sampling=GREEDY, ignore_eos=True, max_new_tokens=NEW, drafter=drafter,
                           policy=FixedBudget(budget))
     assert tokens(out) == tokens(ref)
@@ -373,7 +373,7 @@ def test_stops(engine, smollm, chat_prompts, plain):
     # a stop string: ends at the token that completes it, speculative or not
     text = tok.decode(full)
     stop = text[len(tok.decode(full[:12])):][:6].strip() or text[-4:]
-    for drafter in (None, OracleDrafter({0: full})):
+    for drafter in (None, Oracle({0: full})):
         got = engine.generate([chat_prompts[i]], sampling=GREEDY, stop_strings=[stop], max_new_tokens=NEW, drafter=drafter,
                               policy=FixedBudget(8))[0]
         assert got.finish_reason == "stop" and stop in tok.decode(got.token_ids)
@@ -383,7 +383,7 @@ def test_stops(engine, smollm, chat_prompts, plain):
     got = engine.generate([chat_prompts[i]], sampling=GREEDY, max_new_tokens=5)[0]
     assert got.token_ids == full[:5] and got.finish_reason == "length"
     small = SpecEngine(smollm[0], tok, EngineConfig(max_context=len(chat_prompts[i]) + 4, num_threads=THREADS))
-    for drafter in (None, OracleDrafter({0: full})):
+    for drafter in (None, Oracle({0: full})):
         got = small.generate([chat_prompts[i]], sampling=GREEDY, max_new_tokens=NEW, drafter=drafter, policy=FixedBudget(16))[0]
         assert got.token_ids == full[:4] and got.finish_reason == "context"
 
@@ -432,7 +432,7 @@ def test_bad_sampling_values():
         SamplingParams(temperature=-1)
 
 
-class FailingDrafter(NGramDrafter):
+class FailingDrafter(PromptLookup):
     def __init__(self, fail_at):
         super().__init__()
         self.calls, self.fail_at = 0, fail_at
@@ -458,7 +458,7 @@ def test_failed_step_leaves_rows_consistent(engine, chat_prompts, plain):
 
 
 def test_bad_drafts_are_refused(engine, chat_prompts):
-    class Garbage(NGramDrafter):
+    class Garbage(PromptLookup):
         def propose(self, req_ids, budgets):
             return [Draft.chain([10**6] * min(b, 2)) for b in budgets]
 

@@ -71,12 +71,12 @@ def test_a_draft_prefix_by_hand():
 
 
 def test_drafter_base_derives_the_batch_calls_from_the_per_request_ones():
-    """A drafter with only propose/observe (NGramDrafter) gets propose_flat / observe_batch from DrafterBase:
+    """A drafter with only propose/observe (PromptLookup) gets propose_flat / observe_batch from DrafterBase:
     the flat batch holds exactly its Drafts, and observe_batch is observe per request."""
     from dasrl.drafter.base import Drafter, DraftBatch
-    from dasrl.drafter import NGramDrafter
+    from support.drafters import PromptLookup
 
-    a, b = NGramDrafter(), NGramDrafter()
+    a, b = PromptLookup(), PromptLookup()
     assert isinstance(a, Drafter)
     for d in (a, b):
         d.start("x", None, [1, 2, 3, 1, 2])

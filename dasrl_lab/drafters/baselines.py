@@ -5,7 +5,7 @@ and output only (no history, no store), and `OracleDrafter`, told each request's
 exactly: the upper bound any drafter can reach (the lab's simulator, benches and experiments measure against
 both). Either goes where a drafter goes, e.g. `RolloutSession(..., drafter=NGramDrafter())`. The global
 suffix drafter (the ArcticInference / vLLM `suffix` behaviour) is the library's `DraftStore(mode="global")`.
-The library's tests draft with their own oracle (tests/support/drafters.py).
+The library's tests draft with their own (tests/support/drafters.py: they may not import the lab).
 """
 
 from __future__ import annotations

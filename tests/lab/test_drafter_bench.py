@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from dasrl_lab.cli import app
 from dasrl_lab.bench import drafter as B
-from dasrl.drafter import NGramDrafter, OracleDrafter
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter.store import DraftStore, StoreConfig
 
 

@@ -48,3 +48,50 @@ class Oracle(DrafterBase):
 
     def end_step(self) -> None:
         pass
+
+
+class PromptLookup(DrafterBase):
+    """n-gram prompt lookup, the tests' pure-Python drafter with drafts sometimes right, sometimes wrong, and
+    no native core: match the request's last n tokens (n from max_n down to min_n) in its own prompt and
+    output, and draft what followed the latest earlier occurrence. (The lab's comparison drafter of this kind
+    is dasrl_lab/drafters/baselines.py's NGramDrafter; the library's tests may not import the lab.)"""
+
+    def __init__(self, *, min_n: int = 2, max_n: int = 5) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._ctx: dict = {}
+
+    def start(self, req_id, problem_id, prompt_ids) -> None:
+        if req_id in self._ctx:
+            raise KeyError(f"request {req_id!r} already started")
+        self._ctx[req_id] = [int(t) for t in prompt_ids]
+
+    def _context(self, req_id) -> list[int]:
+        try:
+            return self._ctx[req_id]
+        except KeyError:
+            raise KeyError(f"unknown request id {req_id!r}") from None
+
+    def propose(self, req_ids, budgets):
+        check_budgets(req_ids, budgets)
+        return [self._propose_one(np.asarray(self._context(r), dtype=np.int64), int(b)) for r, b in zip(req_ids, budgets)]
+
+    def _propose_one(self, arr: np.ndarray, budget: int) -> Draft:
+        for n in range(min(self.max_n, len(arr) - 1), self.min_n - 1, -1) if budget else ():
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # windows[i] = arr[i:i+n]
+            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return Draft.chain(arr[start:start + budget], match_len=n)
+        return Draft.empty()
+
+    def observe(self, req_id, tokens) -> None:
+        self._context(req_id).extend(int(t) for t in tokens)
+
+    def finish(self, req_id) -> None:
+        self._context(req_id)
+        del self._ctx[req_id]
+
+    abort = finish
+
+    def end_step(self) -> None:
+        pass

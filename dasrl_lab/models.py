@@ -12,7 +12,8 @@ because the winner's folder exists, and it discards its own copy. A reader never
 folder.
 
 `python -m dasrl_lab.models [NAME]` prints the converted folder of an embedded model, building it first if
-needed: the Makefile hands it to the library's tests (DASRL_SMOLLM), which must not import the lab.
+needed: that is how the library's tests, which must not import the lab, get SmolLM2 (tests/conftest.py asks
+it; `make test-lib` asks it before the run and passes the folder in DASRL_SMOLLM).
 """
 
 from __future__ import annotations

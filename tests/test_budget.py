@@ -1,9 +1,9 @@
-"""The library's budget policies: DAS's class caps (DASPolicy) and the registry (`dasrl.policy.make_policy`). The
+"""The library's budget policies: DAS's class caps (ForwardAllowance) and the registry (`dasrl.policy.make_policy`). The
 paper's closed form and the lab's ablation policies are tested in tests/lab/test_closed_form.py."""
 
 import pytest
 
-from dasrl.policy import POLICIES, ClassCaps, DASPolicy, ForwardAllowance, LatencyModel, RequestState, make_policy
+from dasrl.policy import POLICIES, ClassCaps, FixedBudget, ForwardAllowance, LatencyModel, RequestState, make_policy
 
 
 def states(gen, pid="a", max_new=1000):
@@ -12,7 +12,7 @@ def states(gen, pid="a", max_new=1000):
 
 
 def test_das_policy_classes_and_learning():
-    pol = DASPolicy(caps=ClassCaps(short=0, medium=3, long=9))
+    pol = ForwardAllowance(ClassCaps(short=0, medium=3, long=9))  # unpriced: each row its class cap, paced
     for L in [10, 12, 11, 9, 13, 10, 500, 520]:
         pol.lengths.record("a", L)
     for L in [30] * 8:
@@ -20,13 +20,14 @@ def test_das_policy_classes_and_learning():
     lo, hi = pol.lengths.thresholds()
     st = states([0, 14, 480, hi + 1])
     b = pol.budgets(st)
-    assert b[0] == 0            # problem a mostly short at start
-    assert b[1] > 0 and b[3] == 9  # past the short lengths: no longer short; past all: long
-    assert st[0].classes == ["short"]
+    # problem a mostly short at start; past its short lengths only its long ones are left: long
+    assert [s.classes for s in st] == [["short"], ["long"], ["long"], ["long"]]
+    assert b[0] == 0 and b[1] == 9  # the short row's cap is 0; the row with the most to come drafts its cap
+    assert max(b) <= 9
 
 
 def test_history_policy_learns_from_vanished_requests():
-    pol = DASPolicy()
+    pol = ForwardAllowance()
     st = states([5, 7], pid="z")
     pol.budgets(st)
     pol.budgets(st[:1])  # request 1 finished
@@ -41,7 +42,7 @@ def test_registry_errors():
     with pytest.raises(ValueError, match="k must be an int >= 0, got -1"):
         make_policy("fixed", k=-1)
     assert make_policy("fixed", k=3).budgets(states([0])) == [3]
-    assert make_policy("none").budgets(states([0, 1])) == [0, 0]
+    assert make_policy("none").budgets(states([0, 1])) == [0, 0] and isinstance(make_policy("none"), FixedBudget)
 
 
 def test_das_is_the_priced_session_policy():

@@ -27,8 +27,7 @@ from dasrl.drafter.base import DrafterBase  # noqa: E402
 from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, EngineStepError, SpecEngine, UnsupportedModel  # noqa: E402
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
-from dasrl.policy.allowance import ForwardAllowance  # noqa: E402
-from dasrl.policy import DASPolicy  # noqa: E402
+from dasrl.policy.allowance import ClassCaps, ForwardAllowance  # noqa: E402
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)
@@ -169,11 +168,11 @@ def test_a_failed_generate_aborts_its_requests_and_a_retry_equals_a_clean_run(ma
     # after nanobind's leak check.
     error = make_error()
     engine = SpecEngine(build(LlamaConfig, LlamaForCausalLM))
-    clean_store, clean_policy = DraftStore(StoreConfig()), ForwardAllowance(DASPolicy(), 64)
+    clean_store, clean_policy = DraftStore(StoreConfig()), ForwardAllowance(ClassCaps(), 64)
     clean = run(engine, clean_store, clean_policy)
     assert all(c.finish_reason == "length" for c in clean)
 
-    store, policy = DraftStore(StoreConfig()), ForwardAllowance(DASPolicy(), 64)
+    store, policy = DraftStore(StoreConfig()), ForwardAllowance(ClassCaps(), 64)
     faulty = Interrupting(store, at=3, error=error)
     with pytest.raises(type(error) if isinstance(error, KeyboardInterrupt) else EngineStepError):
         run(engine, faulty, policy)
@@ -252,7 +251,7 @@ def test_linear_padding_is_scoped_to_the_engines_model_and_undone_on_error():
     assert engine.kernels is not None or engine.row_padding.low  # the patch is in play
     spy = PatchSpy(DraftStore(StoreConfig()), model, other)
     with pytest.raises(EngineStepError):
-        run(engine, spy, ForwardAllowance(DASPolicy(), 64))
+        run(engine, spy, ForwardAllowance(ClassCaps(), 64))
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert spy.seen == [linears, 0]  # mid-generate: every engine Linear patched, none of the other model
     assert torch.nn.Linear.forward is class_forward

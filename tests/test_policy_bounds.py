@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from dasrl.policy.acceptance import AcceptanceRate
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.base import FixedBudget, RequestState
-from dasrl.policy import DASPolicy
+from dasrl.policy.allowance import ClassCaps, ForwardAllowance
+from dasrl.policy.base import RequestState
 from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
@@ -70,14 +69,14 @@ def test_pooled_statistics_equal_a_direct_computation_under_eviction(seed):
 
 
 def test_allowance_keeps_the_most_recent_problems():
-    allowance = ForwardAllowance(FixedBudget(4), 16, acceptance=AcceptanceRate(max_problems=2))
+    allowance = ForwardAllowance(ClassCaps(4, 4, 4), 16, acceptance=AcceptanceRate(max_problems=2))
     for pid in range(5):
         allowance.finish(state(("r", pid), pid))
     assert [p for p, _ in allowance.acceptance.state_dict()["problems"]] == [3, 4]  # the two most recent
 
 
 def test_a_das_policy_stays_bounded_over_many_problems():
-    policy = ForwardAllowance(DASPolicy(length_config=LengthConfig(max_problems=50)), 16,
+    policy = ForwardAllowance(ClassCaps(), 16, length_config=LengthConfig(max_problems=50),
                               acceptance=AcceptanceRate(max_problems=50))
     for pid in range(2000):
         s = state(("r", pid), pid, generated=10 + pid % 90)
@@ -88,7 +87,7 @@ def test_a_das_policy_stays_bounded_over_many_problems():
 
 
 def test_abort_forgets_a_request_and_its_id_may_finish_later():
-    policy = ForwardAllowance(DASPolicy(), 16)
+    policy = ForwardAllowance(ClassCaps(), 16)
     s = state(("r", 0), "p", generated=30, drafted=0, accepted=0)
     policy.budgets([s])
     s.drafted, s.accepted = 6, 3  # its last draft was verified, then its generate failed

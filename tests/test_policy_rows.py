@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 
 from dasrl.drafter.base import Draft, DraftBatch
 from dasrl.integrations.vllm.tracker import match_capped
-from dasrl.policy.allowance import ForwardAllowance, RowBatch, pace_draft
-from dasrl.policy.base import FixedBudget, RequestState
-from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.policy.allowance import ClassCaps, ForwardAllowance, RowBatch, pace_draft
+from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import LengthClassifier, LengthConfig
-from support.rowwise_policy import RowwiseAllowance
+from support.rowwise_policy import RowwiseAllowance, RowwiseClasses
 from support.rowwise_policy import pace_draft as rowwise_pace
 
 
@@ -37,12 +36,12 @@ def _latency(draw) -> LatencyModel | None:
 
 
 class Twin:
-    """The same run on the batched policy and on the row-by-row spec, states kept apart (a DASPolicy appends
+    """The same run on the batched policy and on the row-by-row spec, states kept apart (the policy appends
     classes to the states it sees)."""
 
-    def __init__(self, latency, inner, max_tokens, batched: bool) -> None:
-        self.new = ForwardAllowance(inner(), max_tokens, latency=latency)
-        self.old = RowwiseAllowance(inner(), max_tokens, latency=latency)
+    def __init__(self, latency, caps, lengths, max_tokens, batched: bool) -> None:
+        self.new = ForwardAllowance(caps, max_tokens, latency=latency, lengths=lengths())
+        self.old = RowwiseAllowance(RowwiseClasses(caps, lengths=lengths()), max_tokens, latency=latency)
         self.batched = batched
         self.live: dict = {}  # key -> (new state, old state)
         self.serial = 0
@@ -122,17 +121,14 @@ def test_the_array_policy_equals_the_row_by_row_spec(data):
     draw = data.draw
     latency = _latency(draw)
     batched = draw(st.booleans())
-    fixed_k = draw(st.sampled_from([None, 0, 3, 16]))
-    if fixed_k is not None:
-        inner = lambda: FixedBudget(fixed_k)  # noqa: E731
-    else:
-        equal = batched or draw(st.booleans())
-        caps = ClassCaps(24, 24, 24) if equal else ClassCaps(*draw(st.tuples(*[st.integers(0, 12)] * 3)))
-        cfg = LengthConfig(history=draw(st.integers(1, 8)), min_pooled=draw(st.integers(1, 8)))
-        inner = lambda: DASPolicy(caps=caps, lengths=LengthClassifier(cfg, max_len=400))  # noqa: E731
+    equal = batched or draw(st.booleans())
+    k = draw(st.sampled_from([24, 24, 0, 3, 16]))
+    caps = ClassCaps(k, k, k) if equal else ClassCaps(*draw(st.tuples(*[st.integers(0, 12)] * 3)))
+    cfg = LengthConfig(history=draw(st.integers(1, 8)), min_pooled=draw(st.integers(1, 8)))
+    lengths = lambda: LengthClassifier(cfg, max_len=400)  # noqa: E731
     max_tokens = None if batched else draw(st.sampled_from([None, None, 5, 40]))
     factor = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.5]))
-    t = Twin(latency, inner, max_tokens, batched)
+    t = Twin(latency, caps, lengths, max_tokens, batched)
     problems = draw(st.integers(1, 4))
     # some history first, so that lengths, classes and acceptance differ by problem
     for _ in range(draw(st.integers(0, 12))):
@@ -179,7 +175,7 @@ def test_a_large_batch_at_gpu_prices_is_settled_before_pricing():
     lengths = LengthClassifier(max_len=400)
     for _ in range(8):
         lengths.record("p", 200)
-    pol = ForwardAllowance(DASPolicy(lengths=lengths), latency=lat)
+    pol = ForwardAllowance(latency=lat, lengths=lengths)
     for i in range(8):  # this problem's drafts were rejected: p = 0.15
         pol.acceptance.record(("old", i), "p", drafted=8, accepted=0)
     states = [RequestState(("r", i), "p", 60, 400, generated=50) for i in range(256)]
@@ -198,9 +194,9 @@ def test_pace_draft_equals_the_row_by_row_loop(rows, horizon):
     assert pace_draft(rem, p, horizon=horizon, most=most).tolist() == rowwise_pace(rem, p, horizon=horizon, most=most).tolist()
 
 
-def test_budgets_rows_needs_a_uniform_cap():
-    pol = ForwardAllowance(DASPolicy(caps=ClassCaps(0, 4, 8)))
-    with pytest.raises(TypeError, match="uniform_cap"):
+def test_budgets_rows_needs_equal_class_caps():
+    pol = ForwardAllowance(ClassCaps(0, 4, 8))
+    with pytest.raises(TypeError, match="equal class caps"):
         pol.budgets_rows(RowBatch.of([RequestState("a", "p", 3, 10)]))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dasrl.drafter.base import Draft
-from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase, RequestState
+from dasrl.policy.base import FixedBudget, PolicyBase, RequestState
 from dasrl.policy.propose import propose
 from support.drafters import Fixed
 
@@ -47,7 +47,7 @@ def test_trim_runs_only_for_trimming_policies_and_is_capped():
 def test_no_drafter_or_no_budget_drafts_nothing():
     d = Fixed({0: [1]})
     assert len(propose(None, FixedBudget(3), states(1), [0], room=[5])) == 1
-    assert propose(d, NoSpeculation(), states(1), [0], room=[5]).lengths.tolist() == [0]
+    assert propose(d, FixedBudget(0), states(1), [0], room=[5]).lengths.tolist() == [0]
     assert d.budgets == []  # the drafter is not asked when every cap is 0
 
 

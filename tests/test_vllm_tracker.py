@@ -190,7 +190,7 @@ def test_das_policy_caps_by_length_class(tmp_path):
     # Its problem's rollouts were short (7 and 2 of up to 60 tokens): short class, no draft despite a match.
     b.add("c", P)
     assert b.step(d, {"c": R1[:1]})["c"] == []
-    assert d.policy.lengths.lengths(d._reqs["c"].state.problem_id).tolist() == [7, 2]  # finish reached DASPolicy
+    assert d.policy.lengths.lengths(d._reqs["c"].state.problem_id).tolist() == [7, 2]  # finish reached the length history
     # A long rollout (40 >= 0.6 x 60): the long class drafts up to k.
     long = list(range(100, 140))
     d2, b2 = drafter(**cfg), Batch()
@@ -310,7 +310,7 @@ def test_a_full_batch_of_alike_rows_does_not_draft_but_the_tail_row_does(tmp_pat
     draft token pays only if share + row cost > c_tok / p = 4.17 ms, and a row costs 2.5 ms + its KV
     read (0.02 ms) -- so none drafts (the group's paced draft is 0). When 39 have finished, the one left carries
     the whole c_base and drafts 4 (its price at p = 0.6, as in the test above); the finished ones'
-    lengths reached the policy (DASPolicy learnt them through finish)."""
+    lengths reached the policy (its length history learnt them through finish)."""
     d, b = das(tmp_path), Batch()
     b.add("h", P)
     b.step(d, {"h": R1 + R1})
@@ -660,7 +660,7 @@ def test_a_reused_request_id_starts_a_new_request():
     """vLLM may see an id again for another request (VLLM_DISABLE_REQUEST_ID_RANDOMIZATION, an agent's
     next turn under VeRL's full_determinism). Its tokens must not be spliced onto the old request, and
     the policy must learn from each incarnation (it keys states by id and serial: keyed by vLLM's id,
-    DASPolicy would take the second finish of "a" in one step for the first one again)."""
+    the policy would take the second finish of "a" in one step for the first one again)."""
     d, b = drafter(policy="das"), Batch()
     live = {"a": object(), "h": object()}
     b.add("a", P)

@@ -43,7 +43,7 @@ from dasrl.engine.packing import INVARIANT_BUCKET, PackedInputs, pack_drafts, pa
 from dasrl.engine.sampling import SamplingParams, draw
 from dasrl.engine.verify import Verdict, verify_batch
 from dasrl.engine.rows import Completion, Job, Row, validate_job  # Completion: re-exported
-from dasrl.policy.base import BudgetPolicy, NoSpeculation
+from dasrl.policy.base import BudgetPolicy, FixedBudget
 
 _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 """A prepared 4D mask that transformers passes through untouched: packed attention builds its own."""
@@ -262,7 +262,7 @@ class SpecEngine:
                            stop_ids=stops, stop_strings=stop_strings, req_ids=req_ids,
                            problem_ids=problem_ids, vocab_size=self.vocab_size,
                            max_context=self.max_context, tokenizer=self.tokenizer, stop_lines=stop_lines)
-        policy = policy if policy is not None else NoSpeculation()
+        policy = policy if policy is not None else FixedBudget(0)
         self.last_run = stats = RunStats()
         rows = [Row.new(job, i) for i in range(len(job.prompts))]
         done: list[Row] = []

@@ -16,8 +16,8 @@ lowest price (`priced_draft`): at low acceptance, or while many rows are alike e
 speculation stops by itself where drafts stop paying — and in the collapsed tail one row carries the
 whole forward and drafts long.
 
-The critical group: rows whose predicted remaining length (the wrapped policy's length history conditioned
-on the partial length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
+The critical group: rows whose predicted remaining length (the length history conditioned on the partial
+length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
 for themselves; its size m is raised from 1 until the group no longer grows. A group row drafts only what
 keeps it within H (`pace_draft`), at most its priced d. With `max_tokens` (None by default) the drafts of a
 forward are capped and spent critical row first. `trim` then cuts each draft to the prefix with the lowest
@@ -47,10 +47,9 @@ import numpy as np
 from dasrl import _core
 from dasrl.drafter.base import DraftBatch
 from dasrl.policy.acceptance import AcceptanceRate
-from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.budget import DASPolicy, HistoryPolicy
-from dasrl.policy.length import LengthClassifier
+from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
+from dasrl.policy.length import CLASSES, LengthClassifier, LengthConfig
 
 
 def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
@@ -160,8 +159,31 @@ CALIB_PRIOR = 4.0
 
 
 CLASS_NAMES = ("none", "short", "medium", "long")
-"""The length classes a drafting row's spending is logged under ("none": no class); a policy naming others
-adds them (ForwardAllowance keeps each row's as a code, an index into its list of names)."""
+"""The length classes a drafting row's spending is logged under (ForwardAllowance keeps each row's as a code,
+an index into this list)."""
+_CLASS_CODE = {c: i for i, c in enumerate(CLASS_NAMES)}
+
+
+@dataclass(frozen=True)
+class ClassCaps:
+    """Draft cap per length class. The pricing decides what a row drafts below its cap, so the caps are equal
+    by default (the paper's 0 / 4 / 24 against equal caps: docs/whatif.md)."""
+
+    short: int = 24
+    """Cap of requests predicted short."""
+    medium: int = 24
+    """Cap of requests predicted medium."""
+    long: int = 24
+    """Cap of requests predicted long."""
+
+    def __post_init__(self) -> None:
+        for c in CLASSES:
+            if getattr(self, c) < 0:
+                raise ValueError(f"cap for class {c!r} must be >= 0, got {getattr(self, c)}")
+
+    def uniform(self) -> int | None:
+        """The cap every row gets whatever its class (equal caps), else None."""
+        return int(self.long) if self.short == self.medium == self.long else None
 
 
 @dataclass
@@ -262,23 +284,29 @@ class _RowSlots:
 
 
 class ForwardAllowance:
-    """Wraps a policy: each row's draft under its cap priced (module docstring); with `max_tokens`, the
-    drafts of a forward capped and spent critical row first.
+    """The das policy (`make_policy("das")`): each row's cap that of its length class (`caps`), the class
+    re-estimated every step from its problem's length history (`lengths`) and its partial length; each row's
+    draft under its cap priced (module docstring); with `max_tokens`, the drafts of a forward capped and
+    spent critical row first. A request is finished (its length learnt) by `finish(state)`, by `end_step()`,
+    or when it disappears from the states passed to `budgets`.
 
     `budgets(states)` serves any caller; `budgets_rows(rows)` is the same split for a caller that keeps its
-    rows as arrays (the vLLM proposer), finishes or aborts every request itself and whose wrapped policy
-    caps every row alike: no per-row Python on the way, and a step in which no row can pay at its batch
-    size and price (`nothing_pays`) is told before any draft is priced."""
+    rows as arrays (the vLLM proposer), finishes or aborts every request itself and whose class caps are
+    equal: no per-row Python on the way, and a step in which no row can pay at its batch size and price
+    (`nothing_pays`) is told before any draft is priced."""
 
-    def __init__(self, inner: BudgetPolicy, max_tokens: int | None = None, *, latency: LatencyModel | None = None,
-                 acceptance: AcceptanceRate | None = None) -> None:
+    def __init__(self, caps: ClassCaps = ClassCaps(), max_tokens: int | None = None, *,
+                 latency: LatencyModel | None = None, lengths: LengthClassifier | None = None,
+                 length_config: LengthConfig = LengthConfig(), acceptance: AcceptanceRate | None = None) -> None:
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"draft allowance must be >= 0, got {max_tokens}")
-        self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
+        self.caps, self.max_tokens, self.latency = caps, max_tokens, latency
         self.acceptance = acceptance if acceptance is not None else AcceptanceRate()
         """The per-token acceptance estimate of rows and problems (the policy's only one)."""
-        self.lengths: LengthClassifier | None = inner.lengths if isinstance(inner, HistoryPolicy) else None
-        """The wrapped policy's length history (predicts each row's remaining length), None without one."""
+        self.lengths = lengths if lengths is not None else LengthClassifier(length_config)
+        """The length history: each row's class and its predicted remaining length."""
+        self._live: dict[Hashable, RequestState] = {}  # requests seen by budgets and not finished
+        self._done: set[Hashable] = set()  # requests whose length was learnt this step
         self._prices: tuple[Sequence[Hashable], np.ndarray, np.ndarray, np.ndarray] | None = None
         """The last priced batch: (its keys, [B] each row's share, own cost and extra cost of drafting)."""
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
@@ -291,50 +319,62 @@ class ForwardAllowance:
         self.skipped = 0
         """budgets calls that `nothing_pays` settled before pricing a draft."""
         self._caps: dict[tuple[int, int], np.ndarray] = {}  # (rows, cap) -> [rows] that cap (read only)
-        self._class_names = list(CLASS_NAMES)
-        self._class_code = {c: i for i, c in enumerate(CLASS_NAMES)}
 
     # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         rows = RowBatch.of(states)
         slots = self._rows.slots(rows.keys)
         self._account(rows, slots)
-        caps = np.asarray(self.inner.budgets(states), np.int64).clip(min=0)  # [B] class caps
+        ids = {s.req_id for s in states}  # a request gone from the batch is finished: its length learnt
+        for rid in [r for r in self._live if r not in ids]:
+            self._learn(self._live[rid])
+        for s in states:
+            self._live[s.req_id] = s
+        if states:
+            self.lengths.set_max_len(max(s.max_new_tokens for s in states))
+        uniform = self.caps.uniform()
+        if uniform is None:  # each row's class sets its cap
+            caps = np.array([getattr(self.caps, self.classify(s)) for s in states], np.int64).clip(min=0)
+        else:  # equal caps: a row's class sets nothing, so only the rows that draft are classified below
+            caps = np.full(len(states), max(uniform, 0), np.int64)
         if not states:
             return []
-        lazy = isinstance(self.inner, DASPolicy) and self.inner.lazy_classes
 
         def classify(i: int) -> str:
             s = states[i]
-            return self.inner.classify(s) if lazy else s.classes[-1] if s.classes else "none"
+            return self.classify(s) if uniform is not None else s.classes[-1]
 
         return self._split(rows, slots, caps, classify).tolist()
 
+    def classify(self, s: RequestState) -> str:
+        """The row's length class now (appended to its classes)."""
+        cls = self.lengths.classify(s.problem_id, s.generated)
+        s.classes.append(cls)
+        return cls
+
     def budgets_rows(self, rows: RowBatch) -> np.ndarray:
         """[B] int64: `budgets` of these rows, for a caller that finishes or aborts each request itself (none is
-        finished by its absence from a batch) and whose wrapped policy caps every row alike (`uniform_cap`:
-        equal class caps, a fixed k). `rows.keys` and `rows.problems` are read only: the same list objects
-        as the last call promise the same rows. `trim_rows` trims their drafts."""
-        cap = getattr(self.inner, "uniform_cap", lambda: None)()
+        finished by its absence from a batch) and whose class caps are equal (`ClassCaps.uniform`).
+        `rows.keys` and `rows.problems` are read only: the same list objects as the last call promise the
+        same rows. `trim_rows` trims their drafts."""
+        cap = self.caps.uniform()
         if cap is None:
-            raise TypeError(f"budgets_rows needs a wrapped policy that caps every row alike (uniform_cap), got "
-                            f"{type(self.inner).__name__}: call budgets(states)")
+            raise TypeError(f"budgets_rows needs equal class caps (ClassCaps.uniform), got {self.caps}: "
+                            f"call budgets(states)")
         slots = self._rows.slots(rows.keys)
         self._batch = (rows, slots)
         self._account(rows, slots)
         n = len(rows)
         if not n:
             return np.zeros(0, np.int64)
-        if isinstance(self.inner, HistoryPolicy):
-            self.inner.track_max_len(int(rows.max_new_tokens.max()))
+        self.lengths.set_max_len(int(rows.max_new_tokens.max()))
         caps = self._caps.get((n, cap))
         if caps is None:
             if len(self._caps) > 64:
                 self._caps.clear()
             caps = self._caps[(n, cap)] = np.full(n, max(int(cap), 0), np.int64)
             caps.flags.writeable = False
-        # equal class caps: a drafting row's class is its length class (DASPolicy.classify), else none
-        return self._split(rows, slots, caps, None if isinstance(self.inner, DASPolicy) else (lambda i: "none"))
+        return self._split(rows, slots, caps, None)  # a drafting row's class: its length class, cached
 
     def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
         """[B] what each row drafts (the module docstring), given its class cap; `classify(i)` names the class
@@ -371,7 +411,7 @@ class ForwardAllowance:
                 self._length_classes(rows, slots, idx)
             else:
                 for i in idx.tolist():
-                    self._rows.cls[slots[i]] = self._code(classify(i))
+                    self._rows.cls[slots[i]] = _CLASS_CODE[classify(i)]
         else:
             self.acceptance.idle_slots(acc_rows)
         return out
@@ -385,15 +425,8 @@ class ForwardAllowance:
         for j in np.flatnonzero(stale).tolist():
             cls, last = lengths.classify_span(rows.problems[idx[j]], int(g[j]))
             s = ss[j]
-            r.c_code[s], r.c_last[s], r.c_version[s] = self._code(cls), last, ver
+            r.c_code[s], r.c_last[s], r.c_version[s] = _CLASS_CODE[cls], last, ver
         r.cls[ss] = r.c_code[ss]
-
-    def _code(self, cls: str) -> int:
-        code = self._class_code.get(cls)
-        if code is None:
-            code = self._class_code[cls] = len(self._class_names)
-            self._class_names.append(cls)
-        return code
 
     def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:
         """True only if `_priced` would give every row 0 (then it need not run): a bound from the batch size,
@@ -491,8 +524,6 @@ class ForwardAllowance:
         """[B] each row's predicted tokens still to come: min(E[L | L >= generated], max_new_tokens) -
         generated, the expectation cached per row while it stays the same (LengthClassifier.expected_span)."""
         lengths, g = self.lengths, rows.generated
-        if lengths is None:
-            return g.astype(np.float64)
         r, ver = self._rows, lengths.version
         stale = (r.e_version[slots] != ver) | (g > r.e_last[slots])  # [B]
         if stale.any():
@@ -512,7 +543,7 @@ class ForwardAllowance:
             di, ai = d[idx], (rows.accepted - r.accepted[slots])[idx]
             every = len(idx) == len(d)
             keys = rows.keys if every else [rows.keys[i] for i in idx.tolist()]
-            names, spent = self._class_names, self.spent
+            names, spent = CLASS_NAMES, self.spent
             for c, x in zip(r.cls[slots[idx]].tolist(), di.tolist()):
                 spent[names[c]] += x
             expected, calib = self._expected, self._calib
@@ -526,18 +557,27 @@ class ForwardAllowance:
         r.accepted[slots] = rows.accepted
 
     def finish(self, state: RequestState) -> None:
-        """The request left the batch: count its last step's drafts; the wrapped policy learns from it."""
+        """The request left the batch: count its last step's drafts and learn its length."""
         self._account(RowBatch.of([state]), self._rows.slots([state.req_id]))
         self._rows.drop(state.req_id)
         self.acceptance.forget_row(state.req_id)
-        self.inner.finish(state)
+        self._learn(state)
+
+    def _learn(self, state: RequestState) -> None:
+        """Record a finished request's length (once per request id and step)."""
+        if state.req_id in self._done:
+            return
+        self._done.add(state.req_id)
+        self._live.pop(state.req_id, None)
+        self.lengths.record(state.problem_id, state.generated)
 
     def abort(self, state: RequestState) -> None:
-        """The request's generation failed: forget it (its partial drafts count nowhere)."""
+        """The request's generation failed: forget it (its partial drafts count nowhere, its length is not
+        learnt, and its id may run again this step)."""
         self._rows.drop(state.req_id)
         self._expected.pop(state.req_id, None)
         self.acceptance.forget_row(state.req_id)
-        self.inner.abort(state)
+        self._live.pop(state.req_id, None)
 
     def take_spent(self) -> dict[str, int]:
         """Drafted tokens per length class since the last call (and reset)."""
@@ -550,11 +590,14 @@ class ForwardAllowance:
         self.acceptance.end_step()  # problems decay: one that stopped drafting is probed again later
         self._calib = [c * self.acceptance.decay for c in self._calib]
         self._expected.clear()
-        self.inner.end_step()
+        for s in list(self._live.values()):
+            self._learn(s)
+        self._done.clear()
 
     @property
     def trims(self) -> bool:
-        return self.latency is not None or self.inner.trims
+        """Priced drafts are trimmed (unpriced ones are kept as proposed)."""
+        return self.latency is not None
 
     @property
     def _price(self) -> dict[Hashable, tuple[float, float, float]]:
@@ -565,11 +608,9 @@ class ForwardAllowance:
         return {k: v for k, v in zip(keys, zip(share.tolist(), row.tolist(), extra.tolist()))}
 
     def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
-        """The wrapped policy's trim, then each draft cut to the prefix with the fewest expected seconds per
-        emitted token, node i accepted with probability its path probability x the calibration (accepted /
-        expected over the verified drafts): a draft as long as the cap but sure only of its first tokens
-        keeps those."""
-        drafts = self.inner.trim(states, drafts) if self.inner.trims else drafts
+        """Each draft cut to the prefix with the fewest expected seconds per emitted token, node i accepted
+        with probability its path probability x the calibration (accepted / expected over the verified
+        drafts): a draft as long as the cap but sure only of its first tokens keeps those."""
         if self.latency is None or self._prices is None:
             return drafts
         at = {k: i for i, k in enumerate(self._prices[0])}
@@ -579,8 +620,6 @@ class ForwardAllowance:
     def trim_rows(self, index: np.ndarray, drafts: DraftBatch, match_factor: float = 0.0) -> np.ndarray:
         """[D] the nodes each draft keeps: rows `index` (positions in the last `budgets_rows` batch, in order),
         each draft cut to match_factor x its match length first (0: not), then by `trim`'s rule."""
-        if self.inner.trims:
-            raise TypeError("trim_rows: the wrapped policy trims by state: call trim(states, drafts)")
         rows = None if self._batch is None else self._batch[0]
         if self.latency is None or self._prices is None or rows is None or self._prices[0] is not rows.keys:
             # nothing to cut by price (unpriced, or the last batch was not priced: nothing paid)
@@ -614,5 +653,5 @@ class ForwardAllowance:
 
     def parts(self) -> dict[str, object]:
         """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance
-        estimate and the wrapped policy's length history when it keeps one."""
-        return {"acceptance_rate": self.acceptance} | ({"lengths": self.lengths} if self.lengths is not None else {})
+        estimate and the length history."""
+        return {"acceptance_rate": self.acceptance, "lengths": self.lengths}

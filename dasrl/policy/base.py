@@ -1,9 +1,11 @@
 """The budget-policy protocol and the state of a live request it reads.
 
 The engine asks the policy once per step for the draft cap of every live request, proposes drafts
-capped by it, and then lets the policy trim the drafts (a confidence policy cuts low-probability tails).
+capped by it, and then lets the policy trim the drafts (the priced policy cuts each to its cheapest prefix).
 A request that completes is passed to `finish` (a policy may learn from it); one whose generation failed
-to `abort` (forgotten: its output is partial). `end_step` ends the RL step.
+to `abort` (forgotten: its output is partial). `end_step` ends the RL step. A session also reads the policy's
+latency model (it refits it online), its length history (it feeds it recorded rollouts), its spending and
+the parts it saves.
 """
 
 from __future__ import annotations
@@ -41,8 +43,15 @@ class RequestState:
 
 @runtime_checkable
 class BudgetPolicy(Protocol):
+    """What the engine and a RolloutSession ask of a policy (ForwardAllowance, the das policy, is one;
+    PolicyBase gives every other policy the unpriced defaults)."""
+
     trims: bool
     """Whether trim() may change drafts (the engine skips it when False)."""
+    latency: "LatencyModel | None"
+    """The model drafts are priced with (the session refits it online); None: unpriced."""
+    lengths: "LengthClassifier | None"
+    """The length history the session feeds with recorded rollouts; None: the policy keeps none."""
 
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         """The draft cap of each live request this step (0 = plain decoding for that row)."""
@@ -59,17 +68,6 @@ class BudgetPolicy(Protocol):
     def end_step(self) -> None:
         """The RL step is over."""
 
-
-@runtime_checkable
-class SessionPolicy(BudgetPolicy, Protocol):
-    """What a RolloutSession needs of its policy beyond the engine's BudgetPolicy (ForwardAllowance, the
-    policy `make_policy` builds, is one; PolicyBase gives every other policy the unpriced defaults)."""
-
-    latency: "LatencyModel | None"
-    """The model drafts are priced with (the session refits it online); None: unpriced."""
-    lengths: "LengthClassifier | None"
-    """The length history the session feeds with recorded rollouts; None: the policy keeps none."""
-
     def take_spent(self) -> dict[str, int]:
         """Drafted tokens per length class since the last call (and reset)."""
 
@@ -79,7 +77,7 @@ class SessionPolicy(BudgetPolicy, Protocol):
 
 class PolicyBase:
     """Defaults: keep drafts as proposed; nothing learnt from finished requests, nothing kept per request,
-    nothing priced (a SessionPolicy with no latency model, no length history and no saved parts)."""
+    nothing priced (a BudgetPolicy with no latency model, no length history and no saved parts)."""
 
     trims = False
     """Whether trim() may change drafts (the engine skips it when False)."""
@@ -107,19 +105,8 @@ class PolicyBase:
         pass
 
 
-class NoSpeculation(PolicyBase):
-    """Plain decoding: no row ever drafts."""
-
-    def budgets(self, states: Sequence[RequestState]) -> list[int]:
-        return [0] * len(states)
-
-    def uniform_cap(self) -> int:
-        """The cap every row gets, whatever its state (what `budgets` returns for each)."""
-        return 0
-
-
 class FixedBudget(PolicyBase):
-    """The same cap k for every request, every step."""
+    """The same cap k for every request, every step (k = 0: plain decoding)."""
 
     def __init__(self, k: int) -> None:
         if k < 0:
@@ -128,7 +115,3 @@ class FixedBudget(PolicyBase):
 
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         return [self.k] * len(states)
-
-    def uniform_cap(self) -> int:
-        """The cap every row gets, whatever its state (what `budgets` returns for each)."""
-        return self.k

@@ -4,16 +4,15 @@ lab's replays: "das" is always the priced session policy.
     das    DAS's class caps (ClassCaps) under the per-row pricing of ForwardAllowance: what each row drafts
            below its cap costs no more than it saves at `latency` (docs/policy.md)
     fixed  the same cap k for every row, every step, unpriced (vLLM's suffix method drafts so)
-    none   plain decoding
+    none   plain decoding (FixedBudget(0))
 """
 
 from __future__ import annotations
 
 import numbers
 
-from dasrl.policy.allowance import ForwardAllowance
-from dasrl.policy.base import FixedBudget, NoSpeculation, PolicyBase
-from dasrl.policy.budget import ClassCaps, DASPolicy
+from dasrl.policy.allowance import ClassCaps, ForwardAllowance
+from dasrl.policy.base import FixedBudget
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import LengthConfig
 
@@ -23,7 +22,7 @@ POLICIES = ("das", "fixed", "none")
 
 def make_policy(name: str = "das", *, latency: LatencyModel | None = None, caps: ClassCaps | None = None,
                 k: int | None = None, max_tokens: int | None = None, length_config: LengthConfig | None = None
-                ) -> ForwardAllowance | PolicyBase:
+                ) -> ForwardAllowance | FixedBudget:
     """The policy `name` (module docstring). das: `caps` per class (default ClassCaps()), priced by `latency`
     (None: unpriced, each row its cap leveled to the critical path), at most `max_tokens` draft tokens per
     forward (None: no cap); fixed: `k` per row (default 8). A setting the named policy does not take is
@@ -45,13 +44,12 @@ def make_policy(name: str = "das", *, latency: LatencyModel | None = None, caps:
             raise ValueError(f"das: caps must be a ClassCaps, got {caps!r}")
         if length_config is not None and not isinstance(length_config, LengthConfig):
             raise TypeError(f"das: length_config must be a LengthConfig, got {length_config!r}")
-        return ForwardAllowance(DASPolicy(caps=caps, length_config=length_config or LengthConfig()), max_tokens,
-                                latency=latency)
+        return ForwardAllowance(caps, max_tokens, latency=latency, length_config=length_config or LengthConfig())
     if name == "fixed":
         k = 8 if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"fixed: k must be an int >= 0, got {k!r}")
         return FixedBudget(k)
     if name == "none":
-        return NoSpeculation()
+        return FixedBudget(0)
     raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")

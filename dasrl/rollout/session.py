@@ -56,7 +56,7 @@ from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.rows import prompt_ids
 from dasrl.engine.sampling import SamplingParams
-from dasrl.policy.base import NoSpeculation, SessionPolicy
+from dasrl.policy.base import BudgetPolicy, FixedBudget
 from dasrl.policy.factory import POLICIES, make_policy
 from dasrl.policy.latency import LatencyModel, OnlineLatency, prior_for
 
@@ -248,7 +248,7 @@ def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
     return with_counting(store, tokenizer) if config.counting else store
 
 
-def speculation_policy(config: SessionConfig, device: str = "cpu") -> SessionPolicy:
+def speculation_policy(config: SessionConfig, device: str = "cpu") -> BudgetPolicy:
     """The policy a speculating session drafts under: make_policy(config.policy), priced by config.latency
     (or the device's prior), at most config.draft_allowance draft tokens per forward."""
     kw = dict(config.policy_kw)
@@ -263,10 +263,10 @@ class RolloutSession:
     describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
     be reassigned between steps (`session.drafter = ...`, e.g. a fresh oracle per step). Only a DraftStore
     is saved by save() and counted in stats(). `policy` (optional) replaces the one `config.policy` names
-    with any SessionPolicy (e.g. make_policy(...) with other settings, or a PolicyBase subclass)."""
+    with any BudgetPolicy (e.g. make_policy(...) with other settings, or a PolicyBase subclass)."""
 
     def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig(), *,
-                 drafter: Drafter | None = None, policy: SessionPolicy | None = None) -> None:
+                 drafter: Drafter | None = None, policy: BudgetPolicy | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"RolloutSession needs the model to roll out (a Hugging Face causal LM, a "
                             f"torch.nn.Module), got {type(model).__name__}")
@@ -275,17 +275,17 @@ class RolloutSession:
         for name, given in (("drafter", drafter), ("policy", policy)):
             if given is not None and not config.speculate:
                 raise ValueError(f"a {name} was given but config.speculate is False: nothing would use it")
-        if policy is not None and not isinstance(policy, SessionPolicy):
-            raise TypeError(f"policy must be a SessionPolicy (budgets, trim, finish, abort, end_step, latency, "
+        if policy is not None and not isinstance(policy, BudgetPolicy):
+            raise TypeError(f"policy must be a BudgetPolicy (budgets, trim, finish, abort, end_step, latency, "
                             f"lengths, take_spent, parts), got {type(policy).__name__}")
         self.config = config
         self.engine = SpecEngine(model, tokenizer, config.engine)
         self.drafter: Drafter | None = drafter if drafter is not None else (
             history_drafter(config, tokenizer) if config.speculate else None)
         device = self.engine.lm_head.weight.device.type
-        self.policy: SessionPolicy | None = policy if policy is not None else (
+        self.policy: BudgetPolicy | None = policy if policy is not None else (
             speculation_policy(config, device) if config.speculate else None)
-        """The speculation policy (None: plain decoding; the engine then gets NoSpeculation)."""
+        """The speculation policy (None: plain decoding; the engine then gets FixedBudget(0))."""
         self.latency: OnlineLatency | None = OnlineLatency(self.policy.latency) \
             if self.policy is not None and self.policy.latency is not None and config.fit_latency else None
         """The online fit of this session's forward cost, which prices the policy's drafts (None: the prior
@@ -356,7 +356,7 @@ class RolloutSession:
         try:
             outs: list[Completion] = self.engine.generate(
                 prompts, seeds=seeds, sampling=sampling, drafter=self.drafter,
-                policy=self.policy or NoSpeculation(),
+                policy=self.policy or FixedBudget(0),
                 max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, stop_lines=stop_lines,
                 problem_ids=pids, req_ids=[(self.step, first + i) for i in range(len(prompts))], on_step=record)
         except BaseException:

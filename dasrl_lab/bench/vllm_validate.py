@@ -38,7 +38,7 @@ from dasrl_lab.bench.vllm_bench import trace_name
 from dasrl_lab.drafters.arctic import ArcticDrafter
 from dasrl.drafter import DraftStore
 from dasrl.integrations.vllm import VLLMDrafterConfig, match_capped, proposer_policy
-from dasrl.policy import FixedBudget, LatencyModel, NoSpeculation, PolicyBase, nonnegative_lstsq
+from dasrl.policy import FixedBudget, LatencyModel, PolicyBase, nonnegative_lstsq
 from dasrl_lab.trace import read_trace
 from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
@@ -102,7 +102,7 @@ class _ProposerStore(DraftStore):
 def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
     """What `dasrl bench vllm` ran for `method` (vllm_run.speculative_config, BenchWorkerExtension), fresh."""
     if method == "none":
-        return None, NoSpeculation()
+        return None, FixedBudget(0)
     if method == "suffix":
         return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
     if method == "das":

@@ -20,14 +20,14 @@ def gpu_prediction(steps: list[tuple[int, list]], das: RolloutSession, tokenizer
     """Predicted seconds per step of these rollouts on GPU_PROFILE, plain and DAS: `dasrl whatif`'s replay
     (the simulator, each forward priced by the profile) with the DAS session's drafter and its policy under
     that profile's latency (the allowance, hence the drafting, depends on the hardware)."""
-    from dasrl.policy import NoSpeculation
+    from dasrl.policy import FixedBudget
     from dasrl_lab.sim.profiles import derive
     from dasrl_lab.sim.whatif import WhatifConfig, replay, session_policy
 
     prof = derive(*GPU_PROFILE.rsplit("-", 1))
     wcfg = WhatifConfig(store=das.config.store)
     method = "das" if das.config.counting else "das-suffix"  # the session's drafter, counting or not
-    plain = replay(steps, method="none", policy=NoSpeculation(), cfg=wcfg, tokenizer=tokenizer, label="none")
+    plain = replay(steps, method="none", policy=FixedBudget(0), cfg=wcfg, tokenizer=tokenizer, label="none")
     spec = replay(steps, method=method, policy=session_policy(prof.latency), cfg=wcfg, tokenizer=tokenizer,
                   label=method)
     return {"profile": prof.name, "status": prof.status, "baseline_s": plain.price(prof), "das_s": spec.price(prof)}

@@ -27,7 +27,7 @@ from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter import StoreConfig
 from dasrl.engine import RunStats
 from dasrl.engine import SamplingParams
-from dasrl.policy import POLICIES, ClassCaps, ForwardAllowance, SessionPolicy, prior_for
+from dasrl.policy import POLICIES, BudgetPolicy, ClassCaps
 from dasrl_lab.policies import make_lab_policy
 from dasrl_lab.experiments.machine import load_avg
 from dasrl.rollout import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
@@ -100,7 +100,7 @@ class Variant:
     description: str
     """One line for docs/results.md."""
     policy: str = "das"
-    """Budget policy (make_lab_policy name; a lab policy runs inside the session's priced allowance)."""
+    """Budget policy (make_lab_policy name; a lab policy runs as itself, unpriced)."""
     policy_kw: tuple[tuple[str, object], ...] = ()
     """Its keyword arguments."""
     store: StoreConfig = StoreConfig()
@@ -128,14 +128,12 @@ class Variant:
         return RolloutSession(model, tokenizer, self.session_config(seed), drafter=drafter,
                               policy=self.session_policy(seed))
 
-    def session_policy(self, seed: int) -> SessionPolicy:
-        """The variant's policy: the library's by name (the session's own), or the lab's inside the session's
-        priced per-forward allowance (the replay of validate-sim rebuilds it the same way)."""
-        cfg = self.session_config(seed)
+    def session_policy(self, seed: int) -> BudgetPolicy:
+        """The variant's policy: the library's by name (the session's own), or the lab's as itself (the replay
+        of validate-sim rebuilds it the same way)."""
         if self.policy in POLICIES:
-            return speculation_policy(cfg)
-        return ForwardAllowance(make_lab_policy(self.policy, **dict(self.policy_kw)), cfg.draft_allowance,
-                                latency=prior_for("cpu"))
+            return speculation_policy(self.session_config(seed))
+        return make_lab_policy(self.policy, **dict(self.policy_kw))
 
 
 ARCTIC_STORE = StoreConfig(mode="global", window=0, decay=1.0, params=DraftParams(max_match=24, min_prob=0.1))

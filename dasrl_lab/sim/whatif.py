@@ -28,8 +28,7 @@ import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.policy import ForwardAllowance
-from dasrl.policy import FixedBudget, NoSpeculation
+from dasrl.policy import FixedBudget, ForwardAllowance
 from dasrl.policy import make_policy
 from dasrl.rollout import SessionConfig, history_drafter
 from dasrl_lab.trace import Response
@@ -206,7 +205,7 @@ def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str,
     equal-cap replays only (nothing is priced)."""
     out = []
     for m in cfg.methods:
-        out.append(("cap", m, "", NoSpeculation() if m == "none" else FixedBudget(cfg.cap)))
+        out.append(("cap", m, "", FixedBudget(0 if m == "none" else cfg.cap)))
     for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]

@@ -10,7 +10,7 @@ import pytest
 
 from dasrl_lab.bench import vllm_validate
 from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, check_trace_free, trace_name, write_run_trace
-from dasrl.policy.base import NoSpeculation
+from dasrl.policy.base import FixedBudget
 from dasrl.policy.latency import LatencyModel
 from dasrl_lab.trace import read_trace
 from dasrl_lab.sim import whatif
@@ -69,7 +69,7 @@ def test_none_prediction_is_whatifs(tmp_path):
     got = vllm_validate.predict(tmp_path / "tr" / "none-T0-r0", "none", {"k": 8, "window": 16}, LAT,
                                 tmp_path / "lat.json")
     steps = group_steps(read_trace(tmp_path / "tr" / "none-T0-r0").responses())
-    rep = whatif.replay(steps, method="none", policy=NoSpeculation(), cfg=whatif.WhatifConfig(), tokenizer=None,
+    rep = whatif.replay(steps, method="none", policy=FixedBudget(0), cfg=whatif.WhatifConfig(), tokenizer=None,
                         label="none")
     assert [g["predicted_s"] for g in got] == pytest.approx(rep.price(measured("x", LAT, "test")))
     assert [g["forwards"] for g in got] == [12, 12]  # the longest has 12 tokens: the prefill samples the first

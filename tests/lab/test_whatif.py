@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dasrl.policy.base import FixedBudget, NoSpeculation
+from dasrl.policy.base import FixedBudget
 from dasrl_lab.trace import Response, write_trace
 from dasrl_lab.sim import fastreplay, profiles, sources, whatif
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
@@ -50,7 +50,7 @@ def test_ngram_replay_by_hand():
 
 def test_none_is_one_token_per_forward_and_prices_by_hand():
     r = [_resp(0, "a", [1, 2], [5, 6, 7]), _resp(0, "b", [3], [8])]
-    st = fastreplay.run_step(None, NoSpeculation(), 0, r, max_new_tokens=3)
+    st = fastreplay.run_step(None, FixedBudget(0), 0, r, max_new_tokens=3)
     # prefill: the 3 prompt tokens of both rows; b is done; a then reads its cached prompt + output less
     # the pending token: 2 + 1 - 1 = 2, then 3
     assert st.shapes == [(2, 3, 0, 0), (1, 1, 2, 0), (1, 1, 3, 0)]

@@ -1,7 +1,8 @@
 """The speculation policy's pricing and acceptance estimate as they were before their state moved into arrays
 (dasrl/policy/allowance.py, acceptance.py at 1a7647e): dicts keyed by request and problem, every row's
-bookkeeping one at a time. The oracle the batched policy must agree with, row for row and float for float
-(tests/test_policy_rows.py, tests/test_vllm_rows.py)."""
+bookkeeping one at a time, the class caps and the length history a policy of their own that the pricing wraps
+(dasrl/policy/budget.py, HistoryPolicy and DASPolicy, at 71f939c). The oracle the batched policy must agree
+with, row for row and float for float (tests/test_policy_rows.py, tests/test_vllm_rows.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,62 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter.base import DraftBatch
-from dasrl.policy.allowance import CALIB_PRIOR
-from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.budget import DASPolicy, HistoryPolicy
+from dasrl.policy.allowance import CALIB_PRIOR, ClassCaps
+from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
-from dasrl.policy.length import LengthClassifier
+from dasrl.policy.length import LengthClassifier, LengthConfig
+
+
+class RowwiseClasses:
+    """DAS's class caps with the length history they learn (HistoryPolicy + DASPolicy as they were): each
+    request's cap that of its length class; a request is finished when it disappears from the states passed to
+    `budgets`, or by `finish(state)` / `end_step()`."""
+
+    trims = False
+
+    def __init__(self, caps: ClassCaps = ClassCaps(), *, lengths: LengthClassifier | None = None,
+                 length_config: LengthConfig = LengthConfig()) -> None:
+        self.caps = caps
+        self.lengths = lengths if lengths is not None else LengthClassifier(length_config)
+        self._live: dict[Hashable, RequestState] = {}
+        self._done: set[Hashable] = set()
+
+    @property
+    def lazy_classes(self) -> bool:
+        """Equal caps: `budgets` classifies nobody; the allowance classifies the rows that draft."""
+        return self.caps.short == self.caps.medium == self.caps.long
+
+    def classify(self, s: RequestState) -> str:
+        cls = self.lengths.classify(s.problem_id, s.generated)
+        s.classes.append(cls)
+        return cls
+
+    def budgets(self, states: Sequence[RequestState]) -> list[int]:
+        ids = {s.req_id for s in states}
+        for rid in [r for r in self._live if r not in ids]:
+            self.finish(self._live[rid])
+        for s in states:
+            self._live[s.req_id] = s
+        if states:
+            self.lengths.set_max_len(max(s.max_new_tokens for s in states))
+        if self.lazy_classes:
+            return [int(self.caps.long)] * len(states)
+        return [int(getattr(self.caps, self.classify(s))) for s in states]
+
+    def finish(self, state: RequestState) -> None:
+        if state.req_id in self._done:
+            return
+        self._done.add(state.req_id)
+        self._live.pop(state.req_id, None)
+        self.lengths.record(state.problem_id, state.generated)
+
+    def abort(self, state: RequestState) -> None:
+        self._live.pop(state.req_id, None)
+
+    def end_step(self) -> None:
+        for s in list(self._live.values()):
+            self.finish(s)
+        self._done.clear()
 
 
 class RowwiseAcceptance:
@@ -164,15 +216,15 @@ class RowwiseAllowance:
     """Wraps a policy: each row's draft under its cap priced (module docstring); with `max_tokens`, the
     drafts of a forward capped and spent critical row first."""
 
-    def __init__(self, inner: BudgetPolicy, max_tokens: int | None = None, *, latency: LatencyModel | None = None,
+    def __init__(self, inner: RowwiseClasses, max_tokens: int | None = None, *, latency: LatencyModel | None = None,
                  acceptance: RowwiseAcceptance | None = None) -> None:
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"draft allowance must be >= 0, got {max_tokens}")
         self.inner, self.max_tokens, self.latency = inner, max_tokens, latency
         self.acceptance = acceptance if acceptance is not None else RowwiseAcceptance()
         """The per-token acceptance estimate of rows and problems (the policy's only one)."""
-        self.lengths: LengthClassifier | None = inner.lengths if isinstance(inner, HistoryPolicy) else None
-        """The wrapped policy's length history (predicts each row's remaining length), None without one."""
+        self.lengths = inner.lengths
+        """The wrapped policy's length history (predicts each row's remaining length)."""
         self._price: dict[Hashable, tuple[float, float, float]] = {}  # req -> (share, row, kv) this forward
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
         self._calib = [0.0, 0.0]  # accepted tokens, expected ones (path probabilities) of verified drafts
@@ -204,7 +256,7 @@ class RowwiseAllowance:
                     break
                 out[i] = int(min(need[i], left))
                 left -= out[i]
-        lazy = isinstance(self.inner, DASPolicy) and self.inner.lazy_classes
+        lazy = self.inner.lazy_classes
         for s, k in zip(states, out):  # the class each drafting row drafts under this step
             if not k:
                 self.acceptance.idle(s.req_id)
@@ -245,8 +297,6 @@ class RowwiseAllowance:
 
     def _remaining(self, states: Sequence[RequestState]) -> np.ndarray:
         lengths = self.lengths
-        if lengths is None:
-            return np.array([s.generated for s in states], np.float64)
         return np.array([min(lengths.expected_length(s.problem_id, s.generated), s.max_new_tokens) - s.generated
                          for s in states], np.float64)
 
@@ -333,4 +383,4 @@ class RowwiseAllowance:
     def parts(self) -> dict[str, object]:
         """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance
         estimate and the wrapped policy's length history when it keeps one."""
-        return {"acceptance_rate": self.acceptance} | ({"lengths": self.lengths} if self.lengths is not None else {})
+        return {"acceptance_rate": self.acceptance, "lengths": self.lengths}

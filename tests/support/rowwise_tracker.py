@@ -17,17 +17,16 @@ from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import DrafterStats, _accepted, match_capped
 from dasrl.policy.base import BudgetPolicy, RequestState
-from dasrl.policy.budget import DASPolicy
 from dasrl.policy.factory import make_policy
 from dasrl.policy.latency import LatencyModel, prior_for
-from support.rowwise_policy import RowwiseAllowance
+from support.rowwise_policy import RowwiseAllowance, RowwiseClasses
 
 
 def rowwise_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:
     """proposer_policy with the row-by-row allowance (das) in place of the batched one."""
     if config.policy == "das":
         latency = LatencyModel.load(config.latency) if config.latency else prior_for("cpu")
-        return RowwiseAllowance(DASPolicy(caps=config.caps), latency=latency)
+        return RowwiseAllowance(RowwiseClasses(caps=config.caps), latency=latency)
     return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
 
 
@@ -269,7 +268,7 @@ class RowwiseTracker:
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         states = [req.state for req in self._reqs.values()]
         for s in states:
-            s.classes.clear()  # DASPolicy appends one class per call: keep only this call's
+            s.classes.clear()  # the policy appends one class per call: keep only this call's
         by_id = dict(zip((s.req_id for s in states), self.policy.budgets(states)))
         out = []
         for rid, n in zip(rids, num_tokens):

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from dasrl.drafter.base import DraftParams
 from dasrl.drafter.config import StoreConfig
-from dasrl.policy.budget import ClassCaps
+from dasrl.policy.allowance import ClassCaps
 
 POLICIES = ("das", "fixed")
 ON_SEEDED = ("warn", "error", "ignore")
@@ -32,8 +32,8 @@ class VLLMDrafterConfig:
     """The history drafter (JSON keys mode, window, decay, cross_problem, max_match, min_prob). Chains only: vLLM
     verifies one chain per request."""
     policy: str = "das"
-    """das: the session's policy (dasrl.policy.make_policy: DASPolicy's class caps inside the priced
-    ForwardAllowance) | fixed: num_speculative_tokens for every request, like vLLM's own suffix method."""
+    """das: the session's policy (dasrl.policy.make_policy: the priced ForwardAllowance over DAS's class
+    caps) | fixed: num_speculative_tokens for every request, like vLLM's own suffix method."""
     caps: ClassCaps = ClassCaps()
     """das: upper bounds of the short, medium and long classes' drafts (each clipped to
     num_speculative_tokens); what a row drafts under them is priced (docs/policy.md)."""

@@ -28,8 +28,8 @@ This class turns that view into the Drafter protocol of a DraftStore:
 Draft caps: the policy's budget, clipped to num_speculative_tokens and the room left before
 max_model_len and max_tokens; each draft is then cut to max_spec_factor x its match length and trimmed by
 the policy. The das policy is the session's own (`dasrl.policy.make_policy`):
-DASPolicy's length classes (its problem's past lengths, its length so far) give upper bounds, and the
-ForwardAllowance prices every row's draft with the latency model and its acceptance estimate, so a row
+ForwardAllowance's length classes (its problem's past lengths, its length so far) give upper bounds, and it
+prices every row's draft with the latency model and its acceptance estimate, so a row
 whose drafts stop paying stops drafting and the collapsed tail drafts deep (docs/policy.md, "Never
 slower"). vLLM's own step cost prices it: the StepClock fits it from the time between calls and the
 allowance gets each refit (a bounded cadence: between refits its drafts depend on the batch only).
@@ -69,7 +69,7 @@ from dasrl.engine.verify import accepted_counts
 from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.policy.allowance import ForwardAllowance, RowBatch
-from dasrl.policy.base import BudgetPolicy, RequestState
+from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.factory import make_policy
 from dasrl.policy.latency import LatencyModel, prior_for
 
@@ -138,7 +138,7 @@ def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
     return batch if factor <= 0 else batch.capped((factor * batch.match_len).astype(np.int64))
 
 
-def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> BudgetPolicy:
+def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> ForwardAllowance | FixedBudget:
     """The session's policy (dasrl.policy.make_policy): das with these caps, priced by the latency file (or the
     prior of vLLM's device type, as the session prices with its model's device), or fixed: k for every request."""
     if config.policy == "das":
@@ -531,18 +531,17 @@ class BatchDrafter:
             self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         r, pol = self._rows, self.policy
-        uniform = getattr(pol, "uniform_cap", None)
-        if uniform is not None:  # fixed k, no speculation: every row alike, nothing kept per row
-            budget = np.full(len(rows), uniform(), np.int64)
+        if isinstance(pol, FixedBudget):  # fixed k, no speculation: every row alike, nothing kept per row
+            budget = np.full(len(rows), pol.k, np.int64)
         else:
             held, keys, problems, place = self._held_rows()
-            if isinstance(pol, ForwardAllowance) and getattr(pol.inner, "uniform_cap", lambda: None)() is not None:
+            if pol.caps.uniform() is not None:  # equal class caps: the rows as arrays
                 budget = pol.budgets_rows(RowBatch(keys, problems, r.plen[held], r.max_new[held], r.gen[held],
                                                    r.drafted[held], r.accepted[held]))[place[rs]]
-            else:  # a policy that reads its rows one by one
+            else:  # each row's class sets its cap: the rows one by one
                 states = [r.synced(s) for s in np.arange(r.cap)[held].tolist()]
                 for st in states:
-                    st.classes.clear()  # DASPolicy appends one class per call: keep only this call's
+                    st.classes.clear()  # the policy appends one class per call: keep only this call's
                 budget = np.asarray(pol.budgets(states), np.int64)[place[rs]]
         room = np.minimum(self.max_model_len - n, r.max_new[rs] - r.gen[rs]) - 1  # the target adds one
         return np.maximum(np.minimum(np.minimum(room, budget), self.k), 0)
@@ -564,8 +563,7 @@ class BatchDrafter:
         if not pol.trims:  # cut to max_spec_factor x the match (0: not cut)
             keep = out.lengths if factor <= 0 else \
                 _core.cut_chains(out.probs, out.offsets, out.match_len, float(factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
-        elif isinstance(pol, ForwardAllowance) and not pol.inner.trims and pol._batch is not None and \
-                pol._batch[0].keys is self._held_rows()[1]:  # the batch the policy just priced: trimmed by row
+        elif pol._batch is not None and pol._batch[0].keys is self._held_rows()[1]:  # the batch the policy just priced: trimmed by row
             keep = pol.trim_rows(self._held_rows()[3][ds], out, factor)
         else:
             out = pol.trim([r.synced(s) for s in ds.tolist()], match_capped(out, factor))

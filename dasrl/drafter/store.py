@@ -32,14 +32,14 @@ import os
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
 from typing import Hashable, Sequence
 
 import numpy as np
 
 from dasrl.drafter.base import Draft, DraftBatch, budget_array, problem_key
 from dasrl.drafter.config import MODES, StoreConfig  # noqa: F401 (re-exported: callers import them from here)
-from dasrl.drafter.persist import load_store, save_store
+from dasrl.atomic import Checkpoint
+from dasrl.drafter.persist import FORMAT, SavedStore, read_store, store_state
 from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_native, extend_rows_native,
                                   first_bad, propose_native, token_array, token_error)
 
@@ -375,8 +375,14 @@ class DraftStore:
 
     # -------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Write the window into `folder` (JSON + npz, no pickle; see persist.py: a reader sees the old
-        pair or the new one, never a mix). Live requests and this step's rollouts are not saved."""
+        """Write the window into `folder` (store.json + store-<hash>.npz, no pickle; dasrl.atomic.Checkpoint:
+        a reader sees the old save or the new one, never a mix). Live requests and this step's rollouts
+        are not saved."""
+        doc, arrays = self.state()
+        Checkpoint(folder, "store", "draft store").save({"format": FORMAT, **doc}, arrays)
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The window as checkpoint content: JSON fields and arrays (persist.store_state)."""
         self._check_open()  # a closed store is empty: its save would overwrite a good one
         seqs = []
         for age, step in enumerate(reversed(self._steps)):
@@ -387,14 +393,20 @@ class DraftStore:
                     raise TypeError(f"problem id {shard!r} cannot be saved: use int or str problem ids")
                 ix = self._shards[shard]
                 seqs.append((age, shard, ix.weight(sid), ix.tokens(sid)))
-        save_store(Path(folder), step=self.step, num_steps=len(self._steps), config=self.config, sequences=seqs)
+        return store_state(step=self.step, num_steps=len(self._steps), config=self.config, sequences=seqs)
 
     @classmethod
     def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":
         """Read what save() wrote; every field is validated before anything is built (one ValueError)."""
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig or None, got {config!r} ({type(config).__name__})")
-        saved = load_store(Path(folder), config)
+        ckpt = Checkpoint(folder, "store", "draft store")
+        with ckpt.reading(FORMAT) as doc:
+            return cls.from_saved(read_store(doc, ckpt, doc, config))
+
+    @classmethod
+    def from_saved(cls, saved: SavedStore) -> "DraftStore":
+        """A store holding a validated saved window (persist.read_store)."""
         store = cls(saved.config)
         steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(saved.num_steps)]
         for age, shard, weight, seq in saved.sequences:

@@ -45,7 +45,6 @@ import torch  # noqa: E402
 from dasrl.atomic import Checkpoint
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
-from dasrl.drafter.persist import read_store
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.rows import prompt_ids
@@ -551,7 +550,7 @@ class RolloutSession:
             warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
                           stacklevel=3)
         elif saved is not None:
-            store = DraftStore.from_saved(read_store(saved, ckpt, state, self.config.store))
+            store = DraftStore.from_state(saved, ckpt, state, self.config.store)
         parts = []
         for name, part in (self.policy.parts() if self.policy is not None else {}).items():
             if name not in state:

@@ -16,6 +16,21 @@ Durability: the temporary file is fsync'ed before the rename (else a crash soon 
 new name pointing at an empty or partial file on some filesystems) and the folder after it (else the
 rename itself may be lost). Permissions: a new file gets the usual 0o666 minus the umask (the kernel
 applies it, as for open()); a file that already exists keeps its mode.
+
+Checkpoints (Checkpoint): the one crash-safe save of a draft store and of a rollout session. A save folder
+holds a manifest, KIND.json, and at most one data file, KIND-<sha256[:16]>.npz (uncompressed, no pickle),
+which the manifest names with its sha256; the manifest carries the sha256 of its own canonical JSON too.
+The data file is written first, then the manifest is renamed into place: that rename is the commit point,
+so a reader sees the old save or the new one, and a kill or a full disk at any point leaves the old one
+(its data file is deleted only after the commit). One lock: a save holds an exclusive flock on the folder
+itself from its first write to its cleanup, a load a shared one (no lock file; the kernel releases it if
+the process dies), so saves into one folder run one after the other and a load never sees a data file
+deleted under it. The cleanup deletes only what saves of this kind write (other KIND-<hash>.npz files, the
+temporaries of KIND.json and of those): anything else in the folder is the user's and stays, unread.
+A load reads only regular files of bounded size, and the npz's zip directory before its members: exactly
+the arrays the caller expects, stored uncompressed, each no larger than the manifest declares, then the
+checksum, and only then the arrays (memory is bounded by what the manifest declares, not by the file).
+The checksums detect damage, not forgery (anyone can recompute them): every field is still validated.
 """
 
 from __future__ import annotations
@@ -23,17 +38,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import io
 import json
 import os
 import re
 import secrets
 import stat
+import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+import numpy as np
 
-__all__ = ["fsync_dir", "temp_pattern", "MAX_JSON_BYTES", "open_regular", "read_regular", "read_json", "write_target",
-           "atomic_write", "write_json"]
+__all__ = ["fsync_dir", "temp_pattern", "MAX_JSON_BYTES", "MAX_DATA_BYTES", "open_regular", "read_regular", "read_json",
+           "write_target", "atomic_write", "write_json", "folder_lock", "checksum", "Checkpoint"]
 
 def fsync_dir(folder: Path) -> None:
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
@@ -69,6 +88,8 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 MAX_JSON_BYTES = 2**28
 """Largest JSON file a loader reads (256 MiB: a store.json of ~6M sequences; our other JSON files are KiB)."""
+MAX_DATA_BYTES = 2**34
+"""Largest checkpoint data file (npz) a loader reads (16 GiB)."""
 
 
 def open_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> BinaryIO:
@@ -175,3 +196,137 @@ def folder_lock(folder: str | os.PathLike, how: int) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def checksum(doc: dict) -> str:
+    """sha256 of a manifest's canonical JSON (sorted keys, no spaces), its own 'checksum' left out."""
+    text = json.dumps({k: v for k, v in doc.items() if k != "checksum"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_NPY_HEADER = 4096
+"""Most bytes of an npy member's header (numpy writes 64-128)."""
+
+
+class Checkpoint:
+    """A save folder of one kind ("store", "session"): KIND.json naming KIND-<hash>.npz (module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike, kind: str, noun: str) -> None:
+        self.folder, self.kind, self.noun = Path(folder), kind, noun
+        self.manifest = self.folder / f"{kind}.json"
+        self._data = re.compile(rf"{kind}-[0-9a-f]{{16}}\.npz")
+        self._temp = temp_pattern(rf"{kind}\.json|{kind}-[0-9a-f]{{16}}\.npz")
+
+    def error(self, detail: str) -> ValueError:
+        return ValueError(f"cannot read a {self.noun} from {self.folder}: {detail}")
+
+    def bad(self, detail: str) -> ValueError:
+        return ValueError(f"{self.manifest}: not a valid {self.noun}: {detail}")
+
+    def save(self, doc: dict, arrays: dict[str, np.ndarray] | None = None) -> None:
+        """Commit `doc` (JSON) and `arrays` (1-D numeric arrays, or None for no data file) as one save."""
+        name = data = None
+        if arrays is not None:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)  # ZIP_STORED: uncompressed
+            data = buf.getvalue()
+            digest = hashlib.sha256(data).hexdigest()
+            name = f"{self.kind}-{digest[:16]}.npz"
+            doc = {**doc, "data": name, "sha256": digest}
+        doc = json.loads(json.dumps(doc))  # as a load will see it (int keys become strings...)
+        doc = {"checksum": checksum(doc), **doc}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with folder_lock(self.folder, fcntl.LOCK_EX):
+            ours = name is not None and not (self.folder / name).exists()  # an identical save's file is not ours
+            try:
+                if data is not None:
+                    atomic_write(self.folder / name, lambda f: f.write(data))
+                write_json(self.manifest, doc, indent=None)  # the commit point
+            except BaseException:
+                if ours and (self.folder / name).exists():
+                    os.unlink(self.folder / name)  # never committed: the previous save stays whole
+                raise
+            for entry in os.scandir(self.folder):  # under the lock, every other such file is a dead save's
+                if (self._data.fullmatch(entry.name) and entry.name != name) or self._temp.fullmatch(entry.name):
+                    os.unlink(entry.path)
+
+    @contextlib.contextmanager
+    def reading(self, fmt: str) -> Iterator[dict]:
+        """The manifest (format `fmt`, checksum verified), under the shared lock: read its data inside."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(folder_lock(self.folder, fcntl.LOCK_SH))
+            except OSError as e:  # the folder itself: missing, not a folder, unreadable
+                raise self.error(str(e)) from None
+            with self._open(self.manifest, MAX_JSON_BYTES) as f:
+                text = f.read(MAX_JSON_BYTES + 1)
+            try:
+                doc = json.loads(text)
+            except (ValueError, RecursionError) as e:  # not UTF-8 JSON, or nested too deep
+                raise self.error(f"{self.manifest.name}: not valid JSON ({type(e).__name__}: {e})") from None
+            if not isinstance(doc, dict):
+                raise self.bad(f"expected a JSON object, got {type(doc).__name__}")
+            if doc.get("format") != fmt:
+                raise ValueError(f"{self.manifest}: not a dasrl {self.kind} (format {doc.get('format')!r})")
+            if "checksum" in doc and doc["checksum"] != checksum(doc):  # absent only in a hand-made file
+                raise ValueError(f"{self.manifest}: checksum mismatch (the file was changed or damaged after it "
+                                 f"was written)")
+            doc.pop("checksum", None)
+            yield doc
+
+    def arrays(self, doc: dict, limits: dict[str, int]) -> dict[str, np.ndarray]:
+        """The arrays of the data file `doc` names: exactly the keys of `limits`, each 1-D, integer, in native
+        byte order, with at most limits[key] values (checked in the zip directory, before reading)."""
+        name, digest = doc.get("data"), doc.get("sha256")
+        if not (isinstance(name, str) and self._data.fullmatch(name)) or not isinstance(digest, str):
+            raise self.bad(f"'data' must name a {self.kind}-<hash>.npz file and 'sha256' its digest, got "
+                           f"{name!r}, {digest!r}")
+        path = self.folder / name
+        with self._open(path, MAX_DATA_BYTES) as f:
+            try:
+                members = zipfile.ZipFile(f).infolist()
+            except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+                raise self.error(f"{name}: not a readable npz ({type(e).__name__}: {e})") from None
+            names, want = sorted(m.filename for m in members), sorted(f"{k}.npy" for k in limits)
+            if names != want:
+                raise self.error(f"{name}: must hold exactly {want}, got {names}")
+            for m in members:
+                if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size:
+                    raise self.error(f"{name}: member {m.filename} is compressed ({m.compress_size} bytes declared "
+                                     f"to expand to {m.file_size}); saves are uncompressed")
+                n = limits[m.filename[:-4]]
+                if m.file_size > 8 * n + _NPY_HEADER:  # int64 values + header
+                    raise self.bad(f"{name}: {m.filename} is {m.file_size} bytes, more than the {n} values "
+                                   f"{self.manifest.name} declares")
+            f.seek(0)
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            if h.hexdigest() != digest:
+                raise ValueError(f"{path}: does not match {self.manifest} (checksum differs: a damaged file, or "
+                                 f"files from different saves)")
+            out = {}
+            try:
+                f.seek(0)
+                with np.load(f, allow_pickle=False) as z:
+                    for key in limits:
+                        out[key] = z[key]
+            except Exception as e:  # BadZipFile, EOFError, ValueError (pickled), ...: all one error
+                raise self.error(f"{name}: {type(e).__name__}: {e}") from None
+        for key, arr in out.items():
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu") or not arr.dtype.isnative:
+                raise self.bad(f"{name}: {key!r} must be a 1-D integer array in this machine's byte order, got "
+                               f"{arr.dtype.str} of shape {arr.shape}")
+        return out
+
+    @contextlib.contextmanager
+    def _open(self, path: Path, limit: int) -> Iterator[BinaryIO]:
+        """open_regular, its refusals as this checkpoint's errors."""
+        try:
+            f = open_regular(path, limit)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        except OSError as e:
+            raise self.error(f"{path.name}: {e.strerror}") from None
+        with f:
+            yield f

@@ -116,12 +116,12 @@ def test_session_json_truncated_flipped_wrong_typed_pickled(sessions, caller, tm
 
 
 def test_checksum_absent_still_validates(sessions, caller, tmp_path):
-    """A session.json from before the checksum (no 'checksum', no 'store' field) loads, and its fields
-    are still type-checked one by one."""
+    """A session.json without its checksum (a hand-made file) loads, and its fields are still type-checked
+    one by one."""
     _, folder, want = sessions
     d = _copy(folder, tmp_path)
     state = json.loads((folder / "session.json").read_text())
-    del state["checksum"], state["store"]
+    del state["checksum"]
     (d / "session.json").write_text(json.dumps({**state, "history": [{"step": 0}]}))
     before = _snapshot(caller)
     with pytest.raises(ValueError, match=r"history\[0\]: .*missing field\(s\) \['rollout_s', 'upkeep_wait_s'\]"):
@@ -136,31 +136,29 @@ def test_store_missing_mismatched_or_damaged(sessions, caller, tmp_path):
     make, folder, _ = sessions
     before = _snapshot(caller)
     d = _copy(folder, tmp_path)
-    shutil.rmtree(d / "store")
-    with pytest.raises(ValueError, match=r"saved with a draft store but .*store is missing"):
+    data = d / json.loads((d / "session.json").read_text())["data"]
+    raw = data.read_bytes()
+    data.unlink()
+    with pytest.raises(ValueError, match=rf"cannot read a session from {d}: {data.name}: No such file"):
         caller.load(d)
     assert _snapshot(caller) == before
-    # a store from another save (a save cut short between the store and session.json)
+    # the arrays of another save (a save cut short between its data file and session.json)
     other = make()
     _fill(other, 1, pids=(5,))
     other.save(tmp_path / "other")
-    shutil.copytree(tmp_path / "other" / "store", d / "store")
+    (other_data,) = (tmp_path / "other").glob("session-*.npz")
+    data.write_bytes(other_data.read_bytes())
     with pytest.raises(ValueError, match="does not match"):
         caller.load(d)
     assert _snapshot(caller) == before
-    # a damaged store file: truncated, flipped, pickled, wrong-typed
-    d2 = _copy(folder, tmp_path / "x")
-    files = sorted(p for p in (d2 / "store").rglob("*") if p.is_file())
-    assert files
-    for f in files:
-        raw = f.read_bytes()
-        for b in (raw[: len(raw) // 2], raw[:-1] + bytes([raw[-1] ^ 1]), pickle.dumps({"tokens": [1, 2]}), b"[]"):
-            f.write_bytes(b)
-            with pytest.raises(ValueError, match="does not match"):
-                caller.load(d2)
-            assert _snapshot(caller) == before
-        f.write_bytes(raw)
-    caller.load(d2)  # restored bytes: loads again
+    # a damaged data file: truncated, flipped, pickled, wrong-typed
+    for b in (raw[: len(raw) // 2], raw[:-1] + bytes([raw[-1] ^ 1]), pickle.dumps({"tokens": [1, 2]}), b"[]"):
+        data.write_bytes(b)
+        with pytest.raises(ValueError, match="does not match|not a readable npz"):
+            caller.load(d)
+        assert _snapshot(caller) == before
+    data.write_bytes(raw)
+    caller.load(d)  # restored bytes: loads again
 
 
 def test_store_mismatch_warnings(smollm, sessions, tmp_path):
@@ -270,13 +268,13 @@ def test_session_json_that_is_a_fifo_a_device_or_huge_is_refused_unread(sessions
 
 def _crafted(folder, tmp_path, change) -> object:
     """A copy of the save whose session.json `change(state)` edits, its (unkeyed) checksum recomputed."""
-    from dasrl.rollout.session import _checksum
+    from dasrl.atomic import checksum
 
     bad = _copy(folder, tmp_path)
     state = json.loads((bad / "session.json").read_text())
     state.pop("checksum")
     change(state)
-    (bad / "session.json").write_text(json.dumps({"checksum": _checksum(state), **state}))
+    (bad / "session.json").write_text(json.dumps({"checksum": checksum(state), **state}))
     return bad
 
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from dasrl.atomic import checksum
 from dasrl.drafter.base import DraftParams
 from support.reference import ReferenceIndex, best_of
 from dasrl.drafter.store import DraftStore, StoreConfig
@@ -258,7 +259,7 @@ def _rewrite(folder: Path, *, doc_edit=None, tokens=None, offsets=None) -> None:
     doc["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
     if doc_edit:
         doc_edit(doc)
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
 
 
 def _set(key, value):
@@ -300,14 +301,14 @@ def test_truncated_or_pickled_npz_with_a_matching_checksum_is_refused(tmp_path):
     for data in (b"PK\x03\x04garbage", (folder / doc["data"]).read_bytes()[:-30]):
         (folder / doc["data"]).write_bytes(data)
         doc["sha256"] = hashlib.sha256(data).hexdigest()
-        (folder / "store.json").write_text(json.dumps(doc))
+        (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
         with pytest.raises(ValueError, match="cannot read a draft store"):
             DraftStore.load(folder)
     buf = io.BytesIO()
     np.savez(buf, tokens=np.array([object()], dtype=object), offsets=np.array([0, 1]))
     (folder / doc["data"]).write_bytes(buf.getvalue())
     doc["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
     with pytest.raises(ValueError, match="cannot read a draft store|not a valid draft store"):
         DraftStore.load(folder)
 
@@ -343,7 +344,7 @@ def test_an_unreleased_format_is_refused_by_name(tmp_path):
     folder = _saved(tmp_path)
     doc = json.loads((folder / "store.json").read_text())
     doc["format"] = "dasrl-store/1"
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
     with pytest.raises(ValueError, match="not a dasrl store \\(format 'dasrl-store/1'\\)"):
         DraftStore.load(folder)
 

@@ -173,7 +173,7 @@ def test_a_failed_load_or_set_weights_changes_no_worker(cluster, smollm, smollm_
     step()
     before = worker_stats()
     assert [b["steps"] for b in before] == [2, 2]  # both workers hold state a load of "a" would change
-    (tmp_path / "a" / "worker-1" / "session.json").write_text('{"format": "dasrl-session/1", "step": -1}')
+    (tmp_path / "a" / "worker-1" / "session.json").write_text('{"format": "dasrl-session/2", "step": -1}')
     with pytest.raises(ValueError, match=r"not loaded: worker 1: ValueError: .*field 'step' must be an int in \[0, "):
         dist.load(tmp_path / "a")
     assert worker_stats() == before and dist.step == 2

@@ -163,14 +163,11 @@ def _kill_at(module, name: str, nth: int) -> None:
 
 def _killed_save(s: RolloutSession, folder, stage: str) -> None:
     """s.save(folder) in a forked child that is SIGKILLed at `stage`."""
-    import dasrl.drafter.persist as persist
-    import dasrl.rollout.session as session
+    import dasrl.atomic as atomic
 
-    where = {"store": (persist, "write_json", 1),  # the store's npz written, its store.json not
-             "json": (session, "write_json", 1),  # the store written, session.json not
-             "rename1": (session.os, "rename", 1),  # everything written, nothing switched
-             "rename2": (session.os, "rename", 2),  # the previous save moved aside, the new one not in place
-             "cleanup": (session.shutil, "rmtree", 1)}[stage]  # switched, the previous save not deleted
+    where = {"data": (atomic.os, "replace", 1),  # the npz's temporary file written, not renamed
+             "manifest": (atomic.os, "replace", 2),  # the npz in place, session.json's temporary not renamed
+             "cleanup": (atomic.os, "unlink", 1)}[stage]  # committed, the previous save's npz not deleted
     pid = os.fork()
     if pid == 0:  # the child: only file work (no torch), then it dies
         try:
@@ -205,23 +202,24 @@ def saves(tiny_llama):
     return sessions
 
 
-@pytest.mark.parametrize("stage, step", [("store", 1), ("json", 1), ("rename1", 1), ("rename2", 1),
-                                         ("cleanup", 3)])
+def _one_save(folder) -> bool:
+    """`folder` holds exactly one session save: session.json and the npz it names."""
+    names = sorted(os.listdir(folder))
+    return len(names) == 2 and names[1] == "session.json" and names[0] == json.loads(
+        (folder / "session.json").read_text())["data"]
+
+
+@pytest.mark.parametrize("stage, step", [("data", 1), ("manifest", 1), ("cleanup", 3)])
 def test_a_save_killed_at_any_stage_leaves_a_loadable_save(saves, tmp_path, stage, step):
     previous, new, loader = saves
     folder = tmp_path / "sess"
     previous.save(folder)
     _killed_save(new, folder, stage)
-    if stage == "rename2":
-        assert not folder.exists()  # killed between the renames: only the moved-aside previous save
-        with pytest.warns(UserWarning, match="previous save a killed save"):
-            loader.load(folder)
-    else:
-        loader.load(folder)
+    loader.load(folder)
     assert loader.step == step
-    assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".sess.")]  # the killed save's leftovers
-    new.save(folder)  # a later save switches cleanly and removes them (and makes no lock file)
-    assert sorted(q.name for q in tmp_path.iterdir()) == ["sess"]
+    assert not _one_save(folder)  # the killed save's leftovers
+    new.save(folder)  # a later save commits cleanly and removes them (and makes no lock file)
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["sess"] and _one_save(folder)
     loader.load(folder)
     assert loader.step == 3
 
@@ -235,6 +233,7 @@ def test_a_full_disk_leaves_the_previous_save(tiny_llama, tmp_path):
     try:
         folder = disk / "sess"
         _saved(tiny_llama, folder, 1)
+        before = sorted(os.listdir(folder))
         big = _session(tiny_llama)
         _step(big)
         for i in range(400):  # a window far beyond 2 MiB of npz
@@ -244,21 +243,24 @@ def test_a_full_disk_leaves_the_previous_save(tiny_llama, tmp_path):
             big.save(folder)
         assert e.value.errno == 28  # ENOSPC
         assert sorted(q.name for q in disk.iterdir()) == ["sess"]  # nothing half-written left
+        assert sorted(os.listdir(folder)) == before
         assert _loads(tiny_llama, folder) == 1
     finally:
         subprocess.run(["umount", str(disk)], check=True)
 
 
-def test_a_folder_with_other_files_is_not_replaced(tiny_llama, tmp_path):
+def test_a_save_keeps_other_files_in_its_folder(tiny_llama, tmp_path):
+    """A save deletes only what saves of its kind write: the user's files, and a draft store saved into the
+    same folder, stay."""
     (tmp_path / "weights.bin").write_bytes(b"x")
+    DraftStore(StoreConfig()).save(tmp_path)
     s = _session(tiny_llama)
     _step(s)
-    with pytest.raises(ValueError, match=r"not a session save \(\['weights.bin'\]"):
-        s.save(tmp_path)
+    s.save(tmp_path)
+    s.save(tmp_path)
     assert (tmp_path / "weights.bin").read_bytes() == b"x"
-    s.save(tmp_path / "sess")
-    s.save(tmp_path / "sess")  # replacing a session save is fine
-    shutil.rmtree(tmp_path / "sess")
+    assert len(os.listdir(tmp_path)) == 5  # weights.bin, store.json + its npz, session.json + its npz
+    assert _loads(tiny_llama, tmp_path) == 1 and DraftStore.load(tmp_path).step == 0
 
 
 def test_next_samples_counts_on_from_what_was_drawn():
@@ -298,30 +300,32 @@ def test_two_processes_saving_one_folder_leave_a_loadable_save(tiny_llama, tmp_p
         codes = [os.waitpid(pid, 0)[1] for pid in pids]
         assert codes == [0, 0], f"round {rnd}: a save raised (exit statuses {codes})"
         assert _loads(tiny_llama, folder) in (1, 2)
-        assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(f".ck{rnd}.")) == []
+        assert _one_save(folder)  # nothing left of the other saves
 
 
 def test_a_load_waits_for_a_save_in_progress(tiny_llama, tmp_path):
-    """A load during a save (another process between its two renames, the folder missing) waits for the
-    save's lock and reads the new save, not the moved-aside one."""
+    """A load during a save (another process holding the folder's lock, session.json not in place) waits for
+    the save's lock and reads the new save."""
     import fcntl
 
     s = _session(tiny_llama)
     _step(s)
     s.save(tmp_path / "ck")
     _step(s)
-    lock = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # a save in progress: its lock (on the parent folder) held
-    os.rename(tmp_path / "ck", tmp_path / ".ck.old-000000000000")  # ... between its renames
+    s.save(tmp_path / "new")
+    lock = os.open(tmp_path / "ck", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a save in progress: its lock (on the folder) held
+    os.unlink(tmp_path / "ck" / "session.json")  # ... a state no load could read
     loader, done = _session(tiny_llama), []
     t = __import__("threading").Thread(target=lambda: done.append(loader.load(tmp_path / "ck")), daemon=True)
     t.start()
     t.join(1.0)
     assert not done, "load did not wait for the save's lock"
-    os.rename(tmp_path / ".ck.old-000000000000", tmp_path / "ck")
+    for f in sorted((tmp_path / "new").iterdir()):  # the save's data file, then its commit
+        shutil.copy(f, tmp_path / "ck" / f.name)
     os.close(lock)
     t.join(30)
-    assert done and loader.step == 1
+    assert done and loader.step == 2
 
 
 # ------------------------------------------------------------------------- issue 37 item 2

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dasrl.atomic import checksum
 from dasrl.drafter.base import MAX_DRAFT
 from dasrl.drafter.counting import CountingDrafter, counting_draft
 from dasrl.drafter.store import MIN_STEP_WEIGHT, DraftStore, StoreConfig
@@ -176,11 +177,11 @@ def test_fifo_and_devices_are_refused(tmp_path):
 
 
 def test_oversized_json_is_refused_unread(tmp_path):
-    from dasrl.drafter import persist
+    from dasrl.atomic import MAX_JSON_BYTES
     folder = _saved(tmp_path)
     with open(folder / "store.json", "r+b") as f:
-        f.truncate(persist.MAX_JSON_BYTES + 1)  # sparse: nothing is written, and nothing must be read
-    with pytest.raises(ValueError, match=rf"store.json: {persist.MAX_JSON_BYTES + 1} bytes, more than"):
+        f.truncate(MAX_JSON_BYTES + 1)  # sparse: nothing is written, and nothing must be read
+    with pytest.raises(ValueError, match=rf"store.json: {MAX_JSON_BYTES + 1} bytes, more than"):
         DraftStore.load(folder)
 
 
@@ -194,7 +195,7 @@ def test_compressed_npz_that_expands_is_refused(tmp_path):
     os.unlink(_data(folder))
     (folder / doc["data"]).write_bytes(buf.getvalue())
     doc.update(sha256=hashlib.sha256(buf.getvalue()).hexdigest(), num_steps=1, sequences=[[0, 1, 0.5]])
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
     with pytest.raises(ValueError, match=r"member (tokens|offsets)\.npy is compressed \(\d+ bytes declared to expand"):
         DraftStore.load(folder)
 
@@ -295,7 +296,7 @@ def test_an_npz_larger_than_its_json_declares_is_refused_before_it_is_read(tmp_p
     (folder / name).write_bytes(data)
     del data
     doc.update(data=name, sha256=digest, num_steps=1, sequences=[[0, 1, 0.5]])
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
     out = subprocess.run([sys.executable, "-c", LOAD_PEAK, str(folder)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert "REFUSED" in out.stdout and "tokens.npy is 400000128 bytes, more than the" in out.stdout, out
@@ -317,6 +318,6 @@ def test_big_endian_tokens_are_a_value_error(tmp_path):
     digest = hashlib.sha256(data).hexdigest()
     (folder / f"store-{digest[:16]}.npz").write_bytes(data)
     doc.update(data=f"store-{digest[:16]}.npz", sha256=digest)
-    (folder / "store.json").write_text(json.dumps(doc))
+    (folder / "store.json").write_text(json.dumps({**doc, "checksum": checksum(doc)}))  # a crafted file: its (unkeyed) checksum recomputed
     with pytest.raises(ValueError, match=r"'tokens' must be a 1-D integer array in this machine's byte order, got >i4"):
         DraftStore.load(folder)

@@ -1,5 +1,5 @@
-"""StoreConfig: how the history drafter (DraftStore) keeps and uses its history. Its own module so that
-the store and its persistence (persist.py) both import it and not each other."""
+"""StoreConfig: how the history drafter (DraftStore) keeps and uses its history. Its own module: the
+drafter's other modules import it without the store."""
 
 from __future__ import annotations
 

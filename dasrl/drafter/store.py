@@ -28,18 +28,18 @@ boundary; the native calls behind it are the wrapper's unchecked fast paths.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
 from typing import Hashable, Sequence
 
 import numpy as np
 
+from dasrl.atomic import Checkpoint
 from dasrl.drafter.base import Draft, DraftBatch, budget_array, problem_key
-from dasrl.drafter.config import MODES, StoreConfig  # noqa: F401 (re-exported: callers import them from here)
-from dasrl.drafter.persist import load_store, save_store
+from dasrl.drafter.config import MODES, StoreConfig, _is_int  # noqa: F401 (re-exported: callers import them from here)
 from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_native, extend_rows_native,
                                   first_bad, propose_native, token_array, token_error)
 
@@ -52,6 +52,12 @@ MIN_STEP_WEIGHT = 1e-200
 in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
 
 _EMPTY = np.zeros(0, np.int32)
+FORMAT = "dasrl-store/3"
+"""The format of a saved window (save / load)."""
+MAX_STEPS = 2**20
+"""Most steps a saved window may hold."""
+MAX_TOKENS = 2**31
+"""Most tokens a saved window may hold."""
 
 
 @dataclass(eq=False)
@@ -375,10 +381,18 @@ class DraftStore:
 
     # -------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Write the window into `folder` (JSON + npz, no pickle; see persist.py: a reader sees the old
-        pair or the new one, never a mix). Live requests and this step's rollouts are not saved."""
+        """Write the window into `folder` (store.json + store-<hash>.npz, no pickle; dasrl.atomic.Checkpoint:
+        a reader sees the old save or the new one, never a mix). Live requests and this step's rollouts
+        are not saved."""
+        doc, arrays = self.state()
+        Checkpoint(folder, "store", "draft store").save({"format": FORMAT, **doc}, arrays)
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The window as checkpoint content: JSON fields (step, steps in the window, token count, config,
+        [age, problem id, weight] per sequence) and arrays (tokens, every sequence end to end, and n + 1
+        offsets). RolloutSession.save nests the fields in its own checkpoint."""
         self._check_open()  # a closed store is empty: its save would overwrite a good one
-        seqs = []
+        seqs, toks = [], []
         for age, step in enumerate(reversed(self._steps)):
             for shard, sid in step:
                 if shard is _CROSS:
@@ -386,24 +400,80 @@ class DraftStore:
                 if not isinstance(shard, (int, str)) or isinstance(shard, bool):
                     raise TypeError(f"problem id {shard!r} cannot be saved: use int or str problem ids")
                 ix = self._shards[shard]
-                seqs.append((age, shard, ix.weight(sid), ix.tokens(sid)))
-        save_store(Path(folder), step=self.step, num_steps=len(self._steps), config=self.config, sequences=seqs)
+                seqs.append([age, shard, ix.weight(sid)])
+                toks.append(ix.tokens(sid))
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum([len(t) for t in toks], out=offsets[1:])
+        c = self.config
+        doc = {"step": self.step, "num_steps": len(self._steps), "num_tokens": int(offsets[-1]),
+               "config": {"mode": c.mode, "window": c.window, "decay": c.decay}, "sequences": seqs}
+        return doc, {"tokens": np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
+                     "offsets": offsets}
 
     @classmethod
     def load(cls, folder: str | os.PathLike, config: StoreConfig | None = None) -> "DraftStore":
         """Read what save() wrote; every field is validated before anything is built (one ValueError)."""
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig or None, got {config!r} ({type(config).__name__})")
-        saved = load_store(Path(folder), config)
-        store = cls(saved.config)
-        steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(saved.num_steps)]
-        for age, shard, weight, seq in saved.sequences:
-            store._current = steps[saved.num_steps - 1 - age]
-            store._current.append((shard, store._index(shard, seq, weight)))
-            store._cross_copy(seq, weight)
+        ckpt = Checkpoint(folder, "store", "draft store")
+        with ckpt.reading(FORMAT) as doc:
+            return cls.from_state(doc, ckpt, doc, config)
+
+    @classmethod
+    def from_state(cls, doc: dict, ckpt: Checkpoint, manifest: dict, config: StoreConfig | None) -> "DraftStore":
+        """The store whose fields (state()) are `doc` and whose arrays are in the data file `manifest` of
+        `ckpt` names: every field validated, then the arrays read no larger than the fields declare."""
+        bad = ckpt.bad
+        saved = doc.get("config")
+        if not isinstance(saved, dict):
+            raise bad(f"'config' must be an object, got {saved!r}")
+        try:
+            saved_cfg = StoreConfig(mode=saved.get("mode"), window=saved.get("window"), decay=saved.get("decay"))
+        except (ValueError, TypeError) as e:
+            raise bad(f"config: {e}") from None
+        cfg = config or saved_cfg
+        step, num_steps, seqs, total = (doc.get(k) for k in ("step", "num_steps", "sequences", "num_tokens"))
+        if not _is_int(step) or step < 0:
+            raise bad(f"'step' must be an int >= 0, got {step!r}")
+        limit = min(step, saved_cfg.window or MAX_STEPS, MAX_STEPS)
+        if not _is_int(num_steps) or not 0 <= num_steps <= limit:
+            raise bad(f"'num_steps' must be an int in [0, {limit}] (step {step}, window {saved_cfg.window}), "
+                      f"got {num_steps!r}")
+        if not _is_int(total) or not 0 <= total <= MAX_TOKENS:
+            raise bad(f"'num_tokens' must be an int in [0, {MAX_TOKENS}], got {total!r}")
+        if not isinstance(seqs, list):
+            raise bad(f"'sequences' must be a list, got {type(seqs).__name__}")
+        for i, s in enumerate(seqs):
+            if not (isinstance(s, list) and len(s) == 3):
+                raise bad(f"sequence {i} must be [age, problem id, weight], got {s!r}")
+            age, shard, weight = s
+            if not _is_int(age) or not 0 <= age < num_steps:
+                raise bad(f"sequence {i}: age must be an int in [0, {num_steps}), got {age!r}")
+            if not (isinstance(shard, (int, str)) and not isinstance(shard, bool)):
+                raise bad(f"sequence {i}: problem id must be an int or a str, got {shard!r}")
+            if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+                    and 0 < weight <= 1e300):
+                raise bad(f"sequence {i}: weight must be positive and finite, got {weight!r}")
+        arrays = ckpt.arrays(manifest, {"tokens": total, "offsets": len(seqs) + 1})
+        tokens, offsets = np.ascontiguousarray(arrays["tokens"]), arrays["offsets"].astype(np.int64)
+        if len(offsets) != len(seqs) + 1:
+            raise bad(f"{len(seqs)} sequences but {len(offsets)} offsets (expected {len(seqs) + 1})")
+        if offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != len(tokens) or len(tokens) != total:
+            raise bad(f"offsets must rise from 0 to {total} (the token count) without decreasing")
+        pos = first_bad(tokens, cfg.token_limit)
+        if pos >= 0:
+            raise bad(f"token id {int(tokens[pos])} at position {pos} is outside [0, {cfg.token_limit})")
+        tokens = tokens.astype(np.int32, copy=False)
+        store = cls(cfg)
+        steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(num_steps)]
+        for i, (age, shard, weight) in enumerate(seqs):
+            seq = tokens[offsets[i]:offsets[i + 1]]
+            store._current = steps[num_steps - 1 - age]
+            store._current.append((shard, store._index(shard, seq, float(weight))))
+            store._cross_copy(seq, float(weight))
         store._current = []
         store._steps = deque(steps)
-        store.step = saved.step
+        store.step = step
         return store
 
     # -------------------------------------------------------------------- stats

@@ -23,18 +23,12 @@ that needs the history (generate, record, end_step, stats, save); the session st
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
 import hashlib
-import glob
 import json
 import math
 import numbers
 import os
-import re
-import secrets
-import shutil
 import threading
 import time
 import warnings
@@ -48,10 +42,9 @@ require("engine", "dasrl.rollout.session (RolloutSession)")
 
 import torch  # noqa: E402
 
-from dasrl.atomic import MAX_JSON_BYTES, folder_lock, fsync_dir, open_regular, read_json, write_json
+from dasrl.atomic import Checkpoint
 from dasrl.drafter.base import Drafter, problem_key
 from dasrl.drafter.counting import CountingDrafter, with_counting
-from dasrl.drafter.persist import MAX_DATA_BYTES, foreign_files
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.engine import Completion, EngineConfig, SpecEngine, StepInfo, model_lock
 from dasrl.engine.rows import prompt_ids
@@ -497,116 +490,67 @@ class RolloutSession:
 
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Session state without pickle: the drafter window (npz + JSON), length and acceptance
-        statistics, the latest config.history step summaries and the totals of older ones (JSON).
-        session.json holds a digest of the store's files, so load() can tell a store that does not belong
-        to it.
+        """Session state without pickle, one checkpoint (dasrl.atomic.Checkpoint): session.json holds the
+        step, length and acceptance statistics, the latest config.history step summaries and the totals of
+        older ones, and the draft store's fields; session-<hash>.npz its token arrays, named in session.json
+        with their sha256.
 
-        Crash-safe: the save is written whole into a new folder beside `folder` (.NAME.tmp-*) and switched
-        in by two renames: the previous save to .NAME.old-*, the new one to `folder`; then the old one is
-        deleted. A kill or a full disk at any point leaves the previous save loadable: at `folder`, or (a
-        kill between the two renames) at .NAME.old-*, where load() finds it. `folder` must not exist or
-        hold a session save only (it is replaced whole): other files there are refused, not deleted.
-
-        Several writers (two ranks saving one checkpoint path): a save holds an exclusive flock on the
-        folder that holds `folder` from its first check to its cleanup, a load a shared one, so saves run
-        one after the other (the last one wins, whole) and a load never sees the folder mid-switch. No lock
-        file is made. A symlink at `folder` is followed: the save replaces the folder it points to."""
+        Crash-safe: the npz is written first, then session.json is renamed into place (the commit); a kill or
+        a full disk at any point leaves the previous save loadable. Several writers (two ranks saving one
+        checkpoint path) run one after the other under an flock on the folder (a load takes it shared); the
+        last one wins, whole. No lock file is made; other files in the folder are left alone. A symlink at
+        `folder` is followed: the save goes into the folder it points to."""
         self._check_open("save")  # a closed session's store is empty: saving it would overwrite a good save
         self._join_upkeep()
         folder = _folder_arg(folder, "save")
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with _save_lock(folder, fcntl.LOCK_EX):
-            self._save_locked(folder)
-
-    def _save_locked(self, folder: Path) -> None:
-        if folder.exists():
-            foreign = sorted(p.name for p in folder.iterdir() if p.name not in ("session.json", "store")
-                             and not p.name.startswith(".")) if folder.is_dir() else [folder.name]
-            if foreign:
-                raise ValueError(f"{folder}: not a session save ({foreign[:5]} in it); save() replaces the "
-                                 f"folder whole: give a new folder or one that holds only a session save")
         state = {"format": SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
                  "history": [_jsonable(asdict(s)) for s in self.history], "folded": dict(self._folded),
                  "store": None}
         for name, part in (self.policy.parts() if self.policy is not None else {}).items():
             state[name] = part.state_dict()
-        tag = secrets.token_hex(6)
-        new, old = folder.parent / f".{folder.name}.tmp-{tag}", folder.parent / f".{folder.name}.old-{tag}"
-        new.mkdir()
-        moved = False
-        try:
-            if self.store is not None:
-                self.store.save(new / "store")
-                state["store"] = {"digest": _folder_digest(new / "store")}
-            state = json.loads(json.dumps(state))  # as load() will see it (int dict keys become strings...)
-            write_json(new / "session.json", {"checksum": _checksum(state), **state})
-            if folder.exists():
-                os.rename(folder, old)
-                moved = True
-            os.rename(new, folder)
-            fsync_dir(folder.parent)
-        except BaseException:
-            if moved and not folder.exists():
-                os.rename(old, folder)  # the previous save back in place
-            shutil.rmtree(new, ignore_errors=True)
-            raise
-        # This save's old folder, and any a killed save left behind: under the lock no other save is
-        # writing one (every save holds it while its folders exist), so every other one is a dead save's.
-        for stale in _leftovers(folder):
-            shutil.rmtree(stale, ignore_errors=True)
+        arrays = None
+        if self.store is not None:
+            state["store"], arrays = self.store.state()
+        Checkpoint(folder, "session", "session").save(state, arrays)
 
     def load(self, folder: str | os.PathLike) -> None:
         """Restore what save() wrote into this session (same model; the config may differ).
 
         All or nothing: everything is read and validated first (the store into a new DraftStore, the
         policy statistics into throwaway copies) and assigned only when all of it passed, so a failed
-        load leaves the session as it was. A save that holds a store whose folder is missing or does not
-        match is refused (ValueError); loading a save without a store into a session with one, or the
-        other way round, warns (a legitimate change of setup, but its history is lost). Where `folder` is
-        missing and a save killed between its two renames left the previous save at .NAME.old-*, that one
-        is loaded (with a warning). A successful load clears a failed upkeep (its state is replaced).
-        Holds a shared lock beside the folder (see save) while it reads."""
+        load leaves the session as it was. Loading a save without a store into a session with one, or the
+        other way round, warns (a legitimate change of setup, but its history is lost). A successful load
+        clears a failed upkeep (its state is replaced). Holds the folder's lock shared (see save)."""
         self._check_open("load")
-        folder = _folder_arg(folder, "load")
-        if not folder.parent.is_dir():
-            raise ValueError(f"cannot read a session from {folder}: no such folder")
-        with _save_lock(folder, fcntl.LOCK_SH):
-            self._load_locked(folder)
+        ckpt = Checkpoint(_folder_arg(folder, "load"), "session", "session")
+        with ckpt.reading(SESSION_FORMAT) as state:
+            self._load_state(ckpt, state)
 
-    def _load_locked(self, folder: Path) -> None:
-        if not folder.exists():
-            kept = sorted(_leftovers(folder, "old"), key=lambda p: p.stat().st_mtime)
-            if kept:
-                warnings.warn(f"{folder} is missing: loading {kept[-1].name}, the previous save a killed "
-                              f"save() left beside it", stacklevel=3)
-                folder = kept[-1]
-        src = folder / "session.json"
-        try:  # a FIFO, a device or a symlink in the save is refused unread (dasrl.atomic.open_regular)
-            state = read_json(src, MAX_JSON_BYTES)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read a session from {folder}: {e}") from None
-        if not isinstance(state, dict):
-            raise ValueError(f"{src}: expected a JSON object, got {type(state).__name__}")
-        if state.get("format") != SESSION_FORMAT:
-            raise ValueError(f"{src}: not a dasrl session (format {state.get('format')!r})")
+    def _load_state(self, ckpt: Checkpoint, state: dict) -> None:
+        src = ckpt.manifest
         unknown = sorted(set(state) - _SESSION_KEYS)
         if unknown:
             raise ValueError(f"{src}: unknown field(s) {unknown}")
-        if "checksum" in state:  # absent only in files written before it existed
-            want = state.pop("checksum")
-            if want != _checksum(state):
-                raise ValueError(f"{src}: checksum mismatch (the file was changed or damaged after it was written)")
         step = state.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"{src}: field 'step' must be an int in [0, {MAX_STEP}], got {step!r}")
         history = _history_from(state.get("history"), src)
-        folded = state.get("folded", dict.fromkeys(_TOTALS, 0))  # absent in saves from before it
+        folded = state.get("folded")
         if not (isinstance(folded, dict) and set(folded) == set(_TOTALS) and all(map(_is_number, folded.values()))):
             raise ValueError(f"{src}: field 'folded' must be an object of numbers with keys {sorted(_TOTALS)}, "
                              f"got {folded!r}")
         self._join_upkeep(check=False)
-        store = self._load_store(folder, state, src)
+        store, saved = None, state.get("store")
+        if saved is not None and not isinstance(saved, dict):
+            raise ValueError(f"{src}: field 'store' must be null or an object, got {saved!r}")
+        if saved is None and self.store is not None:
+            warnings.warn(f"{src}: the saved session has no draft store; this session keeps the draft store "
+                          f"it has", stacklevel=3)
+        elif saved is not None and self.store is None:
+            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
+                          stacklevel=3)
+        elif saved is not None:
+            store = DraftStore.from_state(saved, ckpt, state, self.config.store)
         parts = []
         for name, part in (self.policy.parts() if self.policy is not None else {}).items():
             if name not in state:
@@ -626,56 +570,14 @@ class RolloutSession:
         for part, sd in parts:
             part.load_state_dict(sd)  # validated above: cannot fail now
 
-    def _load_store(self, folder: Path, state: dict, src: Path) -> DraftStore | None:
-        saved = state.get("store", ...)  # ... = a file from before this field (its store may be there)
-        where = folder / "store"
-        if saved is None or (saved is ... and not where.is_dir()):
-            if self.store is not None:
-                warnings.warn(f"{src}: the saved session has no draft store (no {where}); this session "
-                              f"keeps the draft store it has", stacklevel=4)
-            return None
-        if saved is not ... and not (isinstance(saved, dict) and isinstance(saved.get("digest"), str)):
-            raise ValueError(f"{src}: field 'store' must be null or {{\"digest\": str}}, got {saved!r}")
-        if not where.is_dir():
-            raise ValueError(f"{src}: the session was saved with a draft store but {where} is missing")
-        foreign = foreign_files(where)
-        if foreign:  # refused by name, before hashing: a huge stray file must not cost a read
-            raise ValueError(f"{where}: holds {foreign[:5]}, which no save writes: not this session's draft store")
-        if saved is not ... and _folder_digest(where) != saved["digest"]:
-            raise ValueError(f"{where}: does not match {src} (digest differs: a save interrupted between "
-                             f"the store and session.json, or files from another save)")
-        if self.store is None:
-            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
-                          stacklevel=4)
-            return None
-        try:
-            return DraftStore.load(where, self.config.store)
-        except ValueError:
-            raise
-        except Exception as e:  # a loader that let a raw error through: still one clear error
-            raise ValueError(f"cannot read a draft store from {where}: {type(e).__name__}: {e}") from e
 
-
-SESSION_FORMAT = "dasrl-session/1"
+SESSION_FORMAT = "dasrl-session/2"
 MAX_STEP = 10**9
 """Largest step a saved session may be at (session.json's checksum is unkeyed: anyone can write 10**30)."""
-_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "checksum"}
+_SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "data",
+                 "sha256"}
 _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
 """The stats() totals, summed over step summaries."""
-
-
-@contextlib.contextmanager
-def _save_lock(folder: Path, how: int):
-    """An flock on the folder that holds `folder` (dasrl.atomic.folder_lock: no lock file is made, none piles
-    up, a load writes nothing). Saves of any name in one parent folder run one after the other. A parent that
-    cannot be opened has no writers to wait for: a load goes on unlocked, a save fails on its own writes."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(folder_lock(folder.parent, how))
-        except OSError:
-            if how == fcntl.LOCK_EX:
-                raise
-        yield
 
 
 def _check_problem_ids(pids: Sequence[Hashable]) -> None:
@@ -695,34 +597,6 @@ def _folder_arg(folder: str | os.PathLike, call: str) -> Path:
         raise ValueError(f"{call}() needs a folder path, got {folder!r}")
     path = Path(folder)
     return path.resolve() if path.is_symlink() else path
-
-
-def _leftovers(folder: Path, kind: str = "tmp|old") -> list[Path]:
-    """The folders save() makes beside `folder` (.NAME.tmp-* while writing, .NAME.old-* while switching)."""
-    pattern = re.compile(rf"\.{re.escape(folder.name)}\.(?:{kind})-[0-9a-f]{{12}}")
-    return [p for p in folder.parent.glob(f".{glob.escape(folder.name)}.*") if pattern.fullmatch(p.name)]
-
-
-def _checksum(state: dict) -> str:
-    """Digest of session.json's content (canonical JSON: sorted keys, no spaces). A flipped bit that
-    still parses as JSON would otherwise load a different step count or statistics without a word."""
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _folder_digest(folder: Path) -> str:
-    """blake2b over the names and bytes of the files under `folder` (dotfiles, i.e. temporaries, left out)."""
-    h = hashlib.blake2b(digest_size=16)
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        rel = p.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(str(rel.as_posix()).encode() + b"\0")
-        with open_regular(p, MAX_DATA_BYTES) as f:  # the store's files: no links, FIFOs or devices
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 _SUMMARY_FIELDS = {f.name: f for f in fields(StepSummary)}

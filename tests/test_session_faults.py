@@ -262,11 +262,11 @@ def test_a_folder_with_other_files_is_not_replaced(tiny_llama, tmp_path):
 
 
 def test_next_samples_counts_on_from_what_was_drawn():
-    from dasrl.rollout.session import next_samples
+    from dasrl.rollout.session import _next_samples
 
     drawn = {"a": {0, 1}}
-    assert next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
-    assert next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
+    assert _next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
+    assert _next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
     assert drawn == {"a": {0, 1}}  # the caller records what it drew
 
 

@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 from typing import Callable
 
-EXTRA_MODULES = {
+_EXTRA_MODULES = {
     "engine": ("torch", "transformers"),
     "trl": ("trl",),
     "ray": ("ray",),
@@ -23,32 +23,32 @@ EXTRA_MODULES = {
 }
 """Each extra -> the top-level modules it brings that the library imports."""
 
-EXTRA_OF = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
+_EXTRA_OF = {module: extra for extra, modules in _EXTRA_MODULES.items() for module in modules}
 
 
-class MissingExtra(ImportError):
+class _MissingExtra(ImportError):
     """A dasrl path needs an extra that is not installed (`name` is the missing module)."""
 
 
-def _error(what: str, module: str) -> MissingExtra:
-    extra = EXTRA_OF[module]
-    return MissingExtra(f"{what} needs {module}, which is not installed: pip install 'dasrl[{extra}]'", name=module)
+def _error(what: str, module: str) -> _MissingExtra:
+    extra = _EXTRA_OF[module]
+    return _MissingExtra(f"{what} needs {module}, which is not installed: pip install 'dasrl[{extra}]'", name=module)
 
 
 def require(extra: str, what: str) -> None:
-    """Raise MissingExtra if a module of `extra` is not installed (found without being imported)."""
-    for module in EXTRA_MODULES[extra]:
+    """Raise _MissingExtra if a module of `extra` is not installed (found without being imported)."""
+    for module in _EXTRA_MODULES[extra]:
         if sys.modules.get(module) is None and importlib.util.find_spec(module) is None:
             raise _error(what, module)
 
 
-def import_module(name: str, what: str) -> ModuleType:
-    """importlib.import_module(name); a missing module that an extra brings raises MissingExtra naming it."""
+def _import_module(name: str, what: str) -> ModuleType:
+    """importlib.import_module(name); a missing module that an extra brings raises _MissingExtra naming it."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         top = (e.name or "").split(".")[0]
-        if top in EXTRA_OF:
+        if top in _EXTRA_OF:
             raise _error(what, top) from e
         raise
 
@@ -62,7 +62,7 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
             module = exports[name]
         except KeyError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = getattr(import_module(module, f"{package}.{name}"), name)
+        value = getattr(_import_module(module, f"{package}.{name}"), name)
         setattr(sys.modules[package], name, value)  # loaded once
         return value
 

@@ -15,7 +15,7 @@ HINT = "the dasrl command is the lab: pip install 'dasrl[lab]'"
 def main() -> None:
     try:
         from dasrl_lab.cli import app
-    except ImportError as e:  # ModuleNotFoundError, or dasrl's MissingExtra (an ImportError naming the module)
+    except ImportError as e:  # ModuleNotFoundError, or dasrl's _MissingExtra (an ImportError naming the module)
         missing = e.name or ""
         if not missing or missing.split(".")[0] in ("dasrl", "dasrl_lab"):
             raise  # our own module is broken: not a missing dependency

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dasrl.engine.rows import validate_job
-from dasrl.engine.sampling import MIN_TEMPERATURE, SamplingParams
+from dasrl.engine.sampling import _MIN_TEMPERATURE, SamplingParams
 
 
 def _job(prompts, **kw):
@@ -15,14 +15,14 @@ def _job(prompts, **kw):
     return validate_job(**{**args, **kw})
 
 
-@pytest.mark.parametrize("t", [5e-324, 1e-300, 1e-6, MIN_TEMPERATURE / 2])
+@pytest.mark.parametrize("t", [5e-324, 1e-300, 1e-6, _MIN_TEMPERATURE / 2])
 def test_tiny_temperature_is_refused(t):
     with pytest.raises(ValueError, match=rf"temperature {t!r} is below 1e-05 .*use 0 for greedy"):
         SamplingParams(temperature=t)
 
 
 def test_temperature_bounds_still_accept_zero_and_the_threshold():
-    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=_MIN_TEMPERATURE).greedy
 
 
 def test_multi_dimensional_prompt_is_refused_not_flattened():

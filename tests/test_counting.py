@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dasrl.drafter.counting import NUM, CountingDrafter, _items, _period, counting_draft, digit_tokens, periods
+from dasrl.drafter.counting import _NUM, CountingDrafter, _counting_draft, _items, _period, _periods, digit_tokens
 from support.drafters import PromptLookup
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
@@ -26,7 +26,7 @@ def dec(tokens) -> str:
 
 
 def draft(text: str, budget: int = 12) -> str:
-    return dec(counting_draft(enc(text), digits=DIGITS, budget=budget))
+    return dec(_counting_draft(enc(text), digits=DIGITS, budget=budget))
 
 
 # ------------------------------------------------------------------ hand-worked
@@ -67,7 +67,7 @@ def test_budget_and_zero_budget():
 def test_a_number_cut_by_the_window_is_not_read():
     # The tail starts inside "143": read as 43 it would continue the progression 43, 44, 45.
     tail = enc("143, 144, 145, ")[1:]
-    assert dec(counting_draft(tail, digits=DIGITS, budget=4)) == ""
+    assert dec(_counting_draft(tail, digits=DIGITS, budget=4)) == ""
 
 
 # ------------------------------------------------------------------ property
@@ -93,7 +93,7 @@ def test_a_rendered_progression_is_continued(sep, start, step, periods, cut, bud
     full = np.array(text_tokens, np.int64)
     seen = len(np.concatenate([[10 + int(c) for c in str(v)] + sep for v in values[:periods]]))
     tail, rest = full[: seen + cut], full[seen + cut:]
-    out = counting_draft(tail, digits=DIGITS, budget=budget)
+    out = _counting_draft(tail, digits=DIGITS, budget=budget)
     assert out.size <= budget
     assert np.array_equal(out, rest[: out.size]), (dec(tail), dec(out), dec(rest))
     if rest.size and values[periods] >= 0:
@@ -103,7 +103,7 @@ def test_a_rendered_progression_is_continued(sep, start, step, periods, cut, bud
 @settings(max_examples=300, deadline=None)
 @given(tokens=st.lists(st.integers(0, 25), max_size=80), budget=st.integers(0, 20))
 def test_any_tail_gives_a_valid_draft(tokens, budget):
-    out = counting_draft(np.array(tokens, np.int64), digits=DIGITS, budget=budget)
+    out = _counting_draft(np.array(tokens, np.int64), digits=DIGITS, budget=budget)
     assert out.size <= budget and out.dtype == np.int64
     assert set(out.tolist()) <= set(tokens) | set(DIGITS.tolist())
 
@@ -205,12 +205,12 @@ def _items_spec(tail, digits):
             run += d
             continue
         if run:
-            keys.append(NUM)
+            keys.append(_NUM)
             texts.append(run)
             run = ""
         keys.append(t)
         texts.append(None)
-    if keys and keys[0] == NUM and tail.size and digit_of.get(int(tail[0])) is not None:
+    if keys and keys[0] == _NUM and tail.size and digit_of.get(int(tail[0])) is not None:
         keys, texts = keys[1:], texts[1:]
     return keys, texts, run
 
@@ -222,20 +222,20 @@ def test_vectorised_items_equal_the_token_by_token_spec(tokens):
     keys, text, partial = _items(tail, DIGITS)
     want_keys, want_texts, want_partial = _items_spec(tail, DIGITS)
     assert (keys, partial) == (want_keys, want_partial)
-    assert [text(k) if key == NUM else None for k, key in enumerate(keys)] == want_texts
+    assert [text(k) if key == _NUM else None for k, key in enumerate(keys)] == want_texts
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.sampled_from(DIGITS.tolist()), st.integers(0, 3)), max_size=100), max_size=6),
        st.integers(1, 40))
 def test_the_batched_periods_equal_each_rows_own(tails, max_period):
-    """`periods` (the whole batch at once, the proposal's filter) against `_period` of each row's items."""
+    """`_periods` (the whole batch at once, the proposal's filter) against `_period` of each row's items."""
     arrays = [np.array(t, np.int64) for t in tails]
     want = [_period(_items(t, DIGITS)[0], max_period) for t in arrays]
-    assert periods(arrays, DIGITS, max_period).tolist() == want
+    assert _periods(arrays, DIGITS, max_period).tolist() == want
 
 
 def test_the_batched_periods_find_a_rendered_count():
     tails = [enc("a: 41, 42, 43, 44, 4"), enc("ab, a:b"), np.zeros(0, np.int64), enc("123")]
-    assert periods(tails, DIGITS, 32).tolist() == [_period(_items(t, DIGITS)[0], 32) for t in tails]
-    assert periods(tails, DIGITS, 32)[0] > 0
+    assert _periods(tails, DIGITS, 32).tolist() == [_period(_items(t, DIGITS)[0], 32) for t in tails]
+    assert _periods(tails, DIGITS, 32)[0] > 0

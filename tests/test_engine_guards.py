@@ -97,7 +97,7 @@ def test_probe_refuses_a_layer_that_drops_the_packed_layout():
 def test_probe_refuses_attention_that_ignores_the_causal_mask(monkeypatch):
     """The failure the issue feared: attention over every new token with no causal mask among them. Plain and
     speculative outputs would be equally wrong; the probe compares with the model's own forward instead."""
-    real = attention.packed_attention
+    real = attention._packed_attention
 
     def unmasked(query, key, value, layout, scaling):
         return real(query, key, value, dataclasses.replace(layout, more_mask=torch.ones_like(layout.more_mask)),
@@ -105,7 +105,7 @@ def test_probe_refuses_attention_that_ignores_the_causal_mask(monkeypatch):
 
     model = build(LlamaConfig, LlamaForCausalLM)
     SpecEngine(model)  # the real attention passes
-    monkeypatch.setattr(attention, "packed_attention", unmasked)
+    monkeypatch.setattr(attention, "_packed_attention", unmasked)
     with pytest.raises(UnsupportedModel, match=r"model type 'llama'.*logits differ"):
         SpecEngine(model)
 
@@ -114,11 +114,11 @@ def test_attention_raises_instead_of_falling_back():
     q, kv = torch.zeros(1, 4, 3, 16), torch.zeros(2, 2, 8, 16)
     module = torch.nn.Identity()
     with pytest.raises(attention.ModelInRollout, match="not the rollout's"):  # no engine forward on this thread
-        attention.engine_attention(module, q, kv, kv, None, scaling=0.25)
+        attention._engine_attention(module, q, kv, kv, None, scaling=0.25)
     with attention.engine_thread(), pytest.raises(attention.PackedLayoutMissing, match="without the packed layout"):
-        attention.engine_attention(module, q, kv, kv, None, scaling=0.25)
+        attention._engine_attention(module, q, kv, kv, None, scaling=0.25)
     with pytest.raises(NotImplementedError, match=r"\['softcap'\]"):
-        attention.engine_attention(module, q, kv, kv, None, scaling=0.25, dasrl_packed=object(), softcap=30.0)
+        attention._engine_attention(module, q, kv, kv, None, scaling=0.25, dasrl_packed=object(), softcap=30.0)
 
 
 # ---------------------------------------------------------------------------- failed generates

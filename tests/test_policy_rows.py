@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dasrl.drafter.base import Draft, DraftBatch
 from dasrl.integrations.vllm.tracker import match_capped
-from dasrl.policy.allowance import ClassCaps, ForwardAllowance, RowBatch, pace_draft
+from dasrl.policy.allowance import ClassCaps, ForwardAllowance, RowBatch, _pace_draft
 from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import LengthClassifier, LengthConfig
@@ -189,9 +189,9 @@ def test_a_large_batch_at_gpu_prices_is_settled_before_pricing():
 @given(st.lists(st.tuples(st.floats(0, 500), st.floats(0, 1), st.integers(0, 30)), min_size=1, max_size=20),
        st.floats(0.5, 600))
 def test_pace_draft_equals_the_row_by_row_loop(rows, horizon):
-    """(pace_draft loops over the rows that may draft only; the native split repeats it: the spec test above)"""
+    """(_pace_draft loops over the rows that may draft only; the native split repeats it: the spec test above)"""
     rem, p, most = (np.array(x) for x in zip(*rows))
-    assert pace_draft(rem, p, horizon=horizon, most=most).tolist() == rowwise_pace(rem, p, horizon=horizon, most=most).tolist()
+    assert _pace_draft(rem, p, horizon=horizon, most=most).tolist() == rowwise_pace(rem, p, horizon=horizon, most=most).tolist()
 
 
 def test_budgets_rows_needs_equal_class_caps():

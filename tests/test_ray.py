@@ -13,7 +13,7 @@ import os  # noqa: E402
 import time  # noqa: E402
 
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
-from dasrl.integrations.ray import LOOPBACK, init_local, is_loopback  # noqa: E402
+from dasrl.integrations.ray import _LOOPBACK, init_local, is_loopback  # noqa: E402
 from dasrl.rollout.session import RolloutSession, SessionConfig  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def test_every_local_ray_socket_listens_on_loopback_only(cluster):
 
     actor = Probe.remote()
     pids = {ray.get(actor.pid.remote()), ray.get(task.remote())}
-    assert ray.util.get_node_ip_address() == LOOPBACK
+    assert ray.util.get_node_ip_address() == _LOOPBACK
     # agents start their servers a moment after the node is up: look until nothing new appears
     seen, stable = {}, 0
     for _ in range(40):

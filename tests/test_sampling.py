@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dasrl.engine.sampling import BLOCK, SamplingParams, draw, filtered_probs, kept, token_noise
+from dasrl.engine.sampling import _BLOCK, SamplingParams, draw, filtered_probs, _kept, _token_noise
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -58,12 +58,12 @@ def test_logprobs_modes():
 def test_token_noise_is_keyed_and_gumbel():
     seeds, pos = np.array([3, 3, 4, -1]), np.array([0, 1, 0, 9])
     toks = np.array([[0, 5, 49151], [0, 5, 49151], [0, 5, 49151], [7, 7, 8]])
-    g = token_noise(seeds, pos, toks)
+    g = _token_noise(seeds, pos, toks)
     for i in range(4):  # row by row == all at once: a pure function of (seed, position, token)
-        assert np.array_equal(token_noise(seeds[i : i + 1], pos[i : i + 1], toks[i : i + 1]), g[i : i + 1])
+        assert np.array_equal(_token_noise(seeds[i : i + 1], pos[i : i + 1], toks[i : i + 1]), g[i : i + 1])
     assert g[3, 0] == g[3, 1] and len(set(g[:3].ravel().tolist())) == 9
     # standard Gumbel: mean = Euler's gamma, variance = pi^2 / 6; its CDF exp(-exp(-x)) is uniform
-    big = token_noise(np.arange(200), np.zeros(200), np.tile(np.arange(1000), (200, 1))).ravel()
+    big = _token_noise(np.arange(200), np.zeros(200), np.tile(np.arange(1000), (200, 1))).ravel()
     assert abs(big.mean() - 0.5772) < 0.01 and abs(big.var() - math.pi**2 / 6) < 0.03
     counts = np.histogram(np.exp(-np.exp(-big)), bins=20, range=(0, 1))[0]
     assert _chi2(counts, np.full(20, len(big) / 20)) < _chi2_crit(19)
@@ -177,7 +177,7 @@ def test_chi_square_against_target(params, layout):
         logits, ids = torch.tensor([_TARGET]), np.arange(8)
     else:
         logits, ids = _spread_logits()
-        assert len(set((ids // BLOCK).tolist())) == 4
+        assert len(set((ids // _BLOCK).tolist())) == 4
     n = 40_000
     tok, lp = draw(logits.expand(n, -1), params, seeds=np.full(n, 1234), positions=np.arange(n))
     probs = filtered_probs(logits, params)[0].numpy()
@@ -219,7 +219,7 @@ def _reference_kept(logits: np.ndarray, temperature: float, top_p: float) -> np.
     """Brute force: sort the whole row, walk the prefix until its mass reaches top_p, keep logit >= that.
     Masses are the sampler's own tempered weights over their total (float32 exponentials, float64 sums:
     a boundary within ~1e-7 of top_p is decided by that definition), so this checks the staged search."""
-    k = kept(torch.from_numpy(logits)[None], SamplingParams(temperature=temperature))
+    k = _kept(torch.from_numpy(logits)[None], SamplingParams(temperature=temperature))
     p = (k.weights[0] / k.total[0]).numpy()
     order = np.argsort(-logits, kind="stable")
     k = int(np.argmax(np.cumsum(p[order]) >= top_p))
@@ -251,7 +251,7 @@ def test_kept_block_masses_equal_the_masked_block_sums(vocab):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(6, vocab, generator=g) * torch.tensor([[0.3], [1.0], [2.0], [3.0], [4.0], [6.0]])
     for temperature, top_p in ((1.0, 0.95), (0.6, 0.5), (1.3, 0.999)):
-        k = kept(logits, SamplingParams(temperature=temperature, top_p=top_p))
+        k = _kept(logits, SamplingParams(temperature=temperature, top_p=top_p))
         w = (logits.float() - logits.amax(-1, keepdim=True)).div_(temperature).exp_()  # the sampler's weights
         w = w.masked_fill_(logits < k.floor, 0.0)
         assert torch.equal(k.block_mass, _block_sums(w))
@@ -269,7 +269,7 @@ def test_ordered_bits_sort_as_the_floats():
 
 
 def _kept_generic(logits, params):
-    """kept() as the other devices run it (_Blocks, _top_p_floor, kept_mass: torch ops only), on the CPU."""
+    """_kept() as the other devices run it (_Blocks, _top_p_floor, kept_mass: torch ops only), on the CPU."""
     from dasrl.engine.sampling import _block_sums, _Blocks, _top_p_floor
 
     blocks = _Blocks(logits)
@@ -301,7 +301,7 @@ def test_cpu_top_p_equals_the_torch_path_bit_for_bit(vocab):
         for t, k, p in [(1.0, 0, 0.95), (0.6, 0, 0.95), (1.3, 0, 0.999), (1.0, 0, 0.5), (0.7, 50, 0.9),
                         (1.0, 3, 0.99), (2.0, 0, 0.95)]:
             params = SamplingParams(temperature=t, top_k=k, top_p=p)
-            got = kept(x, params, weights=False)
+            got = _kept(x, params, weights=False)
             floor, mass = _kept_generic(x, params)
             assert torch.equal(got.floor, floor) and got.floor.dtype == x.dtype, (t, k, p)
             assert torch.equal(got.block_mass, mass), (t, k, p)
@@ -316,7 +316,7 @@ def test_race_over_kept_entries_equals_the_dense_race(params):
 
     logits = _lm_like(40, 3000, 23)
     logits[::3, 2000:2900] = float("-inf")  # masked ids: never kept by top-p, kept (weight 0) otherwise
-    k = kept(logits, params, weights=False)
+    k = _kept(logits, params, weights=False)
     rng = np.random.default_rng(24)
     for _ in range(25):
         keys = _key(rng.integers(-2**62, 2**62, 40), rng.integers(0, 10**6, 40), _RACE)

@@ -264,11 +264,11 @@ def test_a_save_keeps_other_files_in_its_folder(tiny_llama, tmp_path):
 
 
 def test_next_samples_counts_on_from_what_was_drawn():
-    from dasrl.rollout.session import next_samples
+    from dasrl.rollout.session import _next_samples
 
     drawn = {"a": {0, 1}}
-    assert next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
-    assert next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
+    assert _next_samples(drawn, ["a", "b", "a"]) == [2, 0, 3]
+    assert _next_samples({}, ["a", "a", "b", "a"]) == [0, 1, 0, 2]
     assert drawn == {"a": {0, 1}}  # the caller records what it drew
 
 

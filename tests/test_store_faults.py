@@ -19,8 +19,8 @@ import pytest
 
 from dasrl.atomic import checksum
 from dasrl.drafter.base import MAX_DRAFT
-from dasrl.drafter.counting import CountingDrafter, counting_draft
-from dasrl.drafter.store import MIN_STEP_WEIGHT, DraftStore, StoreConfig
+from dasrl.drafter.counting import CountingDrafter, _counting_draft
+from dasrl.drafter.store import _MIN_STEP_WEIGHT, DraftStore, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -222,11 +222,11 @@ def test_unbounded_window_never_underflows(tmp_path, mode, decay, steps):
             d = store.propose(["r"], [4])[0]
             store.abort("r")
             assert len(d) and np.isfinite(d.probs).all() and (d.probs > 0).all(), (k, d)
-    kept = math.floor(math.log(MIN_STEP_WEIGHT) / math.log(decay))
+    kept = math.floor(math.log(_MIN_STEP_WEIGHT) / math.log(decay))
     assert len(store._steps) == min(steps, kept)  # the older steps were evicted, not kept at weight 0
     weights = [store._shards[sh].weight(sid) for step in store._steps for sh, sid in step
                if sh in store._shards]  # (the cross-problem index's copies carry the same weights)
-    assert min(weights) >= MIN_STEP_WEIGHT and all(math.isfinite(w) for w in weights)
+    assert min(weights) >= _MIN_STEP_WEIGHT and all(math.isfinite(w) for w in weights)
     store.save(tmp_path / "s")
     assert _content(DraftStore.load(tmp_path / "s")) == _content(store)
 
@@ -253,7 +253,7 @@ def test_budgets_that_are_not_ints_are_refused_not_truncated(bad):
 def test_huge_budgets_are_served_up_to_max_draft():
     # counting: "1 2 3 ..." never runs out, so only the cap ends the draft
     tail = [7, 9, 2, 14, 13, 1, 2, 14, 14, 1, 2, 14, 15, 1, 2]  # "a: 43, 44, 45, " (digit d = token 10 + d)
-    toks = counting_draft(np.array(tail), digits=np.arange(10, 20), budget=5 * MAX_DRAFT)
+    toks = _counting_draft(np.array(tail), digits=np.arange(10, 20), budget=5 * MAX_DRAFT)
     assert len(toks) == MAX_DRAFT
     counting = CountingDrafter(DraftStore(), np.arange(10, 20))
     counting.start("r", 1, tail)

@@ -82,22 +82,22 @@ def test_recipe_composes_into_verls_own_config():
     import verl
     from hydra import compose, initialize_config_dir
 
-    from dasrl.integrations.verl.recipe import PAPER_MATH_7B, ROUTER_YAML, Recipe
+    from dasrl.integrations.verl.recipe import _PAPER_MATH_7B, _ROUTER_YAML, Recipe
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose("ppo_trainer", overrides=PAPER_MATH_7B + Recipe(num_speculative_tokens=8).overrides())
+        cfg = compose("ppo_trainer", overrides=_PAPER_MATH_7B + Recipe(num_speculative_tokens=8).overrides())
     rollout = cfg.actor_rollout_ref.rollout
     spec = rollout.engine_kwargs.vllm.speculative_config
     assert (spec.method, spec.model, spec.num_speculative_tokens) == (
         "custom_class", "dasrl.integrations.vllm.DASProposer", 8)
     assert rollout.engine_kwargs.vllm.additional_config.dasrl.policy == "das"
     assert rollout.n == 16 and cfg.data.max_response_length == 16384
-    assert rollout.router_config_path == str(ROUTER_YAML) and ROUTER_YAML.is_file()
+    assert rollout.router_config_path == str(_ROUTER_YAML) and _ROUTER_YAML.is_file()
 
 
 def test_packaged_router_yaml_loads_through_verl(cluster):
-    from dasrl.integrations.verl.recipe import ROUTER_YAML
+    from dasrl.integrations.verl.recipe import _ROUTER_YAML
 
-    lb = router.get_router_handle({"s0": None, "s1": None}, router_config_path=str(ROUTER_YAML))
+    lb = router.get_router_handle({"s0": None, "s1": None}, router_config_path=str(_ROUTER_YAML))
     assert ray.get(lb.get_status.remote())["problems_this_phase"] == 0

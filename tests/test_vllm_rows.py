@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dasrl import _core
 from dasrl.integrations.vllm import BatchDrafter, VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import _accepted, accepted_in_rows
+from dasrl.integrations.vllm.tracker import _accepted, _accepted_in_rows
 from dasrl.policy.latency import LatencyModel
 from support.rowwise_tracker import RowwiseTracker
 
@@ -126,7 +126,7 @@ def test_the_array_tracker_equals_the_row_by_row_tracker(data):
 @given(st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), min_size=1, max_size=10)),
                 min_size=1, max_size=12))
 def test_native_accept_counts_equal_the_engines_rule(rows):
-    """accepted_rows (native) and accepted_in_rows (numpy) against _accepted (the engine's accept rule)."""
+    """accepted_rows (native) and _accepted_in_rows (numpy) against _accepted (the engine's accept rule)."""
     k = 8
     drafts = np.zeros((len(rows), k), np.int32)
     buf = np.zeros((len(rows), 30), np.int32)
@@ -138,7 +138,7 @@ def test_native_accept_counts_equal_the_engines_rule(rows):
     count = np.array([len(n) for _, n in rows], np.int64)
     want = _accepted([d for d, _ in rows], [np.array(n) for _, n in rows]).tolist()
     assert _core.accepted_rows(drafts, dlen, buf, idx, start, count).tolist() == want
-    assert accepted_in_rows(drafts, dlen, buf, idx, start, count).tolist() == want
+    assert _accepted_in_rows(drafts, dlen, buf, idx, start, count).tolist() == want
 
 
 def test_native_sum_is_numpys():

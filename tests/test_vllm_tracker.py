@@ -465,8 +465,8 @@ def test_proposer_on_vllms_cpu_platform_names_the_labs_sampling_fix_once(monkeyp
             proposer.DASProposer(vllm_config())
             proposer.DASProposer(vllm_config())
         notes = [r.getMessage() for r in caplog.records if r.name == proposer.__name__]
-        assert notes == ([proposer.CPU_SAMPLING_NOTE] if cpu else []), cpu
-    assert "dasrl_lab.bench.vllm_cpu_fix.apply()" in proposer.CPU_SAMPLING_NOTE
+        assert notes == ([proposer._CPU_SAMPLING_NOTE] if cpu else []), cpu
+    assert "dasrl_lab.bench.vllm_cpu_fix.apply()" in proposer._CPU_SAMPLING_NOTE
 
 
 def input_batch(rows, generators=None):

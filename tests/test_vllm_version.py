@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from dasrl.integrations.vllm.version import UnsupportedVLLM, check_supported, installed_version
+from dasrl.integrations.vllm.version import UnsupportedVLLM, check_supported, _installed_version
 
 
 @pytest.mark.parametrize("version", ["0.24.0", "0.29.0", "0.32.0", "0.33.0", "0.33.1.dev12+g1a2b3c.cpu"])
@@ -30,6 +30,6 @@ def test_installed_version_reads_the_real_metadata():
             break
         except importlib.metadata.PackageNotFoundError:
             pass
-    assert installed_version() == found
+    assert _installed_version() == found
     if found is None:
         check_supported()  # no vLLM: the integration imports (its tests of the proposer skip elsewhere)

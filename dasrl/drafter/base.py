@@ -27,15 +27,15 @@ ROOT = -1
 
 MAX_TOKEN = 2**31 - 1
 """Largest token id a drafter indexes (int32)."""
-MAX_BUDGET = 2**31 - 1
+_MAX_BUDGET = 2**31 - 1
 """Largest draft budget per request (a larger one is refused, not clamped)."""
 MAX_DRAFT = 1024
 """Most tokens one draft holds, whatever its budget: a larger budget is served as this one (the native
 index, the reference and the counting drafter share it), so a budget of 2^31 - 1 costs what 1024 does
 rather than a loop until memory runs out. One verification forward could not check more anyway."""
-MAX_MATCH = 2**20
+_MAX_MATCH = 2**20
 """Longest context suffix a drafter matches."""
-MAX_BRANCHING = 2**16
+_MAX_BRANCHING = 2**16
 """Most children per draft node."""
 
 
@@ -67,11 +67,11 @@ class Draft:
         """The first n nodes (a parent comes before its children, so they form a chain or tree again)."""
         if n >= len(self):
             return self
-        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len) if n > 0 else EMPTY_DRAFT
+        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len) if n > 0 else _EMPTY_DRAFT
 
     @staticmethod
     def empty() -> "Draft":
-        return EMPTY_DRAFT
+        return _EMPTY_DRAFT
 
     @staticmethod
     def chain(tokens: Sequence[int], probs: Sequence[float] | None = None, match_len: int = 0) -> "Draft":
@@ -80,7 +80,7 @@ class Draft:
         return Draft(toks, np.arange(-1, len(toks) - 1, dtype=np.int32), p, match_len)
 
 
-EMPTY_DRAFT = Draft(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64), 0)
+_EMPTY_DRAFT = Draft(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64), 0)
 
 
 @dataclass(frozen=True)
@@ -180,10 +180,10 @@ class DraftParams:
     """Children per node: 1 = chain drafts, k > 1 = tree drafts (top-k continuations, best-first)."""
 
     def __post_init__(self) -> None:
-        _check_int("max_match", self.max_match, 1, MAX_MATCH)
+        _check_int("max_match", self.max_match, 1, _MAX_MATCH)
         if not (isinstance(self.min_prob, (int, float)) and 0.0 <= self.min_prob <= 1.0):
             raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
-        _check_int("branching", self.branching, 1, MAX_BRANCHING)
+        _check_int("branching", self.branching, 1, _MAX_BRANCHING)
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:
@@ -241,19 +241,19 @@ def problem_key(prompt_ids: Sequence[int]) -> int:
 
 
 def budget_array(req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> np.ndarray:
-    """[n] int64 budgets, each an int in [0, MAX_BUDGET], or a ValueError naming the bad value and its
+    """[n] int64 budgets, each an int in [0, _MAX_BUDGET], or a ValueError naming the bad value and its
     request. Floats, strings and bools are refused, not truncated (1.9 is not a budget of 1)."""
     if len(req_ids) != len(budgets):
         raise ValueError(f"{len(req_ids)} request ids but {len(budgets)} budgets")
-    if type(budgets) is list and all(type(b) is int and 0 <= b <= MAX_BUDGET for b in budgets):
+    if type(budgets) is list and all(type(b) is int and 0 <= b <= _MAX_BUDGET for b in budgets):
         return np.array(budgets, dtype=np.int64)  # the common case, without numpy reductions
     if isinstance(budgets, np.ndarray) and budgets.ndim == 1 and budgets.dtype.kind in "iu":
-        if budgets.size == 0 or (int(budgets.min()) >= 0 and int(budgets.max()) <= MAX_BUDGET):
+        if budgets.size == 0 or (int(budgets.min()) >= 0 and int(budgets.max()) <= _MAX_BUDGET):
             return budgets.astype(np.int64)
     for rid, b in zip(req_ids, budgets):  # the slow path finds the first bad one and names it
         if not isinstance(b, (int, np.integer)) or isinstance(b, (bool, np.bool_)):
             raise ValueError(f"draft budget must be an int, got {b!r} ({type(b).__name__}) for request {rid!r}")
-        if not 0 <= b <= MAX_BUDGET:
+        if not 0 <= b <= _MAX_BUDGET:
             kind = "must be >= 0" if b < 0 else "must be <= 2^31 - 1"
             raise ValueError(f"draft budget {kind}, got {int(b)} for request {rid!r}")
     return np.array([int(b) for b in budgets], dtype=np.int64)

@@ -42,7 +42,7 @@ class StoreConfig:
         if not (_is_real(self.decay) and 0.0 < self.decay <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
         # Bounded so that live_weight * decay**age stays a normal double until the step is evicted
-        # (store.MIN_STEP_WEIGHT): the weights of a draft's ratios never underflow to 0.
+        # (store._MIN_STEP_WEIGHT): the weights of a draft's ratios never underflow to 0.
         if not (_is_real(self.live_weight) and 1e-100 <= self.live_weight <= 1e100):
             raise ValueError(f"live_weight must be in [1e-100, 1e100], got {self.live_weight!r}")
         if not isinstance(self.cross_problem, bool):

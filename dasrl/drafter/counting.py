@@ -29,7 +29,7 @@ import numpy as np
 
 from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch
 
-NUM = -1
+_NUM = -1
 """Structure key of a number item (non-digit items are keyed by their token id)."""
 
 
@@ -49,7 +49,7 @@ def digit_tokens(tokenizer) -> np.ndarray:
 
 
 def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[int], str], str]:
-    """(keys, text, partial): the tail as items (keys: token id or NUM; text(k): item k's digits, for a
+    """(keys, text, partial): the tail as items (keys: token id or _NUM; text(k): item k's digits, for a
     number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
     which the window may have cut, is dropped. Vectorised: this runs for every row of every proposal."""
     isd = _is_digit(tail, digits)  # [n] bool: a digit token
@@ -64,7 +64,7 @@ def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[i
     pos = np.flatnonzero(start)  # [k] first token of each item
     if pos.size and b[0]:  # a leading number: the window may have cut it
         pos = pos[1:]
-    keys = np.where(b[pos], NUM, tail[pos]).tolist()
+    keys = np.where(b[pos], _NUM, tail[pos]).tolist()
     first = pos.tolist()
     ends = first[1:] + [body]  # a number runs up to the next item
     return keys, lambda k: "".join(value[t] for t in tail[first[k]:ends[k]].tolist()), partial
@@ -99,12 +99,12 @@ def _period(keys: list[int], max_period: int) -> int:
     n = len(keys)
     for p in range(1, min(max_period, n // 3) + 1):
         last = keys[n - p:]
-        if NUM in last and keys[n - 2 * p:n - p] == last and keys[n - 3 * p:n - 2 * p] == last:
+        if _NUM in last and keys[n - 2 * p:n - p] == last and keys[n - 3 * p:n - 2 * p] == last:
             return p
     return 0
 
 
-def periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
+def _periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
     """[B] int64: `_period` of each tail's items, the whole batch at once (0: no pattern, no counting draft).
     Most rows of a proposal have no pattern: this tells them apart without building their items' texts.
     Each row's items are ranked from its end into [B, 3 * max_period]; P repeats three times iff each of
@@ -132,11 +132,11 @@ def periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) ->
     rank = n_items[:, None] - np.cumsum(start, 1, dtype=np.int32) + 1  # [B, W] items at or after each column
     b, c = np.nonzero(start & (rank <= k))
     items = np.full((n_rows, k), -2, np.int64)  # [B, 3 max_period] keys, the last item first
-    items[b, rank[b, c] - 1] = np.where(isd[b, c], NUM, tok[b, c])
+    items[b, rank[b, c] - 1] = np.where(isd[b, c], _NUM, tok[b, c])
     m = int(min(max_period, n_items.max() // 3))
     if m == 0:
         return np.zeros(n_rows, np.int64)
-    isnum = items[:, :m] == NUM  # [B, m]
+    isnum = items[:, :m] == _NUM  # [B, m]
     first_num = np.where(isnum.any(1), np.argmax(isnum, 1), m)  # [B] the newest number item
     ps = np.arange(1, m + 1)  # [m]
     # candidates: the newest item recurs P and 2P items back, a number among the last P, 3P items in all
@@ -162,7 +162,7 @@ def _format(value: int, seen: Sequence[str]) -> str | None:
     return str(value).zfill(width) if padded else str(value)
 
 
-def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32) -> np.ndarray:
+def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32) -> np.ndarray:
     """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern the tail ends in
     (see the module docstring); empty when there is none. `tail`: the request's last tokens (prompt and
     output)."""
@@ -176,7 +176,7 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
     n = len(keys)
     slots: dict[int, tuple[list[str], int | None]] = {}  # slot -> (its texts in the last three periods, step)
     for i in range(p):
-        if keys[n - p + i] == NUM:
+        if keys[n - p + i] == _NUM:
             seen = [text(n - (3 - c) * p + i) for c in range(3)]
             v = [int(t) for t in seen]
             slots[i] = seen, (v[2] - v[1] if v[2] - v[1] == v[1] - v[0] else None)  # None: no constant step
@@ -184,7 +184,7 @@ def counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_per
     k = 0
     while len(out) < budget:
         i, cycle = k % p, k // p + 1
-        if keys[n - p + i] != NUM:
+        if keys[n - p + i] != _NUM:
             if partial and k == 0:
                 return np.zeros(0, np.int64)  # the tail ends inside a number where the pattern has none
             out.append(keys[n - p + i])
@@ -238,10 +238,10 @@ class CountingDrafter:
         batch = self.inner.propose_flat(req_ids, budgets)  # checks ids and budgets
         drafts: list[Draft] | None = None
         asked = [i for i, b in enumerate(budgets) if b > 0]
-        found = periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)  # [len(asked)]
+        found = _periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)  # [len(asked)]
         for i in (i for i, p in zip(asked, found.tolist()) if p):  # rows whose items repeat: count
             rid, b = req_ids[i], budgets[i]
-            toks = counting_draft(self._tail[rid], digits=self.digits, budget=int(b), max_period=self.max_period)
+            toks = _counting_draft(self._tail[rid], digits=self.digits, budget=int(b), max_period=self.max_period)
             if toks.size:
                 drafts = batch.drafts() if drafts is None else drafts
                 drafts[i] = Draft.chain(toks, match_len=int(toks.size))

@@ -16,7 +16,7 @@ its own prompt and its siblings, so drafts from what other problems' rollouts sa
 at a run's first step nothing has finished yet.
 
 Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
-whose weight decay**k falls below MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
+whose weight decay**k falls below _MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
 leaves the window whatever `window` says: against anything newer it weighs nothing, and kept longer its
 weight would underflow to 0.0 (NaN draft probabilities, a save that no longer loads).
 
@@ -44,10 +44,10 @@ from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, 
                                   first_bad, propose_native, token_array, token_error)
 
 
-GLOBAL = "__global__"
+_GLOBAL = "__global__"
 _CROSS = object()
 """The key of the cross-problem index's entries in the window's bookkeeping (never a problem id)."""
-MIN_STEP_WEIGHT = 1e-200
+_MIN_STEP_WEIGHT = 1e-200
 """A finished step whose decay**age is below this is evicted (see the module docstring). With live_weight
 in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
 
@@ -132,7 +132,7 @@ class DraftStore:
 
     def _shard_key(self, problem_id: Hashable | None, prompt: np.ndarray) -> Hashable:
         if self.config.mode == "global":
-            return GLOBAL
+            return _GLOBAL
         return problem_key(prompt) if problem_id is None else problem_id
 
     def _tokens(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
@@ -364,7 +364,7 @@ class DraftStore:
         self._current = []
         window, decay = self.config.window, self.config.decay
         while self._steps and ((window and len(self._steps) > window)
-                               or decay ** len(self._steps) < MIN_STEP_WEIGHT):  # the oldest's weight
+                               or decay ** len(self._steps) < _MIN_STEP_WEIGHT):  # the oldest's weight
             for shard, sid in self._steps.popleft():
                 self._drop(shard, sid)
         self.step += 1

@@ -76,7 +76,7 @@ def first_bad(arr: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
     return _core.first_out_of_range(arr, limit) if arr.size else -1
 
 
-def as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
+def _as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
     """int32 C-contiguous array of token ids in [0, vocab_size or 2^31), or a clear error naming the value."""
     arr = token_array(tokens, what=what)
     bad = first_bad(arr, TOKEN_LIMIT if vocab_size is None else vocab_size)
@@ -112,14 +112,14 @@ class SuffixIndex:
             raise ValueError(f"sequence id must be an int in [0, 2^63), got {seq_id!r}")
         if int(seq_id) in self._ix:
             raise KeyError(f"sequence id {seq_id!r} is already indexed")
-        self._ix.add(int(seq_id), as_tokens(tokens), _check_weight(weight))
+        self._ix.add(int(seq_id), _as_tokens(tokens), _check_weight(weight))
 
     def add_unchecked(self, seq_id: int, tokens: np.ndarray, weight: float) -> None:
         """add() for a caller that has validated the id (new, >= 0), the tokens and the weight."""
         self._ix.add(seq_id, tokens, weight)
 
     def append(self, seq_id: int, tokens: Sequence[int] | np.ndarray) -> None:
-        arr = as_tokens(tokens)
+        arr = _as_tokens(tokens)
         self._ix.append(self._known(seq_id), arr)
 
     def remove(self, seq_id: int) -> None:
@@ -159,7 +159,7 @@ class SuffixIndex:
     def propose(self, context: Sequence[int] | np.ndarray, budget: int, params: DraftParams = DraftParams()) -> Draft:
         """Stateless: match the tail of `context` and draft up to `budget` tokens."""
         toks, parents, probs, m = self._ix.propose(
-            as_tokens(context, what="context"), _check_budget(budget), params.max_match, params.min_prob, params.branching)
+            _as_tokens(context, what="context"), _check_budget(budget), params.max_match, params.min_prob, params.branching)
         return Draft(toks, parents, probs, int(m))
 
     def cursor(self, max_match: int = DraftParams.max_match, seq_id: int | None = None) -> "Cursor":
@@ -190,7 +190,7 @@ class Cursor:
         [0, limit) and all were appended, else the first bad position (nothing changed)."""
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
-        self._c.extend(as_tokens(tokens))
+        self._c.extend(_as_tokens(tokens))
 
     def add_source(self, index: SuffixIndex, seq_id: int | None = None) -> None:
         """Draft also from `index`; with `seq_id` (a sequence of `index` holding this cursor's context so
@@ -245,7 +245,7 @@ def best_continuation_batch(cursors: Sequence[Cursor], targets: np.ndarray, offs
     occurrence of the cursor's longest match in one of its sources (its index and its added sources, each
     matched on its own): the best continuation any draft from those matches could hold. The lab's oracle
     bound (dasrl_lab.sim.oracle), not a drafter."""
-    return _core.best_continuation_batch([c._c for c in cursors], as_tokens(targets, what="targets"), offsets)
+    return _core.best_continuation_batch([c._c for c in cursors], _as_tokens(targets, what="targets"), offsets)
 
 
 def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-ATTN_NAME = "dasrl_gqa"
+_ATTN_NAME = "dasrl_gqa"
 """Name the attention function is registered under in transformers' AttentionInterface."""
 
 
@@ -31,10 +31,10 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.reshape(b, kv_heads, (h // kv_heads) * n, d)
 
 
-def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
+def _packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
                      scaling: float | None) -> torch.Tensor:
     """Attention of packed queries [1, H, N, D] over per-row caches key/value [rows, Hkv, cap, D] (the new
-    tokens' K/V already written), as `layout` (a packing.PackedLayout) says; returns [1, N, H, D]."""
+    tokens' K/V already written), as `layout` (a packing._PackedLayout) says; returns [1, N, H, D]."""
     _, heads, n, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -150,10 +150,10 @@ def require_engine_thread(module: torch.nn.Module) -> None:
             f"around them")
 
 
-def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def _engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs) -> tuple[torch.Tensor, None]:
-    """The engine's attention: every forward is packed (`dasrl_packed=` a packing.PackedLayout). There is
+    """The engine's attention: every forward is packed (`dasrl_packed=` a packing._PackedLayout). There is
     no fallback: without the layout the cache holds every row's slots and no mask says which a query may
     see, so any attention computed here would be wrong -- and equally wrong in plain and speculative runs,
     which no equality test would notice."""
@@ -167,15 +167,15 @@ def engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if unknown:
         raise NotImplementedError(f"{type(module).__name__} asks attention for {unknown}, which the engine's "
                                   f"packed attention does not implement")
-    return packed_attention(query, key, value, layout, scaling), None
+    return _packed_attention(query, key, value, layout, scaling), None
 
 
 def register() -> str:
     """Register the engine's attention with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, engine_attention)
-    return ATTN_NAME
+    AttentionInterface.register(_ATTN_NAME, _engine_attention)
+    return _ATTN_NAME
 
 
 @contextlib.contextmanager

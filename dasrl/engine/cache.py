@@ -21,7 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from dasrl.engine.compat import LayerCompat
 
 
-class RowLayer(LayerCompat, CacheLayerMixin):
+class _RowLayer(LayerCompat, CacheLayerMixin):
     """One layer's K/V: per-row writes at engine-chosen slots."""
 
     is_compileable = False
@@ -60,7 +60,7 @@ class RowCache(Cache):
     def __init__(self, *, num_layers: int, rows: int, kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         shape = (rows, kv_heads, capacity, head_dim)
-        layers = [RowLayer(self, torch.zeros(shape, dtype=dtype, device=device),
+        layers = [_RowLayer(self, torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
         super().__init__(layers=layers)
         self.lengths = np.zeros(rows, dtype=np.int64)

@@ -26,7 +26,7 @@ import inspect
 
 import torch
 
-CACHE_KEYWORDS = ("cache", "past_key_values")
+_CACHE_KEYWORDS = ("cache", "past_key_values")
 """The KV cache keyword, newest first: `cache` (transformers >= 5.24), `past_key_values` (5.x before)."""
 
 
@@ -39,10 +39,10 @@ def cache_keyword(module: torch.nn.Module) -> str:
     (transformers' decorators keep it: functools.wraps). A forward that names neither known keyword is
     refused: passing the cache under a name it does not declare would hand it to attention unused."""
     params = inspect.signature(module.forward).parameters
-    for name in CACHE_KEYWORDS:
+    for name in _CACHE_KEYWORDS:
         if name in params:
             return name
-    raise CacheKeywordMissing(f"{type(module).__name__}.forward takes none of {list(CACHE_KEYWORDS)} (its "
+    raise CacheKeywordMissing(f"{type(module).__name__}.forward takes none of {list(_CACHE_KEYWORDS)} (its "
                               f"parameters: {list(params)}): the engine cannot hand it its KV cache")
 
 

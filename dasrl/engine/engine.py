@@ -198,7 +198,7 @@ class SpecEngine:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
         self.attn_name = register()
         self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
-        """Packed layouts' first-token view bucket (0: the batch's longest row; packing.pack)."""
+        """Packed layouts' first-token view bucket (0: the batch's longest row; packing._pack)."""
         self._bound: tuple | None = None  # the model's shape as the last bind() saw it
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)

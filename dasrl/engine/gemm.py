@@ -77,12 +77,12 @@ def padded(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, padding: 
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: RowPadding) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: RowPadding) -> torch.Tensor:
     """F.linear(x, weight, bias) with the rows of x [..., K] padded as `padding` says (CPU only)."""
     return padded(lambda t: F.linear(t, weight, bias), x, padding)
 
 
-ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 """Row counts at which LinearKernels times both kernels; a row count uses the choice of the largest bucket
 at or below it (the kernels' costs change in steps: MKL at 1-3 / 4-7 / 8-15 / 16+ rows here)."""
 
@@ -133,12 +133,12 @@ class LinearKernels:
     context opens, starts a new epoch, and a weight is reordered again at its first oneDNN product in the
     epoch (a layer the row counts never send to oneDNN is never copied). The cost is one pass over the
     weights per generate() (docs/engine.md "Weights the trainer changed"); in an RL loop every weight
-    changes between two calls anyway. Per weight shape, both kernels are timed at ROW_BUCKETS (medians of
+    changes between two calls anyway. Per weight shape, both kernels are timed at _ROW_BUCKETS (medians of
     `repeats`) the first time this process sees that shape at that thread count. The two kernels differ in
     the last bits of a row, as any change of M already does with MKL; plain and speculative decoding use
     the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
 
-    def __init__(self, *, repeats: int = 3, buckets: tuple[int, ...] = ROW_BUCKETS) -> None:
+    def __init__(self, *, repeats: int = 3, buckets: tuple[int, ...] = _ROW_BUCKETS) -> None:
         self.buckets = np.asarray(buckets, np.int64)  # [K] ascending
         self.repeats = repeats
         self.choice: dict[int, np.ndarray] = {}  # id(module) -> [K] bool (True = oneDNN), this epoch's modules
@@ -204,7 +204,7 @@ def _engine_linear(m: torch.nn.Linear, padding: RowPadding,
     def forward(x: torch.Tensor) -> torch.Tensor:
         require_engine_thread(m)
         if kernels is None:
-            return linear(x, m.weight, m.bias, padding)
+            return _linear(x, m.weight, m.bias, padding)
         return padded(lambda t: kernels.linear(m, t), x, padding)
     return forward
 

@@ -4,7 +4,7 @@ The engine hands its packed layout to attention as a keyword argument (`dasrl_pa
 layer must pass on, and implements full causal attention only. A model that breaks either would not fail:
 its plain and speculative outputs would be equally wrong, and no equality test would notice. So a model is
 refused, with the model type named, when its config declares something else (`unsupported_reason`), or
-when a tiny packed forward's logits differ from the model's own (`probe_error`).
+when a tiny packed forward's logits differ from the model's own (`_probe_error`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dasrl.engine.attention import eval_mode
 from dasrl.engine.cache import RowCache
 from dasrl.engine.packing import pack_drafts, pack_prompts
 
-TOLERANCE = {torch.float32: 1e-4}
-"""Largest probe error (relative to the largest logit) per dtype; half precision: HALF_TOLERANCE. Measured
+_TOLERANCE = {torch.float32: 1e-4}
+"""Largest probe error (relative to the largest logit) per dtype; half precision: _HALF_TOLERANCE. Measured
 on random models: fp32 1e-7 to 6e-7, bf16 2e-3 (2 layers) to 8e-3 (8 layers); without the causal mask
 among a row's new tokens, 0.25 to 0.93."""
-HALF_TOLERANCE = 5e-2
+_HALF_TOLERANCE = 5e-2
 
 
 class UnsupportedModel(ValueError):
@@ -48,13 +48,13 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 
 def check_packed_forward(engine) -> None:
-    """Refuse the engine's model, naming its type, if `probe_error` fails or exceeds the tolerance."""
+    """Refuse the engine's model, naming its type, if `_probe_error` fails or exceeds the tolerance."""
     try:
-        err = probe_error(engine)
+        err = _probe_error(engine)
     except Exception as e:
         raise UnsupportedModel(f"SpecEngine does not support model type {engine.model_type!r}: its packed "
                                f"forward fails ({type(e).__name__}: {e})") from e
-    tol = TOLERANCE.get(engine.lm_head.weight.dtype, HALF_TOLERANCE)
+    tol = _TOLERANCE.get(engine.lm_head.weight.dtype, _HALF_TOLERANCE)
     if not err <= tol:
         raise UnsupportedModel(
             f"SpecEngine does not support model type {engine.model_type!r}: its packed forward's logits differ "
@@ -62,7 +62,7 @@ def check_packed_forward(engine) -> None:
             f"not pass dasrl_packed= through to attention, or attend in a way the engine does not implement")
 
 
-def probe_error(engine) -> float:
+def _probe_error(engine) -> float:
     """A packed prefill of two rows of different lengths, then a step with a 2-token draft in one row (the
     engine's own forward path), against the model's own forward (its attention as loaded, no cache) at every
     position: the largest logit difference, relative to the largest reference logit (at least 1)."""

@@ -6,13 +6,13 @@ row's cache plus its own ancestors among the new tokens (itself included): a cau
 prompt or a chain draft, the tree's root path for a tree draft. The linear layers run on [1, N] tokens
 (N = sum of q_b), so a forward costs c_base + c_tok * N, the cost model of the paper and of vLLM.
 
-Attention is computed per row over its own cache (`packed_attention` in attention.py) in two groups:
+Attention is computed per row over its own cache (`_packed_attention` in attention.py) in two groups:
 
 - every row's first token, one query per row, against the live rows' cache as it lies (no copy);
 - the other tokens of the rows with q_b > 1, gathered [R, q_max - 1] (padding only among those rows),
   against those R rows' cache.
 
-Batch-invariant layouts (`pack(..., bucket=W)`, EngineConfig.batch_invariant) give every token an
+Batch-invariant layouts (`_pack(..., bucket=W)`, EngineConfig.batch_invariant) give every token an
 attention call whose shapes depend on that token alone: one query over its own slot + 1 rounded up to a
 multiple of W (first tokens grouped by that view across rows, a row's other tokens by it within the row),
 so a token's result is what it would be as a first token, in any batch (docs/sampling.md "Batch invariance").
@@ -33,8 +33,8 @@ slots (512 cost 5-29% more per forward: docs/sampling.md "Batch invariance")."""
 
 
 @dataclass(frozen=True)
-class PackedLayout:
-    """Where each packed token goes and what it sees (built by `pack`; read by the cache and attention)."""
+class _PackedLayout:
+    """Where each packed token goes and what it sees (built by `_pack`; read by the cache and attention)."""
 
     rows: torch.Tensor
     """[N] int64: the row of each packed token."""
@@ -70,11 +70,11 @@ class PackedLayout:
     def tokens(self) -> int:
         return int(self.rows.shape[0])
 
-    def to(self, device: torch.device | str) -> "PackedLayout":
+    def to(self, device: torch.device | str) -> "_PackedLayout":
         """The layout on `device` (itself when it is there already: no copy on CPU)."""
         if self.rows.device == torch.device(device):
             return self
-        return PackedLayout(**{f: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        return _PackedLayout(**{f: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                                for f in self.__dataclass_fields__ for v in (getattr(self, f),)})
 
 
@@ -86,7 +86,7 @@ class PackedInputs:
     """[1, N] int64: the packed input tokens."""
     positions: torch.Tensor
     """[1, N] int64: rotary positions (L_b + depth in the row's tree)."""
-    layout: PackedLayout
+    layout: _PackedLayout
     starts: np.ndarray
     """[B+1] int64: row b's tokens are packed [starts[b], starts[b+1])."""
     depth: np.ndarray
@@ -150,7 +150,7 @@ def _more_views(lengths: np.ndarray, extra: np.ndarray, bucket: int) -> tuple[tu
     return tuple(out)
 
 
-def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, more_offsets: np.ndarray,
+def _pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, more_offsets: np.ndarray,
          more_parents: np.ndarray, bucket: int = 0) -> PackedInputs:
     """Pack one forward. Row b feeds first_ids[b], then more_ids[more_offsets[b]:more_offsets[b+1]]
     whose parents (indices into that segment, -1 = the first token) are more_parents (same slice).
@@ -209,7 +209,7 @@ def pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, mo
     mask1 = np.arange(s1)[None, :] <= lengths[:, None]  # [B, S1]
     view = max(view, s1, s2 if r else 0)
     positions = lengths[row_of] + depth  # [N]
-    layout = PackedLayout(
+    layout = _PackedLayout(
         rows=torch.as_tensor(row_of), slots=torch.as_tensor(lengths[row_of] + local),
         first=torch.as_tensor(starts[:-1].copy()), first_mask=torch.as_tensor(mask1)[:, None, None, :],
         more_rows=torch.as_tensor(more_rows), more_index=torch.as_tensor(more_index),
@@ -230,11 +230,11 @@ def pack_prompts(prompts: list[list[int]], *, bucket: int = 0) -> PackedInputs:
     offsets = np.zeros(len(prompts) + 1, np.int64)
     np.cumsum(lens - 1, out=offsets[1:])
     parents = np.concatenate([np.arange(-1, k - 1) for k in lens - 1]) if len(more) else np.zeros(0, np.int64)
-    return pack(first_ids=np.array([p[0] for p in prompts], np.int64), lengths=np.zeros(len(prompts), np.int64),
+    return _pack(first_ids=np.array([p[0] for p in prompts], np.int64), lengths=np.zeros(len(prompts), np.int64),
                 more_ids=more, more_offsets=offsets, more_parents=parents, bucket=bucket)
 
 
 def pack_drafts(*, pending: np.ndarray, lengths: np.ndarray, drafts: DraftBatch, bucket: int = 0) -> PackedInputs:
     """A decoding step: each row's pending token, then its draft nodes (chain or tree)."""
-    return pack(first_ids=pending, lengths=lengths, more_ids=drafts.tokens, more_offsets=drafts.offsets,
+    return _pack(first_ids=pending, lengths=lengths, more_ids=drafts.tokens, more_offsets=drafts.offsets,
                 more_parents=drafts.parents, bucket=bucket)

@@ -40,14 +40,14 @@ _BLOCK_STREAM = np.uint64(0xA24BAED4963EE407)
 _TOKEN_STREAM = np.uint64(0x9FB21C651E98DF25)
 _TOP_P_NATS = (8.0, 10.5)
 """top-p looks for its cut among the tokens within this many nats (tempered) of the best first."""
-BLOCK = 256
+_BLOCK = 256
 """Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
-MIN_TEMPERATURE = 1e-5
+_MIN_TEMPERATURE = 1e-5
 """Smallest temperature > 0 accepted (vLLM's greedy threshold); below it the draw is argmax in all but
 ties, and the old sampler's 1/T gave NaN log-probs at 5e-324."""
 
 
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+_LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 """vLLM's `logprobs_mode` names for the log-probabilities we can return exactly (vLLM's *_logits modes,
 which return logits in place of log-probabilities, are not offered)."""
 
@@ -75,8 +75,8 @@ class SamplingParams:
         t, k, p = self.temperature, self.top_k, self.top_p
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if 0 < t < MIN_TEMPERATURE:  # refused, not turned greedy: greedy logprobs mean another thing
-            raise ValueError(f"temperature {t!r} is below {MIN_TEMPERATURE} (numerically argmax, and 1/T "
+        if 0 < t < _MIN_TEMPERATURE:  # refused, not turned greedy: greedy logprobs mean another thing
+            raise ValueError(f"temperature {t!r} is below {_MIN_TEMPERATURE} (numerically argmax, and 1/T "
                              f"overflows near 5e-324): use 0 for greedy decoding")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < -1:
             raise ValueError(f"top_k must be an int >= 0 (0 or -1 = off), got {k!r}")
@@ -84,8 +84,8 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}; got "
+        if self.logprobs_mode not in _LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(_LOGPROBS_MODES)}; got "
                              f"{self.logprobs_mode!r}")
 
     @property
@@ -117,14 +117,14 @@ def _gumbel(keys: np.ndarray, index: np.ndarray, stream: np.uint64) -> np.ndarra
     return -np.log(-np.log(u))
 
 
-def token_noise(seeds: np.ndarray, positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+def _token_noise(seeds: np.ndarray, positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     """[n, m] float64: the Gumbel noise G(seed, position, token) of the in-block race, for tokens [n, m]."""
     return _gumbel(_key(seeds, positions, _RACE), token_ids, _TOKEN_STREAM)
 
 
 # ---------------------------------------------------------------------------------- the kept set
 @dataclass(frozen=True)
-class Kept:
+class _Kept:
     """A batch's filtered distribution: weights ∝ the sampling probabilities, and the kept set's bounds."""
 
     weights: torch.Tensor | None
@@ -142,16 +142,16 @@ class Kept:
 
 def _block_sums(w: torch.Tensor) -> torch.Tensor:
     n, vocab = w.shape
-    full = vocab // BLOCK
-    parts = [w[:, : full * BLOCK].reshape(n, full, BLOCK).sum(-1)] if full else []  # [n, full]
-    if vocab % BLOCK:
-        parts.append(w[:, full * BLOCK :].sum(-1, keepdim=True))  # [n, 1]
+    full = vocab // _BLOCK
+    parts = [w[:, : full * _BLOCK].reshape(n, full, _BLOCK).sum(-1)] if full else []  # [n, full]
+    if vocab % _BLOCK:
+        parts.append(w[:, full * _BLOCK :].sum(-1, keepdim=True))  # [n, 1]
     return torch.cat(parts, dim=1).double()
 
 
-def kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True) -> Kept:
+def _kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True) -> _Kept:
     """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0); with
-    weights=False the masked [n, V] weights are not built (Kept.weights is None)."""
+    weights=False the masked [n, V] weights are not built (_Kept.weights is None)."""
     n, vocab = logits.shape
     top_p_cpu = params.top_p < 1.0 and logits.device.type == "cpu" and logits.dtype != torch.float64
     blocks = _Blocks(logits) if params.top_p < 1.0 and not top_p_cpu else None
@@ -179,7 +179,7 @@ def kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True) 
             mass = blocks.kept_mass(w, floor)
         if weights:
             w = w.masked_fill_(logits < floor, 0.0)
-    return Kept(weights=w.double() if weights else None, lmax=lmax, floor=floor, block_mass=mass,
+    return _Kept(weights=w.double() if weights else None, lmax=lmax, floor=floor, block_mass=mass,
                 total=mass.sum(-1))
 
 
@@ -221,10 +221,10 @@ class _Blocks:
 
     def __init__(self, logits: torch.Tensor) -> None:
         n, vocab = logits.shape
-        self.logits, self.full = logits, vocab // BLOCK
-        self.lb = logits[:, : self.full * BLOCK].reshape(n * self.full, BLOCK)  # [n * full, BLOCK]
+        self.logits, self.full = logits, vocab // _BLOCK
+        self.lb = logits[:, : self.full * _BLOCK].reshape(n * self.full, _BLOCK)  # [n * full, BLOCK]
         self.bmax = self.lb.amax(dim=-1).view(n, self.full)  # [n, full]
-        self.lmax = logits.amax(dim=-1, keepdim=True) if vocab % BLOCK or not self.full else \
+        self.lmax = logits.amax(dim=-1, keepdim=True) if vocab % _BLOCK or not self.full else \
             self.bmax.amax(dim=-1, keepdim=True)  # [n, 1] the row's largest logit
 
     def kept_mass(self, w: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
@@ -235,14 +235,14 @@ class _Blocks:
         """
         n, vocab = w.shape
         full = self.full
-        mass = torch.zeros(n, -(-vocab // BLOCK), dtype=torch.float64, device=w.device)  # [n, nb]
+        mass = torch.zeros(n, -(-vocab // _BLOCK), dtype=torch.float64, device=w.device)  # [n, nb]
         if full:
             r, b = torch.nonzero(self.bmax >= floor, as_tuple=True)  # [K] blocks holding a kept token
             flat = r * full + b  # [K]
-            wb = w[:, : full * BLOCK].reshape(n * full, BLOCK).index_select(0, flat)  # [K, BLOCK]
+            wb = w[:, : full * _BLOCK].reshape(n * full, _BLOCK).index_select(0, flat)  # [K, BLOCK]
             mass[r, b] = wb.masked_fill_(self.lb.index_select(0, flat) < floor[r], 0.0).sum(-1).double()
-        if vocab % BLOCK:
-            tail = w[:, full * BLOCK :].masked_fill(self.logits[:, full * BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
+        if vocab % _BLOCK:
+            tail = w[:, full * _BLOCK :].masked_fill(self.logits[:, full * _BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
             mass[:, full] = tail.sum(-1).double()
         return mass
 
@@ -252,10 +252,10 @@ class _Blocks:
         kr, b = torch.nonzero((self.bmax if whole else self.bmax[rows]) >= thr, as_tuple=True)  # [K] blocks
         sub = self.lb.index_select(0, rows[kr] * self.full + b)  # [K, BLOCK]
         k, j = torch.nonzero(sub >= thr[kr], as_tuple=True)  # [N] within [K, BLOCK]
-        r, col = kr[k], b[k] * BLOCK + j
-        if self.logits.shape[1] % BLOCK:  # the short last block
-            tr, tj = torch.nonzero(self.logits[rows, self.full * BLOCK :] >= thr, as_tuple=True)
-            r, col = torch.cat([r, tr]), torch.cat([col, tj + self.full * BLOCK])
+        r, col = kr[k], b[k] * _BLOCK + j
+        if self.logits.shape[1] % _BLOCK:  # the short last block
+            tr, tj = torch.nonzero(self.logits[rows, self.full * _BLOCK :] >= thr, as_tuple=True)
+            r, col = torch.cat([r, tr]), torch.cat([col, tj + self.full * _BLOCK])
         return r, col
 
 
@@ -288,16 +288,16 @@ def _cut_among(lv: torch.Tensor, mv: torch.Tensor, r: torch.Tensor, m: int,
 
 
 # ---------------------------------------------------------------------------------- top-p on the CPU
-SUB = 64
+_SUB = 64
 """Token ids per sub-block of the CPU top-p candidate search (speed only: no draw depends on it)."""
 
 
 def _sub_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([n, V // SUB] the largest logit of each SUB ids, [n, 1] the row's largest logit)."""
     n, vocab = logits.shape
-    m = vocab // SUB
-    smax = logits[:, : m * SUB].unflatten(1, (m, SUB)).amax(dim=-1)  # [n, m]
-    lmax = smax.amax(dim=-1, keepdim=True) if m and not vocab % SUB else logits.amax(dim=-1, keepdim=True)
+    m = vocab // _SUB
+    smax = logits[:, : m * _SUB].unflatten(1, (m, _SUB)).amax(dim=-1)  # [n, m]
+    lmax = smax.amax(dim=-1, keepdim=True) if m and not vocab % _SUB else logits.amax(dim=-1, keepdim=True)
     return smax, lmax
 
 
@@ -320,7 +320,7 @@ def _top_p_cpu(logits: torch.Tensor, lmax: torch.Tensor, smax: torch.Tensor, w: 
     among them) with zeros elsewhere, the very values kept_mass sums, and summed by torch's own reduction
     (the same [K, BLOCK] contiguous sum as _block_sums); and the torch calls' fixed cost is gone."""
     n, vocab = logits.shape
-    ms, full = smax.shape[1], vocab // BLOCK
+    ms, full = smax.shape[1], vocab // _BLOCK
     lg = logits.detach().float().numpy()  # [n, V] float32 (a view for float32 logits; bf16 values are exact)
     wn = w.detach().numpy()  # [n, V] float32
     tot = total.numpy()  # [n] float64
@@ -329,7 +329,7 @@ def _top_p_cpu(logits: torch.Tensor, lmax: torch.Tensor, smax: torch.Tensor, w: 
     if not np.isfinite(top).all():  # NaN or +inf: no distribution to cut (the torch path fails on an index)
         i = int(np.flatnonzero(~np.isfinite(top))[0])
         raise ValueError(f"logits row {i} is not finite (largest logit {top[i]}): top-p needs finite logits")
-    ls = lg[:, : ms * SUB].reshape(n, ms, SUB)  # [n, ms, SUB] (a view)
+    ls = lg[:, : ms * _SUB].reshape(n, ms, _SUB)  # [n, ms, SUB] (a view)
     cut = np.empty(n, np.float32)
     rows = np.arange(n)  # the rows still looking for their cut
     prefix = np.zeros(n)  # [n] float64: each row's prefix sum over its earlier windows
@@ -343,12 +343,12 @@ def _top_p_cpu(logits: torch.Tensor, lmax: torch.Tensor, smax: torch.Tensor, w: 
         if stage:
             band &= sub < upper[rows][kr, None]
         i = np.flatnonzero(band)  # [N]
-        k = i // SUB
-        r, col, lv = kr[k], b[k] * SUB + i % SUB, sub.ravel()[i]  # [N] r indexes `rows`
-        if vocab % SUB:  # the short last sub-block
-            tl = lg[rows, ms * SUB :]  # [m, V % SUB]
+        k = i // _SUB
+        r, col, lv = kr[k], b[k] * _SUB + i % _SUB, sub.ravel()[i]  # [N] r indexes `rows`
+        if vocab % _SUB:  # the short last sub-block
+            tl = lg[rows, ms * _SUB :]  # [m, V % SUB]
             tr, tj = np.nonzero((tl >= t[:, None]) & (tl < upper[rows, None]))
-            r, col, lv = (np.concatenate([r, tr]), np.concatenate([col, tj + ms * SUB]),
+            r, col, lv = (np.concatenate([r, tr]), np.concatenate([col, tj + ms * _SUB]),
                           np.concatenate([lv, tl[tr, tj]]))
         at = rows[r]
         wv = wn[at, col]
@@ -376,20 +376,20 @@ def _top_p_cpu(logits: torch.Tensor, lmax: torch.Tensor, smax: torch.Tensor, w: 
         at = sure_rows[r]
         found = [tuple(a[~redo[f[0]]] for a in f) for f in found] + [(at, col, lg[at, col], wn[at, col])]
     at, col, lv, wv = (np.concatenate(a) for a in zip(*found))
-    keep = (lv >= fl[at]) & (col < full * BLOCK)  # the kept set (it lies among the candidates), whole blocks
+    keep = (lv >= fl[at]) & (col < full * _BLOCK)  # the kept set (it lies among the candidates), whole blocks
     at, col, wv = at[keep], col[keep], wv[keep]
-    mass = torch.zeros(n, -(-vocab // BLOCK), dtype=torch.float64)  # [n, nb]
+    mass = torch.zeros(n, -(-vocab // _BLOCK), dtype=torch.float64)  # [n, nb]
     if full:
-        blk = at * full + col // BLOCK  # [N] the flat block of each kept token
+        blk = at * full + col // _BLOCK  # [N] the flat block of each kept token
         slot = np.zeros(n * full, np.int64)
         slot[blk] = 1
         flat = np.flatnonzero(slot)  # [K] the blocks holding a kept token, in row-major order
         slot[flat] = np.arange(len(flat))
-        ws = np.zeros((len(flat), BLOCK), np.float32)  # [K, BLOCK]
-        ws[slot[blk], col % BLOCK] = wv
+        ws = np.zeros((len(flat), _BLOCK), np.float32)  # [K, BLOCK]
+        ws[slot[blk], col % _BLOCK] = wv
         mass.numpy()[flat // full, flat % full] = torch.from_numpy(ws).sum(-1).double().numpy()
-    if vocab % BLOCK:
-        tail = w[:, full * BLOCK :].masked_fill(logits[:, full * BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
+    if vocab % _BLOCK:
+        tail = w[:, full * _BLOCK :].masked_fill(logits[:, full * _BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
         mass[:, full] = tail.sum(-1).double()
     return floor, mass
 
@@ -420,12 +420,12 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
     The weights are float32 exponentials normalised in float64; the race's block level reads float32 block
     sums, so it samples this within ~1e-7 relative per token (docs/sampling.md, "Precision")."""
-    w = kept(logits, params).weights
+    w = _kept(logits, params).weights
     return w / w.sum(dim=-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------- the draws
-def _race(logits: torch.Tensor, k: Kept, params: SamplingParams, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _race(logits: torch.Tensor, k: _Kept, params: SamplingParams, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The two-level race over the kept set. Only blocks with mass and kept tokens get noise: the others score
     -inf and never win (a row's best block has mass >= 1, its best token's weight), so each row's first
     maximum is the dense race's (_race_dense), with the same noise: a pure function of (key, index)."""
@@ -437,7 +437,7 @@ def _race(logits: torch.Tensor, k: Kept, params: SamplingParams, keys: np.ndarra
     win = _first_max(score, r, n)
     if win is None:
         return _race_dense(logits, k, params, keys)
-    cols = b[win][:, None] * BLOCK + np.arange(BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
+    cols = b[win][:, None] * _BLOCK + np.arange(_BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
     idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
     l = logits.gather(1, idx).double().cpu().numpy()  # [n, BLOCK]
     # The same float64 scores as the weights were made from, (logit - max) / T, on the kept set (-inf logits
@@ -463,7 +463,7 @@ def _first_max(score: np.ndarray, r: np.ndarray, n: int) -> np.ndarray | None:
     return hit[np.searchsorted(r[hit], np.arange(n))]
 
 
-def _race_dense(logits: torch.Tensor, k: Kept, params: SamplingParams,
+def _race_dense(logits: torch.Tensor, k: _Kept, params: SamplingParams,
                 keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The race over every block and every token of the winning block (non-finite logits only)."""
     n, vocab = logits.shape
@@ -471,7 +471,7 @@ def _race_dense(logits: torch.Tensor, k: Kept, params: SamplingParams,
     nb = mass.shape[1]
     with np.errstate(divide="ignore"):
         blk = (np.log(mass) + _gumbel(keys, np.arange(nb), _BLOCK_STREAM)).argmax(axis=1)  # [n] first max
-    cols = blk[:, None] * BLOCK + np.arange(BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
+    cols = blk[:, None] * _BLOCK + np.arange(_BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
     inside = cols < vocab
     idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
     l = logits.gather(1, idx)  # [n, BLOCK]
@@ -505,7 +505,7 @@ def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
         tokens = torch.argmax(logits, dim=-1)  # [n], first maximum
         logp = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens.cpu().numpy().astype(np.int64), logp.cpu().numpy()
-    k = kept(logits, params, weights=False)  # the race reads only the block masses
+    k = _kept(logits, params, weights=False)  # the race reads only the block masses
     tokens, logp = _race(logits, k, params, _key(seeds, positions, _RACE))
     if params.logprobs_mode == "raw_logprobs":
         at = torch.as_tensor(tokens, device=logits.device)[:, None]

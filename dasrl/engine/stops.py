@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-WINDOW = 64
+_WINDOW = 64
 """Tokens decoded back from a newline: a phrase further back on a longer line is not seen."""
 
 
@@ -25,7 +25,7 @@ class LineStop:
         self._piece: dict[int, str] = {}  # token id -> its text (decoded once per id)
 
     def hit(self, out: Sequence[int]) -> bool:
-        """The newest token holds a newline and the line that newline closes (within the last WINDOW
+        """The newest token holds a newline and the line that newline closes (within the last _WINDOW
         tokens) holds a phrase."""
         tok = out[-1]
         piece = self._piece.get(tok)
@@ -33,6 +33,6 @@ class LineStop:
             piece = self._piece[tok] = self.tokenizer.decode([tok])
         if "\n" not in piece:
             return False
-        text = self.tokenizer.decode(list(out[-WINDOW:]))
+        text = self.tokenizer.decode(list(out[-_WINDOW:]))
         line = text[:len(text) - len(piece) + piece.index("\n")].rsplit("\n", 1)[-1]
         return any(p in line for p in self.phrases)

@@ -53,7 +53,7 @@ def _ray():
     return ray
 
 
-LOOPBACK = "127.0.0.1"
+_LOOPBACK = "127.0.0.1"
 
 
 def is_loopback(host: str) -> bool:
@@ -90,7 +90,7 @@ def init_local(**kwargs) -> None:
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(_node_ip_address=LOOPBACK, **kwargs)
+        ray.init(_node_ip_address=_LOOPBACK, **kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
     node_ip = ray.util.get_node_ip_address()

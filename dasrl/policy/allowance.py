@@ -12,14 +12,14 @@ c_base is paid once per forward and the step lasts as long as its longest rows (
 rows predicted to make that path together carry c_base / m and c_draft / m each (all of them must speed up
 to shorten it, and they draft together); every other row carries c_base / B (length predictions are rough:
 any of the B live rows may turn out to be the last) and the whole c_draft. Each row drafts the d with the
-lowest price (`priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 —
+lowest price (`_priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 —
 speculation stops by itself where drafts stop paying — and in the collapsed tail one row carries the
 whole forward and drafts long.
 
 The critical group: rows whose predicted remaining length (the length history conditioned on the partial
 length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
 for themselves; its size m is raised from 1 until the group no longer grows. A group row drafts only what
-keeps it within H (`pace_draft`), at most its priced d. With `max_tokens` (None by default) the drafts of a
+keeps it within H (`_pace_draft`), at most its priced d. With `max_tokens` (None by default) the drafts of a
 forward are capped and spent critical row first. `trim` then cuts each draft to the prefix with the lowest
 expected price, node i accepted with probability its path probability times a calibration (accepted /
 expected over the verified drafts).
@@ -52,7 +52,7 @@ from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import CLASSES, LengthClassifier, LengthConfig
 
 
-def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
+def _priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
     """Per row, the draft length d in [0, most] with the fewest expected seconds per emitted token,
     (share + row + c_tok * d + [d > 0] * kv) / E(d, p): `share` the part of the forward's fixed cost the
     row carries, `row` its own cost per forward (its token and its KV read), `kv` the extra cost of feeding
@@ -61,7 +61,7 @@ def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
 
 
 class _Prices:
-    """The per-row price table of `priced_draft`, built once and asked for several shares (ForwardAllowance
+    """The per-row price table of `_priced_draft`, built once and asked for several shares (ForwardAllowance
     prices a batch with the native split: the same tables, the same arithmetic)."""
 
     def __init__(self, p, most, *, row, kv, c_tok: float) -> None:
@@ -69,12 +69,12 @@ class _Prices:
         most = np.maximum(_as_shape(np.asarray(most, np.int64), p.shape), 0)
         self.shape = p.shape
         top = int(most.max(initial=0))
-        d, self.drafts, d1 = _lengths(min(top, MAX_PRICED) + 1)  # [D], [1, D] the lengths that draft at all, [1, D] d + 1
+        d, self.drafts, d1 = _lengths(min(top, _MAX_PRICED) + 1)  # [D], [1, D] the lengths that draft at all, [1, D] d + 1
         row, kv = (_as_shape(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
         self.cost = row + c_tok * d[None, :] + kv * self.drafts  # [B, D] seconds per forward, no share
         self.e = _tokens_unit(d[None, :], p[:, None], d1)  # [B, D] expected tokens per forward
         # [B, D] the lengths each row may draft (None: every row all of them)
-        self.allowed = None if not most.size or int(most.min()) >= min(top, MAX_PRICED) else d[None, :] <= most[:, None]
+        self.allowed = None if not most.size or int(most.min()) >= min(top, _MAX_PRICED) else d[None, :] <= most[:, None]
 
     def best(self, share, fixed=0.0) -> np.ndarray:
         """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in
@@ -90,7 +90,7 @@ class _Prices:
         return np.argmin(per_token, axis=1)  # ties: the shorter draft
 
 
-MAX_PRICED = 256
+_MAX_PRICED = 256
 """Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
 
 
@@ -117,14 +117,14 @@ def _as_shape(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x if x.shape == shape else np.broadcast_to(x, shape)
 
 
-def tokens_per_forward(k, p) -> np.ndarray:
+def _tokens_per_forward(k, p) -> np.ndarray:
     """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
     1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
     return _tokens_unit(k, _unit(np.asarray(p, np.float64)))
 
 
 def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
-    """tokens_per_forward of a p already in [0, 1] (k1: k + 1 as float64, when at hand)."""
+    """_tokens_per_forward of a p already in [0, 1] (k1: k + 1 as float64, when at hand)."""
     k = np.asarray(k, np.float64)
     one = p >= 1.0
     if not one.any():  # the usual case: the formula alone
@@ -133,7 +133,7 @@ def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
     return np.where(one, k + 1, geo)
 
 
-def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
+def _pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
     """Per row, the shortest draft (at most `most`) with which its `remaining` tokens take no more than
     `horizon` forwards: a row that finishes within the critical path anyway drafts nothing."""
     remaining, most = np.asarray(remaining, np.float64), np.asarray(most, np.int64)
@@ -154,14 +154,14 @@ def pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
 
 _NONE = np.zeros(0)
 
-CALIB_PRIOR = 4.0
+_CALIB_PRIOR = 4.0
 """Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
 
 
-CLASS_NAMES = ("none", "short", "medium", "long")
+_CLASS_NAMES = ("none", "short", "medium", "long")
 """The length classes a drafting row's spending is logged under (ForwardAllowance keeps each row's as a code,
 an index into this list)."""
-_CLASS_CODE = {c: i for i, c in enumerate(CLASS_NAMES)}
+_CLASS_CODE = {c: i for i, c in enumerate(_CLASS_NAMES)}
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class RowBatch:
 
 class _RowSlots:
     """The allowance's per-row state in arrays, a slot per request key: what the row drafted and had accepted
-    when last folded in (`drafted`, `accepted`) and the class it last drafted under (`cls`, a CLASS_NAMES
+    when last folded in (`drafted`, `accepted`) and the class it last drafted under (`cls`, a _CLASS_NAMES
     code); and its expected length, cached while the length history stays and its length stays within the
     span over which the expectation is constant (`e`, valid up to `e_last` generated tokens at history
     version `e_version`). A key without a slot has (0, 0, "none") and nothing cached."""
@@ -383,7 +383,7 @@ class ForwardAllowance:
         remaining = np.maximum(self._remaining(rows, slots), 1.0)  # [B] predicted tokens still to come
         if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
             best = caps
-            need = pace_draft(remaining, p, horizon=float((remaining / tokens_per_forward(best, p)).max()), most=best)
+            need = _pace_draft(remaining, p, horizon=float((remaining / _tokens_per_forward(best, p)).max()), most=best)
         elif self.nothing_pays(rows, caps, p, remaining):
             self.skipped += 1
             self._prices = None  # no row drafts: no draft of this batch to cut
@@ -393,7 +393,7 @@ class ForwardAllowance:
         if self.max_tokens is None:
             out = np.asarray(need, np.int64)
         else:  # the forward's drafts capped: spent critical row first
-            at_best = remaining / tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
+            at_best = remaining / _tokens_per_forward(best, p)  # [B] forwards each row needs drafting its best
             out, left = np.zeros(len(rows), np.int64), self.max_tokens
             for i in np.argsort(-at_best, kind="stable"):
                 if left <= 0:
@@ -489,15 +489,15 @@ class ForwardAllowance:
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
         # _Prices' tables: E(d) by numpy (its power), the costs in the native split
         pu, most = _unit(p), np.maximum(caps, 0)
-        top = min(int(most.max()), MAX_PRICED)
+        top = min(int(most.max()), _MAX_PRICED)
         d, _, d1 = _lengths(top + 1)
         e = _tokens_unit(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
         # The split, row by row in the native core (dasrl/_core price_split, numpy's arithmetic):
         #   solo = the cheapest draft at share c_base / n (and the whole c_draft); at_solo = remaining / E(solo);
         #   m = 1, then: crit = the cheapest at c_base / m, c_draft / m; horizon = max(remaining / E(crit));
         #   group = at_solo > horizon (1 + 1e-9); until the group's size is at most m, m = that size;
-        #   the group drafts pace_draft(remaining, p, horizon, crit) at share c_base / m, the rest solo.
-        # E(d) is read from the table (tokens_per_forward of the same p and d).
+        #   the group drafts _pace_draft(remaining, p, horizon, crit) at share c_base / m, the rest solo.
+        # E(d) is read from the table (_tokens_per_forward of the same p and d).
         best, need, share, extra, _, _, _ = _core.price_split(
             row, lat.c_tok, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base, lat.c_draft)
         self._prices = (rows.keys, share, row, extra)
@@ -543,7 +543,7 @@ class ForwardAllowance:
             di, ai = d[idx], (rows.accepted - r.accepted[slots])[idx]
             every = len(idx) == len(d)
             keys = rows.keys if every else [rows.keys[i] for i in idx.tolist()]
-            names, spent = CLASS_NAMES, self.spent
+            names, spent = _CLASS_NAMES, self.spent
             for c, x in zip(r.cls[slots[idx]].tolist(), di.tolist()):
                 spent[names[c]] += x
             expected, calib = self._expected, self._calib
@@ -637,7 +637,7 @@ class ForwardAllowance:
         with probability min(path probability x calibration, 1) -- in the native core (dasrl/_core cut_chains,
         numpy's arithmetic). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
         a, x = self._calib
-        calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
+        calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
         priced = where >= 0  # [B]
         at = where if priced.all() else np.where(priced, where, 0)
         share, row, kv = (v[at] for v in self._prices[1:])

@@ -24,10 +24,10 @@ import numpy as np
 
 from dasrl.atomic import read_regular, write_json
 
-MAX_LATENCY_BYTES = 2**20
+_MAX_LATENCY_BYTES = 2**20
 """Largest latency.json read (a few hundred bytes are written)."""
 
-FORMAT = "dasrl.latency/1"
+_FORMAT = "dasrl.latency/1"
 
 
 @dataclass(frozen=True)
@@ -96,14 +96,14 @@ class LatencyModel:
 
     # --- persistence ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": FORMAT, **asdict(self)}
+        return {"format": _FORMAT, **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "latency model") -> "LatencyModel":
         if not isinstance(d, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
-        if d.get("format", FORMAT) != FORMAT:
-            raise ValueError(f"{source}: field 'format' is {d.get('format')!r}, expected {FORMAT!r}")
+        if d.get("format", _FORMAT) != _FORMAT:
+            raise ValueError(f"{source}: field 'format' is {d.get('format')!r}, expected {_FORMAT!r}")
         names = [f.name for f in fields(cls)]
         missing = [k for k in ("c_base", "c_tok") if k not in d]
         if missing:
@@ -128,7 +128,7 @@ class LatencyModel:
         """Read JSON written by save(); a file that is not one (truncated, binary, pickled, wrong types)
         raises one ValueError naming the path (a missing file: the OSError as it is)."""
         path = Path(path)
-        raw = read_regular(path, MAX_LATENCY_BYTES, follow_symlinks=True)  # a FIFO or /dev/zero: ValueError
+        raw = read_regular(path, _MAX_LATENCY_BYTES, follow_symlinks=True)  # a FIFO or /dev/zero: ValueError
         try:
             d = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

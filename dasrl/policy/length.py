@@ -22,7 +22,7 @@ import numpy as np
 CLASSES = ("short", "medium", "long")
 
 
-MAX_LENGTH = 2**20
+_MAX_LENGTH = 2**20
 """Longest length a saved history may hold (1M tokens, past any model's context here). The pooled table's
 size follows the longest length it has seen, so a crafted save's 2**40 would allocate without bound."""
 
@@ -329,13 +329,13 @@ class LengthClassifier:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], list)):
                 raise ValueError(f"length state: problems[{i}] must be [problem_id, [lengths...]], got {entry!r}")
             pid, ls = entry
-            if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= MAX_LENGTH for x in ls):
+            if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= _MAX_LENGTH for x in ls):
                 raise ValueError(f"length state: problems[{i}] (problem {pid!r}) has a length that is not an "
-                                 f"int in [0, {MAX_LENGTH}]")
+                                 f"int in [0, {_MAX_LENGTH}]")
             lengths[pid] = ls[len(ls) - self.config.history:] if len(ls) > self.config.history else list(ls)
         max_len = state.get("max_len", self.max_len)
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 1 <= max_len <= MAX_LENGTH:
-            raise ValueError(f"length state: max_len must be an int in [1, {MAX_LENGTH}], got {max_len!r}")
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or not 1 <= max_len <= _MAX_LENGTH:
+            raise ValueError(f"length state: max_len must be an int in [1, {_MAX_LENGTH}], got {max_len!r}")
         self.max_len = max_len
         keep = list(lengths.items())[-self.config.max_problems:]  # the most recent (a save's order is theirs)
         self._lengths, self._pooled, self._tables, self._thr = dict(keep), _Pooled(), {}, None

@@ -25,7 +25,7 @@ from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
 @dataclass(frozen=True)
-class Group:
+class _Group:
     """The samples of one problem in this step."""
 
     problem_id: Hashable
@@ -34,10 +34,10 @@ class Group:
     """How many requests of this problem the step holds."""
 
 
-class Router(Protocol):
+class _Router(Protocol):
     name: str
 
-    def assign(self, groups: Sequence[Group], workers: Sequence[int]) -> dict[Hashable, int]:
+    def assign(self, groups: Sequence[_Group], workers: Sequence[int]) -> dict[Hashable, int]:
         """Worker id of each problem (every sample of a problem goes to the same worker)."""
 
     def observe(self, problem_id: Hashable, lengths: Sequence[int]) -> None:
@@ -48,7 +48,7 @@ class Router(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-def _check(groups: Sequence[Group], workers: Sequence[int]) -> None:
+def _check(groups: Sequence[_Group], workers: Sequence[int]) -> None:
     if not workers:
         raise ValueError("no live workers to route to")
     seen = set()
@@ -60,7 +60,7 @@ def _check(groups: Sequence[Group], workers: Sequence[int]) -> None:
         seen.add(g.problem_id)
 
 
-class RoundRobinRouter:
+class _RoundRobinRouter:
     """Problems in arrival order to workers in turn (the turn carries over between steps)."""
 
     name = "round_robin"
@@ -68,7 +68,7 @@ class RoundRobinRouter:
     def __init__(self) -> None:
         self._turn = 0
 
-    def assign(self, groups: Sequence[Group], workers: Sequence[int]) -> dict[Hashable, int]:
+    def assign(self, groups: Sequence[_Group], workers: Sequence[int]) -> dict[Hashable, int]:
         _check(groups, workers)
         out = {}
         for g in groups:
@@ -86,7 +86,7 @@ class RoundRobinRouter:
         self._turn = int(state.get("turn", 0))
 
 
-class RandomRouter:
+class _RandomRouter:
     """Each problem to a uniformly random worker (seeded)."""
 
     name = "random"
@@ -94,7 +94,7 @@ class RandomRouter:
     def __init__(self, seed: int = 0) -> None:
         self._rng = np.random.default_rng(seed)
 
-    def assign(self, groups: Sequence[Group], workers: Sequence[int]) -> dict[Hashable, int]:
+    def assign(self, groups: Sequence[_Group], workers: Sequence[int]) -> dict[Hashable, int]:
         _check(groups, workers)
         picks = self._rng.integers(0, len(workers), size=len(groups))
         return {g.problem_id: workers[int(i)] for g, i in zip(groups, picks)}
@@ -110,7 +110,7 @@ class RandomRouter:
             self._rng.bit_generator.state = state["rng"]
 
 
-class LengthAwareRouter:
+class _LengthAwareRouter:
     """Longest-predicted-first onto the worker whose predicted step time grows least (see module doc).
 
     A worker's predicted time is `c_base * E[longest of its samples] + c_tok * E[its tokens]`. Each
@@ -161,7 +161,7 @@ class LengthAwareRouter:
         xs = np.linspace(0.0, top, self.grid + 1)[:-1]  # left edges: P(max > x) over [x, x + dx)
         return xs, top / self.grid, pooled
 
-    def assign(self, groups: Sequence[Group], workers: Sequence[int]) -> dict[Hashable, int]:
+    def assign(self, groups: Sequence[_Group], workers: Sequence[int]) -> dict[Hashable, int]:
         _check(groups, workers)
         xs, dx, pooled = self._grid()
         parts = {g.problem_id: self._log_cdf(g.problem_id, xs, pooled) for g in groups}
@@ -202,21 +202,21 @@ ROUTERS = ("length", "round_robin", "random")
 
 
 def make_router(name: str, *, latency: LatencyModel, max_len: int, seed: int = 0,
-                affinity_slack: float = 1.0) -> Router:
+                affinity_slack: float = 1.0) -> _Router:
     """A router by name: length | round_robin | random."""
     makers = {
-        "length": lambda: LengthAwareRouter(latency=latency, max_len=max_len, affinity_slack=affinity_slack),
-        "round_robin": RoundRobinRouter,
-        "random": lambda: RandomRouter(seed),
+        "length": lambda: _LengthAwareRouter(latency=latency, max_len=max_len, affinity_slack=affinity_slack),
+        "round_robin": _RoundRobinRouter,
+        "random": lambda: _RandomRouter(seed),
     }
     if name not in makers:
         raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTERS)}")
     return makers[name]()
 
 
-def groups_of(problem_ids: Sequence[Hashable]) -> list[Group]:
+def groups_of(problem_ids: Sequence[Hashable]) -> list[_Group]:
     """One Group per distinct problem, in order of first appearance."""
     counts: dict[Hashable, int] = {}
     for pid in problem_ids:
         counts[pid] = counts.get(pid, 0) + 1
-    return [Group(pid, n) for pid, n in counts.items()]
+    return [_Group(pid, n) for pid, n in counts.items()]

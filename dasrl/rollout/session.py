@@ -200,7 +200,7 @@ def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> 
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
-def next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable]) -> list[int]:
+def _next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable]) -> list[int]:
     """Each request's sample index: the next of its problem after those already `drawn` this step (a
     problem -> indices map the caller keeps per step), counted on across this call: {a: {0, 1}}, [a, b, a]
     -> [2, 0, 3]. Does not change `drawn`."""
@@ -214,10 +214,10 @@ def next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable
 
 def sample_indices(drawn: dict[Hashable, set[int]], pids: Sequence[Hashable], given: Sequence[int] | None,
                    step: int) -> list[int]:
-    """Each request's sample index (given, or the next unused of its problem: next_samples), none drawn
+    """Each request's sample index (given, or the next unused of its problem: _next_samples), none drawn
     before in this step (`drawn`) nor twice in this call. Does not change `drawn`."""
     if given is None:
-        return next_samples(drawn, pids)
+        return _next_samples(drawn, pids)
     out = list(given)
     if len(out) != len(pids):
         raise ValueError(f"{len(pids)} prompts but {len(out)} sample indices")

@@ -13,7 +13,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl.drafter.base import DraftBatch
-from dasrl.policy.allowance import CALIB_PRIOR, ClassCaps
+from dasrl.policy.allowance import _CALIB_PRIOR, ClassCaps
 from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import LengthClassifier, LengthConfig
@@ -356,7 +356,7 @@ class RowwiseAllowance:
         if self.latency is None:
             return drafts
         a, x = self._calib
-        calib = (a + CALIB_PRIOR) / (x + CALIB_PRIOR)
+        calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
         q = np.minimum(drafts.probs * calib, 1.0)  # [T] P(node accepted); prefixes of best-first trees are trees
         keep = drafts.lengths.copy()  # [B] nodes each row keeps
         priced = np.array([s.req_id in self._price for s in states], bool) & (keep > 0)  # [B]

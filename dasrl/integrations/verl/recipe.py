@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROUTER_YAML = Path(__file__).with_name("router.yaml")
+_ROUTER_YAML = Path(__file__).with_name("router.yaml")
 """The router plugin config shipped with the package."""
 
 
@@ -45,13 +45,13 @@ class Recipe:
         out = [f"+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={_hydra(spec)}",
                f"+actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={_hydra(extra)}"]
         if self.router:
-            out.append(f"actor_rollout_ref.rollout.router_config_path={ROUTER_YAML}")
+            out.append(f"actor_rollout_ref.rollout.router_config_path={_ROUTER_YAML}")
         return out
 
 
 # The paper's math setting (DAS, arXiv 2511.13841): DeepSeek-R1-Distill-Qwen-7B, GRPO with 16 samples,
 # 16K responses, on the DSR-sub prompts (a parquet of your own conversion; VeRL's data format).
-PAPER_MATH_7B = [
+_PAPER_MATH_7B = [
     "algorithm.adv_estimator=grpo",
     "data.train_files=$HOME/data/dsr_sub/train.parquet",
     "data.val_files=$HOME/data/dsr_sub/test.parquet",
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
     """Print the overrides, one per line (`--paper-math` adds the paper's math setting)."""
     lines = Recipe().overrides()
     if "--paper-math" in argv:
-        lines = PAPER_MATH_7B + lines
+        lines = _PAPER_MATH_7B + lines
     print("\n".join(lines))
 
 

@@ -17,10 +17,10 @@ from dasrl.drafter.config import StoreConfig
 from dasrl.policy.allowance import ClassCaps
 
 POLICIES = ("das", "fixed")
-ON_SEEDED = ("warn", "error", "ignore")
-STORE_KEYS = ("mode", "window", "decay", "cross_problem")
+_ON_SEEDED = ("warn", "error", "ignore")
+_STORE_KEYS = ("mode", "window", "decay", "cross_problem")
 """Flat keys of additional_config["dasrl"] that set StoreConfig's fields of the same name."""
-PARAM_KEYS = ("max_match", "min_prob")
+_PARAM_KEYS = ("max_match", "min_prob")
 """Flat keys that set the store's DraftParams."""
 
 
@@ -79,8 +79,8 @@ class VLLMDrafterConfig:
                              f"{self.step_requests}")
         if self.max_step_requests < 0:
             raise ValueError(f"max_step_requests must be >= 0 (0 = no bound), got {self.max_step_requests}")
-        if self.on_seeded not in ON_SEEDED:
-            raise ValueError(f"unknown on_seeded {self.on_seeded!r}; valid: {', '.join(ON_SEEDED)}")
+        if self.on_seeded not in _ON_SEEDED:
+            raise ValueError(f"unknown on_seeded {self.on_seeded!r}; valid: {', '.join(_ON_SEEDED)}")
         if self.latency_window < 32:
             raise ValueError(f"latency_window must be >= 32 (the fit needs 32 steps), got {self.latency_window}")
 
@@ -94,15 +94,15 @@ class VLLMDrafterConfig:
             return cls()
         if not isinstance(raw, Mapping):
             raise TypeError(f'additional_config["dasrl"] must be a dict, got {type(raw).__name__}: {raw!r}')
-        known = {f.name for f in fields(cls)} - {"store"} | set(STORE_KEYS) | set(PARAM_KEYS)
+        known = {f.name for f in fields(cls)} - {"store"} | set(_STORE_KEYS) | set(_PARAM_KEYS)
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f'unknown key(s) {unknown} in additional_config["dasrl"]; valid keys: '
                              f"{', '.join(sorted(known))}")
-        kw = {k: v for k, v in raw.items() if k not in STORE_KEYS + PARAM_KEYS}
+        kw = {k: v for k, v in raw.items() if k not in _STORE_KEYS + _PARAM_KEYS}
         default = cls.__dataclass_fields__["store"].default
-        params = replace(default.params, **{k: raw[k] for k in PARAM_KEYS if k in raw})
-        kw["store"] = replace(default, params=params, **{k: raw[k] for k in STORE_KEYS if k in raw})
+        params = replace(default.params, **{k: raw[k] for k in _PARAM_KEYS if k in raw})
+        kw["store"] = replace(default, params=params, **{k: raw[k] for k in _STORE_KEYS if k in raw})
         if "caps" in kw:
             caps = kw["caps"]
             if isinstance(caps, (str, bytes)) or not hasattr(caps, "__len__") or len(caps) != 3:

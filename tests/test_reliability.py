@@ -64,17 +64,19 @@ def test_a_closed_store_raises_instead_of_answering_empty(tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    ((1, 1, 0, math.nan), "seconds must be a finite number > 0, got nan"),
-    ((-5, 1, 0, -1.0), "tokens must be an int >= 1, got -5"),
-    ((1, 1, 0, -1.0), "seconds must be a finite number > 0, got -1.0"),
-    ((1, -1, 0, 0.1), "kv_tokens must be an int >= 0, got -1"),
-    ((1, 1, 2, 0.1), "draft_kv_tokens=2 exceeds kv_tokens=1"),
-    ((1.5, 1, 0, 0.1), "tokens must be an int >= 1, got 1.5"),
+    ((1, 1, 0, math.nan, 1), "seconds must be a finite number > 0, got nan"),
+    ((-5, 1, 0, -1.0, 1), "tokens must be an int >= 1, got -5"),
+    ((1, 1, 0, -1.0, 1), "seconds must be a finite number > 0, got -1.0"),
+    ((1, -1, 0, 0.1, 1), "kv_tokens must be an int >= 0, got -1"),
+    ((1, 1, 2, 0.1, 1), "draft_kv_tokens=2 exceeds kv_tokens=1"),
+    ((1.5, 1, 0, 0.1, 1), "tokens must be an int >= 1, got 1.5"),
+    ((1, 1, 0, 0.1, 0), "rows must be an int >= 1, got 0"),
+    ((2, 1, 0, 0.1, 3), "rows=3 exceeds tokens=2"),
 ])
 def test_online_latency_refuses_bad_records(args, msg):
     fit = OnlineLatency(CPU_LATENCY)
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
-        fit.record(*args)
+        fit.record(*args[:4], rows=args[4])
     assert fit.num_samples == 0
 
 

@@ -541,11 +541,11 @@ class FakeTime:
 def test_step_clock_fits_the_line_from_the_time_between_calls():
     now = FakeTime()
     clock = StepClock(PRIOR, window=64, min_samples=32, now=now)
-    clock.tick(10)
+    clock.tick(8, 2)
     for i in range(40):
-        n = 10 + (i % 20)  # the step after this call computes n tokens
+        n = 10 + (i % 20)  # the step after this call computes n tokens: 8 rows and n - 8 draft tokens
         now.t += 0.075 + 0.005 * (10 + ((i - 1) % 20) if i else 10)  # the step just ended: its own tokens
-        clock.tick(n)
+        clock.tick(8, n - 8)
     lat = clock.model()
     assert lat is not None and abs(lat.c_base - 0.075) < 1e-9 and abs(lat.c_tok - 0.005) < 1e-9
 
@@ -580,20 +580,21 @@ def test_step_clock_fits_the_kv_term_and_refits_only_every_so_often():
     same object, so the policy prices with one model between refits, even when the costs change."""
     now = FakeTime()
     clock = StepClock(PRIOR, window=64, min_samples=32, refit_every=16, now=now)
-    clock.tick(10, 1000)
+    clock.tick(8, 2, 1000)
     for i in range(40):
-        n, kv = 10 + i % 7, 1000 + 300 * (i % 5)  # the step after this call
-        prev = clock._pending
-        now.t += 0.040 + 0.002 * prev[1] + 5e-6 * prev[2]
-        clock.tick(n, kv)
+        n, kv = 10 + i % 7, 1000 + 300 * (i % 5)  # the step after this call: 8 rows, n - 8 draft tokens
+        _, rows, drafted, prev_kv = clock._pending
+        now.t += 0.040 + 0.002 * (rows + drafted) + 5e-6 * prev_kv
+        clock.tick(8, n - 8, kv)
     lat = clock.model()
     assert abs(lat.c_base - 0.040) < 1e-9 and abs(lat.c_tok - 0.002) < 1e-9 and abs(lat.c_other - 5e-6) < 1e-12
     for i in range(15):  # the machine got twice as slow: no refit for 15 steps
-        now.t += 2 * (0.040 + 0.002 * clock._pending[1] + 5e-6 * clock._pending[2])
-        clock.tick(12, 1500)
+        _, rows, drafted, prev_kv = clock._pending
+        now.t += 2 * (0.040 + 0.002 * (rows + drafted) + 5e-6 * prev_kv)
+        clock.tick(8, 4, 1500)
         assert clock.model() is lat
     now.t += 0.2
-    clock.tick(12, 1500)  # the 16th: refitted
+    clock.tick(8, 4, 1500)  # the 16th: refitted
     assert clock.model() is not lat
 
 
@@ -604,7 +605,7 @@ def test_the_policy_prices_with_the_clocks_fit():
     (before the fit: the engine's CPU default)."""
     d, b = drafter(policy="das", k=4, caps=[4, 4, 4], latency_floor=True), Batch(width=256)
     now = FakeTime()
-    d.clock = StepClock(PRIOR, window=64, min_samples=32, now=now)
+    d.clock = StepClock(PRIOR, window=64, min_samples=8, now=now)  # 4 steps that drafted price a token
     assert d.latency == CPU_LATENCY
     H = list(range(100, 200))
     b.add("h", P)

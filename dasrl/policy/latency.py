@@ -164,10 +164,14 @@ class OnlineLatency:
     Robust to a shared, noisy machine: a sliding window of the last `window` forwards; each fit drops the
     forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
     core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
-    model). The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards had a
-    drafting row; until then they are the prior's, scaled by fitted c_base / the prior's. Forwards that all
-    fed the same number of tokens, or a fit without positive c_base and c_tok (noise), give the prior
-    scaled to the measured speed instead."""
+    model). The token term is fitted only once `min_samples` // 2 forwards fed more tokens than rows (drafted):
+    a draft's price is the cost of tokens on top of a batch's rows, which forwards of rows alone measure only
+    across batch sizes, on a CPU a staircase in the rows (docs/benchmarks.md "Engine: the kernel per row
+    count") -- on the 1.5B model such a fit put a token at 49 ms against the 21-27 ms its drafting forwards
+    measure, and a session that never drafted never learned otherwise. Until then, or when the forwards all
+    fed the same number of tokens, or a fit leaves c_base or c_tok at 0 (noise), the model is the prior at the
+    measured speed. The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards
+    had a drafting row; until then they are the prior's, scaled by fitted c_base / the prior's."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
                  refit_every: int = 32) -> None:
@@ -177,17 +181,18 @@ class OnlineLatency:
             raise ValueError(f"OnlineLatency needs 4 <= min_samples <= window and refit_every >= 1, got "
                              f"min_samples={min_samples}, window={window}, refit_every={refit_every}")
         self.prior = prior
-        self._samples: deque[tuple[float, float, float, float]] = deque(maxlen=window)  # (n, kv, dkv, s)
+        self._samples: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)  # (n, kv, dkv, s, rows)
         self._min, self._every, self._new = min_samples, refit_every, 0
         self.fitted: LatencyModel | None = None
         """The last trusted fit (None: the prior prices)."""
         self.kept = 0
         """Forwards the last fit kept (the rest were outliers)."""
 
-    def record(self, tokens: int, kv_tokens: int, draft_kv_tokens: int, seconds: float) -> None:
-        """One forward: `tokens` in it, `kv_tokens` context read by its rows, `draft_kv_tokens` by its
-        drafting rows, and its wall seconds."""
-        for name, v, low in (("tokens", tokens, 1), ("kv_tokens", kv_tokens, 0), ("draft_kv_tokens", draft_kv_tokens, 0)):
+    def record(self, tokens: int, kv_tokens: int, draft_kv_tokens: int, seconds: float, *, rows: int) -> None:
+        """One forward: `tokens` in it fed by `rows` rows (tokens > rows: it verified drafts), `kv_tokens` context
+        read by its rows, `draft_kv_tokens` by its drafting rows, and its wall seconds."""
+        for name, v, low in (("tokens", tokens, 1), ("kv_tokens", kv_tokens, 0), ("draft_kv_tokens", draft_kv_tokens, 0),
+                             ("rows", rows, 1)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
                 raise ValueError(f"OnlineLatency.record: {name} must be an int >= {low}, got {v!r}")
         if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds > 0):
@@ -195,7 +200,9 @@ class OnlineLatency:
         if draft_kv_tokens > kv_tokens:
             raise ValueError(f"OnlineLatency.record: draft_kv_tokens={draft_kv_tokens} exceeds kv_tokens={kv_tokens} "
                              f"(the drafting rows' context is part of the whole)")
-        self._samples.append((float(tokens), float(kv_tokens), float(draft_kv_tokens), float(seconds)))
+        if rows > tokens:
+            raise ValueError(f"OnlineLatency.record: rows={rows} exceeds tokens={tokens} (each row feeds one at least)")
+        self._samples.append((float(tokens), float(kv_tokens), float(draft_kv_tokens), float(seconds), float(rows)))
         self._new += 1
 
     @property
@@ -212,14 +219,16 @@ class OnlineLatency:
     def _fit(self) -> LatencyModel | None:
         if len(self._samples) < self._min:
             return None
-        n, kv, dkv, s = (np.array(x) for x in zip(*self._samples))  # [samples] each
-        if np.ptp(n) < 2:  # no spread in tokens (every row alike, nothing drafted): only the scale is known
+        n, kv, dkv, s, rows = (np.array(x) for x in zip(*self._samples))  # [samples] each
+        if np.ptp(n) < 2 or np.count_nonzero(n > rows) < self._min // 2:  # no draft token's cost measured yet
             return self._scaled(n, kv, dkv, s)
         drafts = int(np.count_nonzero(dkv)) >= self._min // 2
         fit = self._solve(n, kv, dkv, s, drafts)
         ratio = s / fit.predict(n, kv, dkv)  # [samples]
         keep = (ratio < 1.5) & (ratio > 1 / 1.5)
         if keep.sum() >= self._min and not keep.all():
+            if np.count_nonzero((n > rows)[keep]) < self._min // 2:  # the drafting forwards were the outliers
+                return self._scaled(n, kv, dkv, s)
             drafts = drafts and int(np.count_nonzero(dkv[keep])) >= self._min // 2
             fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)
         self.kept = int(keep.sum())
@@ -251,7 +260,8 @@ class OnlineLatency:
 
         def on_step(info) -> None:
             if info.step > 0:
-                self.record(info.tokens, info.kv_tokens, info.draft_kv_tokens, info.elapsed_s - last[0])
+                self.record(info.tokens, info.kv_tokens, info.draft_kv_tokens, info.elapsed_s - last[0],
+                            rows=info.batch_size)
                 policy.latency = self.model()
             last[0] = info.elapsed_s
 
@@ -261,7 +271,7 @@ class OnlineLatency:
         """Median |predicted - measured| / measured of the current model over the window (None: empty)."""
         if not self._samples:
             return None
-        n, kv, dkv, s = (np.array(x) for x in zip(*self._samples))
+        n, kv, dkv, s, _ = (np.array(x) for x in zip(*self._samples))
         return float(np.median(np.abs(self.model().predict(n, kv, dkv) - s) / s))
 
     def report(self) -> dict:

@@ -34,18 +34,19 @@ class StepClock:
         self.fit = OnlineLatency(prior, window=window, min_samples=min_samples, refit_every=refit_every)
         """The fit of vLLM's step cost (its report() is the proposer's latency statistics)."""
         self._now = now
-        self._pending: tuple[float, int, int] | None = None
-        """(time of the last call, tokens and kv of the step after it), or None: that step is not recorded."""
+        self._pending: tuple[float, int, int, int] | None = None
+        """(time of the last call, rows, draft tokens and kv of the step after it), or None: not recorded."""
 
-    def tick(self, tokens_next: int | None, kv_next: int = 0) -> None:
+    def tick(self, rows_next: int | None, drafted_next: int = 0, kv_next: int = 0) -> None:
         """A proposer call: closes the step since the last call, opens the next one, whose forward will
-        compute `tokens_next` tokens over rows of `kv_next` context tokens in all (None = unknown: the
-        next step is not recorded)."""
+        compute `rows_next` rows' tokens plus `drafted_next` draft tokens over rows of `kv_next` context
+        tokens in all (rows_next None = unknown: the next step is not recorded)."""
         t = self._now()
         if self._pending is not None:
-            t0, n, kv = self._pending
-            self.fit.record(n, kv, 0, t - t0)  # vLLM's drafting rows read no second KV group: no draft term
-        self._pending = None if tokens_next is None else (t, int(tokens_next), int(kv_next))
+            t0, rows, drafted, kv = self._pending
+            # vLLM's drafting rows read no second KV group: no draft term
+            self.fit.record(rows + drafted, kv, 0, t - t0, rows=rows)
+        self._pending = None if rows_next is None else (t, int(rows_next), int(drafted_next), int(kv_next))
 
     def skip(self) -> None:
         """The step since the last call is not to be recorded (prefill, step boundary)."""

@@ -435,7 +435,7 @@ class BatchDrafter:
         self._feed(req_ids, rows, rs, old, ntok if every else ntok[rows], token_rows)
         caps = self._caps(rows, rs, ntok if every else ntok[rows])  # [R]
         drafted = self._draft(rows, rs, caps, drafts)
-        self.clock.tick(len(rows) + drafted if every else None,  # rows in prefill: the next step's tokens unknown
+        self.clock.tick(len(rows) if every else None, drafted,  # rows in prefill: the next step's tokens unknown
                         int(ntok.sum() if every else ntok[rows].sum()))
         return drafts
 

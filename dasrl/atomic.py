@@ -12,7 +12,7 @@ that is a symlink is written through (the file it points to is replaced, the lin
 not a regular file (a device such as /dev/stdout, a FIFO, a socket), directly or behind a link, is refused:
 renaming over it would replace the node itself, for root even a system one.
 
-Durability. The temporary file is fsync'ed before the rename (else a crash soon after could leave the
+Durability: the temporary file is fsync'ed before the rename (else a crash soon after could leave the
 new name pointing at an empty or partial file on some filesystems) and the folder after it (else the
 rename itself may be lost). Permissions: a new file gets the usual 0o666 minus the umask (the kernel
 applies it, as for open()); a file that already exists keeps its mode.

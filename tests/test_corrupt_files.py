@@ -42,7 +42,8 @@ def _fill(session: RolloutSession, steps: int, pids) -> None:
         session.record(_rollouts(step, pids))
         session.history.append(StepSummary(step=session.step, rollout_s=0.5 + step, upkeep_wait_s=0.0,
                                            forwards=3, row_forwards=9, new_tokens=40,
-                                           batch_curve=[(0.0, 9), (0.25, 3)]))
+                                           batch_curve=[(0.0, 9), (0.25, 3)], worker_s={0: 0.25, 3: 0.5},
+                                           worker_rows={0: 4, 3: 5}, rerun=2, dead=[1]))  # int keys survive JSON
         session.end_step()
     session._join_upkeep()
 
@@ -104,6 +105,8 @@ def test_session_json_truncated_flipped_wrong_typed_pickled(sessions, caller, tm
         {**state, "history": {"0": 1}}, {**state, "history": [[1, 2]]},
         {**state, "history": [{**state["history"][0], "forwards": "many"}]},
         {**state, "history": [{**state["history"][0], "batch_curve": [[0.1]]}]},
+        {**state, "history": [{**state["history"][0], "worker_s": {"w0": 0.1}}]},
+        {**state, "history": [{**state["history"][0], "dead": ["1"]}]},
         {**state, "lengths": [1]}, {**state, "acceptance_rate": {"problems": [[1, "x"]]}},
         {**state, "extra": 1}, {**state, "format": "dasrl-session/9"})]
     bad += [pickle.dumps(state), pickle.dumps(caller.history), b"\x00" * 64, "\ufeff{}".encode()]

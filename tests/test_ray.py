@@ -107,6 +107,8 @@ def test_distributed_equals_local_and_survives_a_killed_worker(cluster, tiny_cha
         assert [(r.problem_id, r.sample, r.seed) for r in got] == [(r.problem_id, r.sample, r.seed) for r in want]
         info = dist.history[-1]
         assert sum(info.worker_rows.values()) == len(prompts)  # each request completed exactly once
+        assert info.new_tokens == sum(len(r.completion_ids) for r in got)  # the shares that came back, summed
+        assert info.row_forwards == sum(r.forwards for r in got) and info.forwards >= len(info.worker_rows)
         if step == 0:
             assert info.rerun == 0 and len(info.worker_rows) == 2
             pids = {r.problem_id for r in got}

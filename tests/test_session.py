@@ -71,7 +71,7 @@ def test_drafter_override_and_record(smollm, chat_prompts):
     assert other.store is None and isinstance(other.drafter, Oracle) and late.store is not None
     got = other.generate(prompts, sampling=sp, max_new_tokens=20)
     assert [x.completion_ids for x in got] == [y.completion_ids for y in ref]
-    assert other.engine.last_run.drafted > other.engine.last_run.accepted > 0  # drafts taken, some refused
+    assert other.history[-1].drafted > other.history[-1].accepted > 0  # drafts taken, some refused
     late.record(ref)  # step 0 taken from the baseline, not generated
     assert late.store.num_tokens > 0 and late.history == []
     for s in (off, other, late):

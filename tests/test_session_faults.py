@@ -15,7 +15,7 @@ import pytest
 
 from dasrl.drafter.store import DraftStore, StoreConfig
 from dasrl.engine.sampling import SamplingParams
-from dasrl.rollout.session import RolloutSession, SessionConfig
+from dasrl.rollout.session import RolloutSession, SessionConfig, StepSummary
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 CONFIG = SessionConfig(counting=False)  # the tiny model has no tokenizer
@@ -125,6 +125,30 @@ def test_stats_waits_for_the_upkeep(tiny_llama):
 
 
 # ------------------------------------------------------------------------------------- history
+def test_the_step_record_sums_the_engines_forwards(tiny_llama):
+    """A session's StepSummary is StepSummary.of(the engine's StepInfo list) plus the session's own fields;
+    add() sums records as a distributed step sums its workers'."""
+    s = _session(tiny_llama, SessionConfig(counting=False, policy="fixed", policy_kw=(("k", 4),)))
+    _step(s)
+    seen = []
+    out = s.generate([PROMPTS[0]] * 2 + [PROMPTS[1]] * 2, max_new_tokens=6, on_step=seen.append)
+    h = s.history[-1]
+    assert s.engine.last_steps == seen and h.forwards == len(seen) and h.step == 1
+    assert h.new_tokens == sum(len(r.completion_ids) for r in out) == sum(i.new_tokens for i in seen)
+    assert (h.drafted, h.accepted, h.row_forwards) == tuple(sum(getattr(r, k) for r in out)
+                                                           for k in ("drafted", "accepted", "forwards"))
+    assert h.drafted > 0  # it drafted from step 0's rollouts: the sums are not all zero
+    assert h.batch_curve == [(i.elapsed_s, i.batch_size) for i in seen]
+    assert h.forward_s == sum(i.forward_s for i in seen) > 0 and h.rollout_s >= seen[-1].elapsed_s
+    assert StepSummary.of(seen, step=1, rollout_s=h.rollout_s) == StepSummary(
+        **{**vars(h), "upkeep_wait_s": 0.0, "upkeep_s": 0.0, "row_forwards": 0, "drafted_by_class": {}})
+    both = StepSummary(step=1, rollout_s=0.0)
+    both.add(h)
+    both.add(h)
+    assert (both.forwards, both.drafted, both.verify_s) == (2 * h.forwards, 2 * h.drafted, 2 * h.verify_s)
+    assert both.drafted_by_class == {k: 2 * v for k, v in h.drafted_by_class.items()}
+
+
 def test_history_is_bounded_and_stats_keep_totals(tiny_llama, tmp_path):
     s = _session(tiny_llama, SessionConfig(counting=False, history=3))
     sums = {"forwards": 0, "new_tokens": 0}

@@ -15,12 +15,12 @@ expected accepted length) wins, ties to the shard. A problem's first visit, whos
 its own prompt and its siblings, so drafts from what other problems' rollouts say, in flight included:
 at a run's first step nothing has finished yet.
 
-Weights: a rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
+Weights. A rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
 whose weight decay**k falls below _MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
 leaves the window whatever `window` says: against anything newer it weighs nothing, and kept longer its
 weight would underflow to 0.0 (NaN draft probabilities, a save that no longer loads).
 
-Shards: a shard exists while it holds a sequence or a live request uses it (created only after a request
+Shards. A shard exists while it holds a sequence or a live request uses it (created only after a request
 passed validation, dropped when its last sequence and last user go), so the shard count is bounded by
 the problems in the window plus those of live requests. Input is validated once, here, at the protocol
 boundary; the native calls behind it are the wrapper's unchecked fast paths.

@@ -13,7 +13,7 @@ from dasrl._extras import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "RowCache": "dasrl.engine.cache",
-    **dict.fromkeys(["Completion", "EngineConfig", "EngineStepError", "RunStats", "SpecEngine", "StepInfo",
+    **dict.fromkeys(["Completion", "EngineConfig", "EngineStepError", "SpecEngine", "StepInfo",
                      "default_threads", "model_lock"], "dasrl.engine.engine"),
     "UnsupportedModel": "dasrl.engine.guards",
     "pack_drafts": "dasrl.engine.packing",
@@ -22,13 +22,13 @@ _EXPORTS = {
     **dict.fromkeys(["Verdict", "accepted_counts", "depths", "verify"], "dasrl.engine.verify"),
 }
 
-__all__ = ["RowCache", "Completion", "EngineConfig", "EngineStepError", "RunStats", "SpecEngine", "StepInfo",
+__all__ = ["RowCache", "Completion", "EngineConfig", "EngineStepError", "SpecEngine", "StepInfo",
            "default_threads", "model_lock", "UnsupportedModel", "pack_drafts", "SamplingParams", "draw",
            "filtered_probs", "LineStop", "Verdict", "accepted_counts", "depths", "verify"]
 
 if TYPE_CHECKING:
     from dasrl.engine.cache import RowCache
-    from dasrl.engine.engine import (Completion, EngineConfig, EngineStepError, RunStats, SpecEngine, StepInfo,
+    from dasrl.engine.engine import (Completion, EngineConfig, EngineStepError, SpecEngine, StepInfo,
                                      default_threads, model_lock)
     from dasrl.engine.guards import UnsupportedModel
     from dasrl.engine.packing import pack_drafts

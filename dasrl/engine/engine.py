@@ -124,32 +124,6 @@ class StepInfo:
     """The same sum over the rows that fed more than one token (their second attention group)."""
 
 
-@dataclass
-class RunStats:
-    """Totals of the last generate() call."""
-
-    steps: int = 0
-    forwards: int = 0
-    new_tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    forward_s: float = 0.0
-    wall_s: float = 0.0
-
-    def add(self, info: StepInfo) -> None:
-        self.steps += 1
-        self.forwards += 1
-        self.new_tokens += info.new_tokens
-        self.drafted += info.drafted
-        self.accepted += info.accepted
-        self.draft_s += info.draft_s
-        self.verify_s += info.verify_s
-        self.forward_s += info.forward_s
-        self.wall_s = info.elapsed_s
-
-
 class EngineStepError(RuntimeError):
     """A step failed; `partial` holds every request as it stood before that step."""
 
@@ -204,7 +178,8 @@ class SpecEngine:
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (
             () if eos is None else (int(eos),))
-        self.last_run = RunStats()
+        self.last_steps: list[StepInfo] = []
+        """The StepInfo of each forward of the last generate() call (its totals: dasrl.rollout.StepSummary.of)."""
         self.bind()
 
     def bind(self) -> None:
@@ -263,7 +238,7 @@ class SpecEngine:
                            problem_ids=problem_ids, vocab_size=self.vocab_size,
                            max_context=self.max_context, tokenizer=self.tokenizer, stop_lines=stop_lines)
         policy = policy if policy is not None else FixedBudget(0)
-        self.last_run = stats = RunStats()
+        self.last_steps = steps = []
         rows = [Row.new(job, i) for i in range(len(job.prompts))]
         done: list[Row] = []
         started: list[Row] = []
@@ -287,7 +262,7 @@ class SpecEngine:
                 live = list(rows)
                 info = self._prefill(job, cache, live, done, drafter, policy, t_start)
                 while True:
-                    stats.add(info)
+                    steps.append(info)
                     if on_step is not None:
                         on_step(info)
                     if not live:

@@ -2,8 +2,8 @@
 
 A packed forward multiplies M = (live rows + draft tokens) activations by each weight. torch's float32
 F.linear (MKL, weight [N, K] read transposed) is fast at M = 1-3 and at large M, but 2-3x slower than
-it needs to be at M = 4-16 on these CPUs: SmolLM2's MLP at one thread costs 124 us at M = 1-3, 243 us at
-M = 4 and 363 us at M = 8, where a oneDNN product over a weight reordered once costs 148 and 188 us
+it needs to be at M = 4-16 on these CPUs: SmolLM2's MLP at one thread costs 124 us at M = 1-3, 243 us
+at M = 4 and 363 us at M = 8, where a oneDNN product over a weight reordered once costs 148 and 188 us
 (docs/benchmarks.md "Engine: the kernel per row count"). That band is where drafting lives (a few rows,
 each with a draft), so MKL's band looked like a fixed tax on every forward in which a row drafts.
 `LinearKernels` keeps a oneDNN-reordered copy of each linear weight and, per weight shape and row count,

@@ -27,7 +27,7 @@ import copy
 import ipaddress
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
@@ -40,10 +40,10 @@ from dasrl.drafter.base import problem_key
 from dasrl.engine.sampling import SamplingParams
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
 from dasrl.rollout.routing import ROUTERS, groups_of, make_router
-from dasrl.rollout.session import Rollout, SessionConfig, sample_indices, sample_seed
+from dasrl.rollout.session import Rollout, SessionConfig, StepSummary, sample_indices, sample_seed
 
 
-__all__ = ["is_loopback", "init_local", "DistributedConfig", "RolloutWorker", "DistributedStep", "DistributedRolloutSession"]
+__all__ = ["is_loopback", "init_local", "DistributedConfig", "RolloutWorker", "DistributedRolloutSession"]
 
 def _ray():
     try:
@@ -152,7 +152,7 @@ class RolloutWorker:
         rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, samples=samples,
                                          sampling=sampling, max_new_tokens=max_new_tokens,
                                          stop_token_ids=stop_token_ids, stop_lines=stop_lines)
-        return rollouts, asdict(self.session.history[-1])
+        return rollouts, self.session.history[-1]
 
     def end_step(self) -> None:
         self.session.end_step()
@@ -183,24 +183,6 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-@dataclass
-class DistributedStep:
-    step: int
-    rollout_s: float
-    """Wall seconds of generate() (the step's makespan across workers)."""
-    worker_s: dict[int, float] = field(default_factory=dict)
-    """Each worker's own rollout seconds for its share."""
-    worker_rows: dict[int, int] = field(default_factory=dict)
-    """Requests each worker ran (re-runs included)."""
-    rerun: int = 0
-    """Requests re-run on another worker because theirs died."""
-    dead: list[int] = field(default_factory=list)
-    """Workers that died during the step."""
-    new_tokens: int = 0
-    accepted: int = 0
-    drafted: int = 0
 
 
 def _gather(ray, refs: dict[int, object], what: str) -> None:
@@ -249,7 +231,7 @@ class DistributedRolloutSession:
         self.router = make_router(config.router, latency=config.latency, max_len=4096, seed=config.session.seed,
                                   affinity_slack=config.affinity_slack)
         self.step = 0
-        self.history: list[DistributedStep] = []
+        self.history: list[StepSummary] = []  # per step: makespan, worker fields, the workers' counts summed
         self._drawn: dict[Hashable, set[int]] = {}  # sample indices of each problem drawn this step
 
     def _spawn(self):
@@ -289,7 +271,7 @@ class DistributedRolloutSession:
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         t0 = time.perf_counter()
-        info = DistributedStep(step=self.step, rollout_s=0.0)
+        info = StepSummary(step=self.step, rollout_s=0.0)
         results: list[Rollout | None] = [None] * len(prompts)
         kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, stop_lines=list(stop_lines),
                   stop_token_ids=list(stop_token_ids) if stop_token_ids is not None else None)
@@ -327,11 +309,9 @@ class DistributedRolloutSession:
                 continue
             for i, r in zip(idx, outs):
                 results[i] = r
-            info.worker_s[w] = info.worker_s.get(w, 0.0) + summary["rollout_s"]
+            info.worker_s[w] = info.worker_s.get(w, 0.0) + summary.rollout_s
             info.worker_rows[w] = info.worker_rows.get(w, 0) + len(outs)
-            info.new_tokens += summary["new_tokens"]
-            info.accepted += summary["accepted"]
-            info.drafted += summary["drafted"]
+            info.add(summary)
         info.rollout_s = time.perf_counter() - t0
         self.history.append(info)
         lengths: dict[Hashable, list[int]] = {}

@@ -7,7 +7,7 @@
         session.end_step()             # history upkeep runs in the background during the next update
 
 Samples of the same prompt (GRPO's G samples) share a problem id (the prompt-token hash unless given).
-Seeds: a sample's seed is sample_seed(run seed, step, problem, sample index), so a spec-on and a spec-off
+Seeds. A sample's seed is sample_seed(run seed, step, problem, sample index), so a spec-on and a spec-off
 run of the same loop see the same random numbers and produce the same tokens. The sample index must be
 unique per problem within a step, across generate calls and across processes, or two samples of a group
 are drawn with one seed and come out identical. By default the session numbers each problem's samples
@@ -143,10 +143,14 @@ class Rollout:
 
 @dataclass
 class StepSummary:
+    """One RL step's record, the one type both sessions keep in `history`: RolloutSession one per generate()
+    call, DistributedRolloutSession one per step, its workers' records summed (the worker fields are its
+    own; empty elsewhere). The totals of a bare engine call: StepSummary.of(engine.last_steps)."""
+
     step: int
     rollout_s: float
-    """Wall seconds of generate()."""
-    upkeep_wait_s: float
+    """Wall seconds of generate() (distributed: the step's makespan across workers)."""
+    upkeep_wait_s: float = 0.0
     """Seconds generate() waited for the previous end_step's background upkeep (critical path)."""
     upkeep_s: float = 0.0
     """Seconds the previous end_step's upkeep took in all."""
@@ -156,15 +160,50 @@ class StepSummary:
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    draft_s: float = 0.0
+    """Seconds in the policy and the drafter, summed over forwards."""
+    verify_s: float = 0.0
+    """Seconds in sampling and verification, summed over forwards."""
+    forward_s: float = 0.0
+    """Seconds in the packed forwards."""
     batch_curve: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since start, live rows) per engine step: the effective batch over decoding time."""
     drafted_by_class: dict[str, int] = field(default_factory=dict)
     """Drafted tokens per length class the policy gave the drafting row (short / medium / long)."""
+    worker_s: dict[int, float] = field(default_factory=dict)
+    """Distributed: each worker's own rollout seconds for its share."""
+    worker_rows: dict[int, int] = field(default_factory=dict)
+    """Distributed: requests each worker ran (re-runs included)."""
+    rerun: int = 0
+    """Distributed: requests re-run on another worker because theirs died."""
+    dead: list[int] = field(default_factory=list)
+    """Distributed: workers that died during the step."""
 
     @property
     def tokens_per_row_forward(self) -> float:
         """New tokens a request gets per verification forward it takes part in (1.0 without speculation)."""
         return self.new_tokens / max(self.row_forwards, 1)
+
+    @classmethod
+    def of(cls, infos: Sequence[StepInfo], step: int = 0, **given) -> "StepSummary":
+        """The totals of one engine call from its forwards' StepInfo (SpecEngine.last_steps): rollout_s the
+        engine's wall seconds, batch_curve its live rows per forward; `given` fields override."""
+        kw = {name: sum(getattr(i, name) for i in infos) for name in _PER_FORWARD}
+        kw.update(step=step, rollout_s=infos[-1].elapsed_s if infos else 0.0, forwards=len(infos),
+                  batch_curve=[(i.elapsed_s, i.batch_size) for i in infos])
+        return cls(**{**kw, **given})
+
+    def add(self, share: "StepSummary") -> None:
+        """Count another record's share of this step in: its forwards, tokens and drafts, the seconds inside
+        them and its drafts per class (a distributed step sums its workers' records)."""
+        for name in ("forwards", "row_forwards", *_PER_FORWARD):
+            setattr(self, name, getattr(self, name) + getattr(share, name))
+        for cls_name, n in share.drafted_by_class.items():
+            self.drafted_by_class[cls_name] = self.drafted_by_class.get(cls_name, 0) + n
+
+
+_PER_FORWARD = ("new_tokens", "drafted", "accepted", "draft_s", "verify_s", "forward_s")
+"""The counts a step record sums over its forwards' StepInfo."""
 
 
 @runtime_checkable
@@ -329,14 +368,11 @@ class RolloutSession:
         samples = sample_indices(self._drawn, pids, samples, self.step)
         if seeds is None:
             seeds = [sample_seed(self.config.seed, self.step, pid, k) for pid, k in zip(pids, samples)]
-        curve: list[tuple[float, int]] = []
-
         timer = self.latency.timer(self.policy) if self.latency is not None else None
 
         def record(info: StepInfo) -> None:
             if timer is not None:  # each decoding forward, timed end to end, reprices the policy
                 timer(info)
-            curve.append((info.elapsed_s, info.batch_size))
             if on_step is not None:
                 on_step(info)
 
@@ -356,11 +392,9 @@ class RolloutSession:
             for pid, k in reserved:
                 self._drawn[pid].discard(k)
             raise
-        run = self.engine.last_run
-        self._append(StepSummary(
-            step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait, upkeep_s=self._upkeep_s,
-            forwards=run.forwards, row_forwards=sum(c.forwards for c in outs), new_tokens=run.new_tokens,
-            drafted=run.drafted, accepted=run.accepted, batch_curve=curve,
+        self._append(StepSummary.of(
+            self.engine.last_steps, step=self.step, rollout_s=time.perf_counter() - t0, upkeep_wait_s=wait,
+            upkeep_s=self._upkeep_s, row_forwards=sum(c.forwards for c in outs),
             drafted_by_class=self.policy.take_spent() if self.policy is not None else {}))
         return [Rollout(problem_id=pid, sample=k, seed=int(seed), prompt_ids=list(c.prompt_ids),
                         completion_ids=list(c.token_ids), logprobs=list(c.logprobs), finish_reason=c.finish_reason,
@@ -503,7 +537,7 @@ class RolloutSession:
         self._check_open("save")  # a closed session's store is empty: saving it would overwrite a good save
         self._join_upkeep()
         folder = _folder_arg(folder, "save")
-        state = {"format": SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
+        state = {"format": _SESSION_FORMAT, "step": self.step, "config": _jsonable(asdict(self.config)),
                  "history": [_jsonable(asdict(s)) for s in self.history], "folded": dict(self._folded),
                  "store": None}
         for name, part in (self.policy.parts() if self.policy is not None else {}).items():
@@ -523,7 +557,7 @@ class RolloutSession:
         clears a failed upkeep (its state is replaced). Holds the folder's lock shared (see save)."""
         self._check_open("load")
         ckpt = Checkpoint(_folder_arg(folder, "load"), "session", "session")
-        with ckpt.reading(SESSION_FORMAT) as state:
+        with ckpt.reading(_SESSION_FORMAT) as state:
             self._load_state(ckpt, state)
 
     def _load_state(self, ckpt: Checkpoint, state: dict) -> None:
@@ -532,8 +566,8 @@ class RolloutSession:
         if unknown:
             raise ValueError(f"{src}: unknown field(s) {unknown}")
         step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-            raise ValueError(f"{src}: field 'step' must be an int in [0, {MAX_STEP}], got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+            raise ValueError(f"{src}: field 'step' must be an int in [0, {_MAX_STEP}], got {step!r}")
         history = _history_from(state.get("history"), src)
         folded = state.get("folded")
         if not (isinstance(folded, dict) and set(folded) == set(_TOTALS) and all(map(_is_number, folded.values()))):
@@ -571,8 +605,8 @@ class RolloutSession:
             part.load_state_dict(sd)  # validated above: cannot fail now
 
 
-SESSION_FORMAT = "dasrl-session/2"
-MAX_STEP = 10**9
+_SESSION_FORMAT = "dasrl-session/2"
+_MAX_STEP = 10**9
 """Largest step a saved session may be at (session.json's checksum is unkeyed: anyone can write 10**30)."""
 _SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "data",
                  "sha256"}
@@ -626,6 +660,14 @@ def _history_from(raw, src: Path) -> list[StepSummary]:
             elif kind.startswith("dict"):
                 if not isinstance(v, dict) or not all(_is_number(y) for y in v.values()):
                     raise ValueError(f"{where}: field {k!r} must be an object of numbers, got {v!r}")
+                if kind.startswith("dict[int"):  # worker ids, which JSON keeps as strings
+                    try:
+                        v = {int(x): y for x, y in v.items()}
+                    except ValueError:
+                        raise ValueError(f"{where}: field {k!r} must be keyed by worker ids, got {v!r}") from None
+            elif kind == "list[int]":
+                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    raise ValueError(f"{where}: field {k!r} must be a list of worker ids, got {v!r}")
             elif kind in ("int", "float"):
                 if not _is_number(v) or (kind == "int" and not isinstance(v, int)):
                     raise ValueError(f"{where}: field {k!r} must be {'an int' if kind == 'int' else 'a number'}, "

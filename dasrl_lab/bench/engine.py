@@ -30,6 +30,7 @@ from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default
 from dasrl.engine import pack_drafts
 from dasrl.engine import SamplingParams
 from dasrl.policy import CPU_LATENCY, ClassCaps, FixedBudget, LatencyModel, OnlineLatency, make_policy, prior_for
+from dasrl.rollout import StepSummary
 from dasrl_lab.tasks import PRESETS, chat_ids, preset
 
 
@@ -107,11 +108,11 @@ def das_policy(problem_ids: list[int], history: list[Completion], latency: Laten
 
 
 def _row(name: str, completions: list[Completion], engine: SpecEngine, ref: list[Completion] | None) -> dict:
-    s = engine.last_run
+    s = StepSummary.of(engine.last_steps)
     new = sum(len(c.token_ids) for c in completions)
-    return {"drafter": name, "wall_s": round(s.wall_s, 3), "forward_passes": s.forwards, "new_tokens": new,
+    return {"drafter": name, "wall_s": round(s.rollout_s, 3), "forward_passes": s.forwards, "new_tokens": new,
             "forward_s": round(s.forward_s, 3),
-            "tokens_per_s": round(new / s.wall_s, 2), "accepted_per_batch_forward": round(s.accepted / s.forwards, 3),
+            "tokens_per_s": round(new / s.rollout_s, 2), "accepted_per_batch_forward": round(s.accepted / s.forwards, 3),
             "drafted": s.drafted, "accepted": s.accepted, "draft_s": round(s.draft_s, 3),
             "verify_s": round(s.verify_s, 3),
             "exact": None if ref is None else [c.token_ids for c in completions] == [c.token_ids for c in ref]}

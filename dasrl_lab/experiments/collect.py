@@ -25,7 +25,6 @@ from dasrl_lab.tasks import preset
 from dasrl.drafter import DraftParams, Drafter
 from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl.drafter import StoreConfig
-from dasrl.engine import RunStats
 from dasrl.engine import SamplingParams
 from dasrl.policy import POLICIES, BudgetPolicy, ClassCaps
 from dasrl_lab.policies import make_lab_policy
@@ -153,12 +152,12 @@ VARIANTS: tuple[Variant, ...] = (
 BASELINE = "none"
 
 
-def summary_dict(s: StepSummary, shapes: list[list[int]], run: RunStats | None = None,
-                 forward_times: list[float] | None = None, points: int = 300) -> dict:
+def summary_dict(s: StepSummary, shapes: list[list[int]], forward_times: list[float] | None = None,
+                 points: int = 300) -> dict:
     """What the experiments keep of one rollout: totals, the batch curve, each forward's shape
-    [rows, input tokens (packed), cached context tokens read] for the latency model, and (with the
-    engine's RunStats) where the time went: each forward's measured seconds, the drafting and the
-    verification seconds, so validate-sim can tell the latency model's error from the step's overhead."""
+    [rows, input tokens (packed), cached context tokens read] for the latency model, and where the time
+    went: each forward's measured seconds, the drafting and the verification seconds, so validate-sim can
+    tell the latency model's error from the step's overhead."""
     curve = s.batch_curve
     if len(curve) > points:
         idx = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
@@ -167,8 +166,7 @@ def summary_dict(s: StepSummary, shapes: list[list[int]], run: RunStats | None =
             "new_tokens": s.new_tokens, "drafted": s.drafted, "accepted": s.accepted,
             "tokens_per_row_forward": round(s.tokens_per_row_forward, 4),
             "batch_curve": [[round(t, 4), int(b)] for t, b in curve], "shapes": shapes,
-            "draft_s": round(run.draft_s, 4) if run else 0.0,
-            **({} if run is None else {"verify_s": round(run.verify_s, 4), "forward_s": round(run.forward_s, 4)}),
+            "draft_s": round(s.draft_s, 4), "verify_s": round(s.verify_s, 4), "forward_s": round(s.forward_s, 4),
             **({} if forward_times is None else {"forward_times": [round(t, 5) for t in forward_times]})}
 
 
@@ -252,7 +250,7 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
                                     max_new_tokens=cfg.max_new_tokens, on_step=tick,
                                     stop_lines=preset(cfg.preset).stop_lines)
                 advance(len(prompts) - seen[0])
-                return out, summary_dict(sess.history[-1], shapes, sess.engine.last_run, times)
+                return out, summary_dict(sess.history[-1], shapes, times)
 
             rec = {"step": step, "load": load_avg()}
             ref, rec["baseline"] = roll(BASELINE, base)

@@ -15,6 +15,7 @@ from dasrl.drafter.store import DraftStore, StoreConfig  # noqa: E402
 from dasrl.engine.engine import EngineConfig, SpecEngine  # noqa: E402
 from dasrl.engine.sampling import SamplingParams  # noqa: E402
 from dasrl.policy.base import FixedBudget  # noqa: E402
+from dasrl.rollout import StepSummary  # noqa: E402
 from dasrl_lab.trace import Response  # noqa: E402
 from dasrl_lab.sim.simulator import SimConfig, Simulator  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_replay_agrees_with_the_engine_step_by_step(engine, branching):
                               max_new_tokens=NEW, ignore_eos=True, req_ids=[(epoch, i) for i in range(len(prompts))],
                               on_step=lambda i: shapes.append((i.batch_size, i.tokens, i.kv_tokens, i.draft_kv_tokens)))
         store.end_step()
-        run = engine.last_run
+        run = StepSummary.of(engine.last_steps)
         responses = [Response(epoch, problem_key(p), i, np.array(p, np.int32), np.array(c.token_ids, np.int32))
                      for i, (p, c) in enumerate(zip(prompts, out))]
         st = sim.run_step(epoch, responses, max_new_tokens=NEW)

@@ -181,7 +181,8 @@ class DraftStore:
             return _GLOBAL
         return problem_key(prompt) if problem_id is None else problem_id
 
-    def _prompt(self, problem_id: Hashable | None, prompt_ids: Sequence[int], empty: str) -> tuple[Hashable, np.ndarray]:
+    def _prompt(self, problem_id: Hashable | None, prompt_ids: Sequence[int], empty: str
+                ) -> tuple[Hashable, np.ndarray]:
         """(shard key, [n] int32 tokens) of a prompt, checked; `empty`: the error of an empty one."""
         prompt = _as_tokens(prompt_ids, what="prompt_ids", vocab_size=self.config.vocab_size)
         if prompt.size == 0:

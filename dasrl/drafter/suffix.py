@@ -149,8 +149,9 @@ class SuffixIndex:
 
     def propose(self, context: Sequence[int] | np.ndarray, budget: int, params: DraftParams = DraftParams()) -> Draft:
         """Stateless: match the tail of `context` and draft up to `budget` tokens."""
-        toks, parents, probs, m = self._ix.propose(
-            _as_tokens(context, what="context"), int(budget_array([None], [budget])[0]), params.max_match, params.min_prob, params.branching)
+        budget = int(budget_array([None], [budget])[0])
+        toks, parents, probs, m = self._ix.propose(_as_tokens(context, what="context"), budget, params.max_match,
+                                                   params.min_prob, params.branching)
         return Draft(toks, parents, probs, int(m))
 
     def cursor(self, max_match: int = DraftParams.max_match, seq_id: int | None = None) -> "Cursor":

@@ -176,11 +176,6 @@ class DraftStore:
             raise ValueError("this DraftStore is closed (close() freed its history)")
 
     # ------------------------------------------------------------------ helpers
-    def _shard_key(self, problem_id: Hashable | None, prompt: np.ndarray) -> Hashable:
-        if self.config.mode == "global":
-            return _GLOBAL
-        return problem_key(prompt) if problem_id is None else problem_id
-
     def _prompt(self, problem_id: Hashable | None, prompt_ids: Sequence[int], empty: str
                 ) -> tuple[Hashable, np.ndarray]:
         """(shard key, [n] int32 tokens) of a prompt, checked; `empty`: the error of an empty one."""
@@ -188,7 +183,9 @@ class DraftStore:
         if prompt.size == 0:
             raise ValueError(empty)
         hash(problem_id)  # an unhashable id fails here, before anything changes
-        return self._shard_key(problem_id, prompt), prompt
+        if self.config.mode == "global":
+            return _GLOBAL, prompt
+        return (problem_key(prompt) if problem_id is None else problem_id), prompt
 
     def _shard(self, key: Hashable) -> SuffixIndex:
         """The shard of `key`, created on first use (by then every check has passed)."""
@@ -230,7 +227,10 @@ class DraftStore:
     def _request(self, req_id: Hashable) -> _Live:
         live = self._live.get(req_id)
         if live is None:
-            raise self._not_live(req_id)
+            self._check_open()
+            if req_id in self._done:
+                raise ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
+            raise KeyError(f"unknown request id {req_id!r}")
         return live
 
     def _cursors(self, req_ids: Sequence[Hashable]) -> list:
@@ -252,11 +252,6 @@ class DraftStore:
         if live.cross_id is not None:
             self._cross.remove(live.cross_id)
 
-    def _not_live(self, req_id: Hashable) -> Exception:
-        self._check_open()
-        if req_id in self._done:
-            return ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
-        return KeyError(f"unknown request id {req_id!r}")
 
     # ----------------------------------------------------------------- protocol
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
@@ -296,9 +291,7 @@ class DraftStore:
         return best_continuation_batch(cursors, targets, np.asarray(offsets, np.int64))
 
     def observe(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
-        live = self._live.get(req_id)
-        if live is None:
-            raise self._not_live(req_id)
+        live = self._request(req_id)
         if type(tokens) is not np.ndarray:
             tokens = token_array(tokens)
         try:

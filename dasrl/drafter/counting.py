@@ -51,7 +51,7 @@ def digit_tokens(tokenizer) -> np.ndarray:
 def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[int], str], str]:
     """(keys, text, partial): the tail as items (keys: token id or _NUM; text(k): item k's digits, for a
     number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
-    which the window may have cut, is dropped. Vectorised: this runs for every row of every proposal."""
+    which the window may have cut, is dropped. Vectorised: it runs for every row whose items repeat (_periods)."""
     table, value = _digit_maps(digits.astype(np.int64).tobytes())
     isd = table[np.minimum(tail, table.size - 1)]  # [n] bool: a digit token
     last = np.flatnonzero(~isd)

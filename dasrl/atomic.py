@@ -1,36 +1,29 @@
 """Safe file I/O, the one place every loader and writer goes through.
 
-Reading (open_regular, read_regular): a file a loader reads must be a regular file of bounded size. A FIFO
-would block the open (or the read) forever, a device such as /dev/zero never ends, a huge file eats memory
-before any check: all are refused with a ValueError naming the path, before anything is read. Symlinks are
-refused too unless the caller asks to follow them (a path the user typed may be one; a file inside a folder
-we wrote, such as a session save, never is).
+Reading (open_regular, read_regular, read_json): only a regular file of bounded size; anything else is
+refused with a ValueError naming the path before a byte is read (a FIFO would block forever, a device such
+as /dev/zero never ends, a huge file eats memory first). Symlinks are refused too unless the caller follows
+them (a path the user typed may be one; a file inside a folder we wrote, such as a session save, never is).
 
-Writing (atomic_write): write to a temporary file in the same folder, flush it to disk, then rename it over
-the target, so a reader never sees a half-written file and a crash leaves the old one (or none). A target
-that is a symlink is written through (the file it points to is replaced, the link stays); a target that is
-not a regular file (a device such as /dev/stdout, a FIFO, a socket), directly or behind a link, is refused:
-renaming over it would replace the node itself, for root even a system one.
+Writing (atomic_write): a temporary file in the same folder, fsync'ed, renamed over the target, then the
+folder fsync'ed, so a reader never sees a half-written file and a crash leaves the old one (without the
+fsyncs, some filesystems can leave the new name on an empty file, or lose the rename). A symlink target is
+written through (the link stays); one that is not a regular file (/dev/stdout, a FIFO, a socket), directly or
+behind a link, is refused: renaming over it would replace the node itself, for root even a system one. A
+new file gets 0o666 minus the umask (as open() gives); an existing one keeps its mode.
 
-Durability: the temporary file is fsync'ed before the rename (else a crash soon after could leave the
-new name pointing at an empty or partial file on some filesystems) and the folder after it (else the
-rename itself may be lost). Permissions: a new file gets the usual 0o666 minus the umask (the kernel
-applies it, as for open()); a file that already exists keeps its mode.
-
-Checkpoints (Checkpoint): the one crash-safe save of a draft store and of a rollout session. A save folder
-holds a manifest, KIND.json, and at most one data file, KIND-<sha256[:16]>.npz (uncompressed, no pickle),
-which the manifest names with its sha256; the manifest carries the sha256 of its own canonical JSON too.
-The data file is written first, then the manifest is renamed into place: that rename is the commit point,
-so a reader sees the old save or the new one, and a kill or a full disk at any point leaves the old one
-(its data file is deleted only after the commit). One lock: a save holds an exclusive flock on the folder
-itself from its first write to its cleanup, a load a shared one (no lock file; the kernel releases it if
-the process dies), so saves into one folder run one after the other and a load never sees a data file
-deleted under it. The cleanup deletes only what saves of this kind write (other KIND-<hash>.npz files, the
-temporaries of KIND.json and of those): anything else in the folder is the user's and stays, unread.
-A load reads only regular files of bounded size, and the npz's zip directory before its members: exactly
-the arrays the caller expects, stored uncompressed, each no larger than the manifest declares, then the
-checksum, and only then the arrays (memory is bounded by what the manifest declares, not by the file).
-The checksums detect damage, not forgery (anyone can recompute them): every field is still validated.
+Checkpoints (Checkpoint): the one crash-safe save of a draft store and of a rollout session. A manifest,
+KIND.json, names at most one data file, KIND-<sha256[:16]>.npz (uncompressed, no pickle), with its sha256,
+and carries the sha256 of its own canonical JSON. The data file is written first; the manifest's rename is
+the commit, so a kill or a full disk at any point leaves the old save (its data file is deleted only after
+the commit). A save holds an exclusive flock on the folder itself from its first write to its cleanup, a
+load a shared one (no lock file; the kernel releases it if the process dies): saves into one folder run one
+after the other and a load never sees a data file deleted under it. The cleanup deletes only what saves of
+this kind write (other KIND-<hash>.npz files, the temporaries of those and of KIND.json): anything else in
+the folder is the user's and stays, unread. A load reads the npz's zip directory before its members:
+exactly the expected arrays, uncompressed, each no larger than the manifest declares, then the checksum,
+and only then the arrays (memory is bounded by the manifest, not by the file). The checksums detect
+damage, not forgery (anyone can recompute them): every field is still validated.
 """
 
 from __future__ import annotations
@@ -51,10 +44,11 @@ from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["fsync_dir", "temp_pattern", "MAX_JSON_BYTES", "MAX_DATA_BYTES", "open_regular", "read_regular", "read_json",
-           "write_target", "atomic_write", "write_json", "folder_lock", "checksum", "Checkpoint"]
+__all__ = ["MAX_JSON_BYTES", "open_regular", "read_regular", "read_json", "write_target", "atomic_write", "write_json",
+           "checksum", "Checkpoint"]
 
-def fsync_dir(folder: Path) -> None:
+
+def _fsync_dir(folder: Path) -> None:
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
     try:
         fd = os.open(folder, flags)
@@ -68,15 +62,10 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def temp_pattern(name_regex: str) -> re.Pattern:
-    """The names of the temporary files atomic_write makes for targets whose names match `name_regex`
-    (one that a killed writer can leave behind), for a caller that cleans up after its own writes."""
-    return re.compile(rf"\.(?:{name_regex})\.[0-9a-f]{{12}}\.tmp")
-
-
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new temporary file next to `path`, created with mode 0o666 so that the umask applies
-    (tempfile.mkstemp creates 0o600 whatever the umask says). Its name is matched by temp_pattern."""
+    (tempfile.mkstemp creates 0o600 whatever the umask says). Its name is .NAME.<12 hex>.tmp (a Checkpoint
+    deletes those a killed save left)."""
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:
@@ -88,7 +77,7 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 MAX_JSON_BYTES = 2**28
 """Largest JSON file a loader reads (256 MiB: a store.json of ~6M sequences; our other JSON files are KiB)."""
-MAX_DATA_BYTES = 2**34
+_MAX_DATA_BYTES = 2**34
 """Largest checkpoint data file (npz) a loader reads (16 GiB)."""
 
 
@@ -176,7 +165,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    _fsync_dir(path.parent)
     return path
 
 
@@ -186,7 +175,7 @@ def write_json(path: str | os.PathLike, obj: object, *, indent: int | None = 2) 
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, how: int) -> Iterator[None]:
+def _folder_lock(folder: str | os.PathLike, how: int) -> Iterator[None]:
     """An flock (fcntl.LOCK_EX or LOCK_SH) on the folder itself: no lock file left behind; released by the
     kernel if the process dies. The one lock of every save and load (a draft store's folder, a session's
     parent folder)."""
@@ -215,7 +204,8 @@ class Checkpoint:
         self.folder, self.kind, self.noun = Path(folder), kind, noun
         self.manifest = self.folder / f"{kind}.json"
         self._data = re.compile(rf"{kind}-[0-9a-f]{{16}}\.npz")
-        self._temp = temp_pattern(rf"{kind}\.json|{kind}-[0-9a-f]{{16}}\.npz")
+        # the temporaries _create_temp makes for KIND.json and the data files (a killed save leaves them)
+        self._temp = re.compile(rf"\.(?:{kind}\.json|{kind}-[0-9a-f]{{16}}\.npz)\.[0-9a-f]{{12}}\.tmp")
 
     def error(self, detail: str) -> ValueError:
         return ValueError(f"cannot read a {self.noun} from {self.folder}: {detail}")
@@ -236,7 +226,7 @@ class Checkpoint:
         doc = json.loads(json.dumps(doc))  # as a load will see it (int keys become strings...)
         doc = {"checksum": checksum(doc), **doc}
         self.folder.mkdir(parents=True, exist_ok=True)
-        with folder_lock(self.folder, fcntl.LOCK_EX):
+        with _folder_lock(self.folder, fcntl.LOCK_EX):
             ours = name is not None and not (self.folder / name).exists()  # an identical save's file is not ours
             try:
                 if data is not None:
@@ -255,7 +245,7 @@ class Checkpoint:
         """The manifest (format `fmt`, checksum verified), under the shared lock: read its data inside."""
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(folder_lock(self.folder, fcntl.LOCK_SH))
+                stack.enter_context(_folder_lock(self.folder, fcntl.LOCK_SH))
             except OSError as e:  # the folder itself: missing, not a folder, unreadable
                 raise self.error(str(e)) from None
             with self._open(self.manifest, MAX_JSON_BYTES) as f:
@@ -282,7 +272,7 @@ class Checkpoint:
             raise self.bad(f"'data' must name a {self.kind}-<hash>.npz file and 'sha256' its digest, got "
                            f"{name!r}, {digest!r}")
         path = self.folder / name
-        with self._open(path, MAX_DATA_BYTES) as f:
+        with self._open(path, _MAX_DATA_BYTES) as f:
             try:
                 members = zipfile.ZipFile(f).infolist()
             except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:

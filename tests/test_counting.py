@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dasrl.drafter.counting import _NUM, CountingDrafter, _counting_draft, _items, _period, _periods, digit_tokens
+from dasrl.drafter.counting import _NUM, CountingDrafter, _counting_draft, _items, _periods, digit_tokens
 from support.drafters import PromptLookup
 
 # A toy vocabulary: one token per character, digits d -> 10 + d.
@@ -223,6 +223,17 @@ def test_vectorised_items_equal_the_token_by_token_spec(tokens):
     want_keys, want_texts, want_partial = _items_spec(tail, DIGITS)
     assert (keys, partial) == (want_keys, want_partial)
     assert [text(k) if key == _NUM else None for k, key in enumerate(keys)] == want_texts
+
+
+def _period(keys, max_period):
+    """The shortest P (with a number in it) such that the last three windows of P items are alike; 0 if none
+    (the spec the batched counting._periods must agree with)."""
+    n = len(keys)
+    for p in range(1, min(max_period, n // 3) + 1):
+        last = keys[n - p:]
+        if _NUM in last and keys[n - 2 * p:n - p] == last and keys[n - 3 * p:n - 2 * p] == last:
+            return p
+    return 0
 
 
 @settings(max_examples=300, deadline=None)

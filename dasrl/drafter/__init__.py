@@ -2,9 +2,8 @@
 
 from dasrl.drafter.base import (MAX_DRAFT, Draft, DraftBatch, Drafter, DrafterBase, DraftParams, budget_array,
                                 check_budgets, problem_key)
-from dasrl.drafter.config import MODES, StoreConfig
 from dasrl.drafter.counting import CountingDrafter, digit_tokens, with_counting
-from dasrl.drafter.store import DraftStore
+from dasrl.drafter.store import MODES, DraftStore, StoreConfig
 from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_batch, propose_flat,
                                   token_array)
 

@@ -25,8 +25,8 @@ import numpy as np
 ROOT = -1
 """Parent index of a draft token that follows the context's last token directly."""
 
-MAX_TOKEN = 2**31 - 1
-"""Largest token id a drafter indexes (int32)."""
+TOKEN_LIMIT = 2**31
+"""Token ids must be below this (the index stores int32)."""
 _MAX_BUDGET = 2**31 - 1
 """Largest draft budget per request (a larger one is refused, not clamped)."""
 MAX_DRAFT = 1024
@@ -160,9 +160,8 @@ class DraftBatch:
         keep_n = np.minimum(lens, np.maximum(np.asarray(caps, np.int64), 0))  # [n]
         if not np.count_nonzero(keep_n != lens):
             return self
-        start = np.repeat(self.offsets[:-1], lens)  # [total]: each node's request start
-        rank = np.arange(len(self.tokens)) - start  # [total]: index within its request
-        keep = rank < np.repeat(keep_n, lens)
+        row, rank = self.node_rows()  # [total] each node's request, its index within that request's draft
+        keep = rank < keep_n[row]
         offsets = np.zeros_like(self.offsets)
         np.cumsum(keep_n, out=offsets[1:])
         return DraftBatch(self.tokens[keep], self.parents[keep], self.probs[keep], offsets, self.match_len)
@@ -186,8 +185,12 @@ class DraftParams:
         _check_int("branching", self.branching, 1, _MAX_BRANCHING)
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+    if not _is_int(value):
         raise ValueError(f"{name} must be an int, got {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")

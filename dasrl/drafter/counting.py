@@ -51,11 +51,11 @@ def digit_tokens(tokenizer) -> np.ndarray:
 def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[int], str], str]:
     """(keys, text, partial): the tail as items (keys: token id or _NUM; text(k): item k's digits, for a
     number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
-    which the window may have cut, is dropped. Vectorised: this runs for every row of every proposal."""
-    isd = _is_digit(tail, digits)  # [n] bool: a digit token
+    which the window may have cut, is dropped. Vectorised: it runs for every row whose items repeat (_periods)."""
+    table, value = _digit_maps(digits.astype(np.int64).tobytes())
+    isd = table[np.minimum(tail, table.size - 1)]  # [n] bool: a digit token
     last = np.flatnonzero(~isd)
     body = int(last[-1]) + 1 if last.size else 0  # tokens before the trailing digit run
-    value = _digit_text(digits)
     partial = "".join(value[t] for t in tail[body:].tolist())
     b = isd[:body]
     start = ~b
@@ -71,49 +71,26 @@ def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[i
 
 
 @functools.lru_cache(maxsize=8)
-def _digit_table(key: bytes) -> np.ndarray:
+def _digit_maps(key: bytes) -> tuple[np.ndarray, dict[int, str]]:
+    """(is-digit table, token -> its digit) of the digit tokens whose int64 bytes are `key` (a table lookup:
+    np.isin sorts on every call)."""
     digits = np.frombuffer(key, np.int64)
     table = np.zeros(int(digits.max()) + 2, bool)  # [max digit + 2]: the last entry is "above every digit"
     table[digits] = True
-    return table
-
-
-def _is_digit(tail: np.ndarray, digits: np.ndarray) -> np.ndarray:
-    """[n] bool: tail[i] is one of the digit tokens (a table lookup: np.isin sorts on every call)."""
-    table = _digit_table(digits.astype(np.int64).tobytes())
-    return table[np.minimum(tail, table.size - 1)]
-
-
-@functools.lru_cache(maxsize=8)
-def _digit_text_cached(key: bytes) -> dict[int, str]:
-    return {int(t): str(d) for d, t in enumerate(np.frombuffer(key, np.int64).tolist())}
-
-
-def _digit_text(digits: np.ndarray) -> dict[int, str]:
-    return _digit_text_cached(digits.astype(np.int64).tobytes())
-
-
-def _period(keys: list[int], max_period: int) -> int:
-    """The shortest P (with a number in it) such that the last three windows of P items are alike; 0 if
-    none."""
-    n = len(keys)
-    for p in range(1, min(max_period, n // 3) + 1):
-        last = keys[n - p:]
-        if _NUM in last and keys[n - 2 * p:n - p] == last and keys[n - 3 * p:n - 2 * p] == last:
-            return p
-    return 0
+    return table, {int(t): str(d) for d, t in enumerate(digits.tolist())}
 
 
 def _periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
-    """[B] int64: `_period` of each tail's items, the whole batch at once (0: no pattern, no counting draft).
-    Most rows of a proposal have no pattern: this tells them apart without building their items' texts.
+    """[B] int64: for each tail, the shortest period P (with a number in it) such that its last three windows
+    of P items are alike; 0 if none (no pattern, no counting draft). The whole batch at once: most rows of a
+    proposal have no pattern, and this tells them apart without building their items' texts.
     Each row's items are ranked from its end into [B, 3 * max_period]; P repeats three times iff each of
     the last 2P items equals the item P before it and a number is among the last P."""
     n_rows = len(tails)
     width = max((t.size for t in tails), default=0)
     if n_rows == 0 or width == 0:
         return np.zeros(n_rows, np.int64)
-    table = _digit_table(digits.astype(np.int64).tobytes())
+    table = _digit_maps(digits.astype(np.int64).tobytes())[0]
     lens = np.array([t.size for t in tails], np.int64)  # [B]
     if (lens == width).all():  # every tail fills the window (past its first 256 tokens)
         tok = np.stack(tails).astype(np.int64, copy=False)  # [B, W]
@@ -162,15 +139,17 @@ def _format(value: int, seen: Sequence[str]) -> str | None:
     return str(value).zfill(width) if padded else str(value)
 
 
-def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32) -> np.ndarray:
+def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32,
+                    period: int | None = None) -> np.ndarray:
     """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern the tail ends in
     (see the module docstring); empty when there is none. `tail`: the request's last tokens (prompt and
-    output)."""
+    output); `period`: its `_periods` when the caller has it."""
     budget = min(budget, MAX_DRAFT)  # a pattern never runs out: the cap bounds this loop
     if budget <= 0 or tail.size == 0:
         return np.zeros(0, np.int64)
-    keys, text, partial = _items(np.asarray(tail, np.int64), digits)
-    p = _period(keys, max_period)
+    tail = np.asarray(tail, np.int64)
+    keys, text, partial = _items(tail, digits)
+    p = int(_periods([tail], digits, max_period)[0]) if period is None else period
     if p == 0:
         return np.zeros(0, np.int64)
     n = len(keys)
@@ -239,9 +218,11 @@ class CountingDrafter:
         drafts: list[Draft] | None = None
         asked = [i for i, b in enumerate(budgets) if b > 0]
         found = _periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)  # [len(asked)]
-        for i in (i for i, p in zip(asked, found.tolist()) if p):  # rows whose items repeat: count
-            rid, b = req_ids[i], budgets[i]
-            toks = _counting_draft(self._tail[rid], digits=self.digits, budget=int(b), max_period=self.max_period)
+        for i, p in zip(asked, found.tolist()):
+            if not p:  # its items do not repeat: the wrapped drafter's draft
+                continue
+            toks = _counting_draft(self._tail[req_ids[i]], digits=self.digits, budget=int(budgets[i]),
+                                   max_period=self.max_period, period=p)
             if toks.size:
                 drafts = batch.drafts() if drafts is None else drafts
                 drafts[i] = Draft.chain(toks, match_len=int(toks.size))

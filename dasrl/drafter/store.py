@@ -23,7 +23,7 @@ weight would underflow to 0.0 (NaN draft probabilities, a save that no longer lo
 Shards. A shard exists while it holds a sequence or a live request uses it (created only after a request
 passed validation, dropped when its last sequence and last user go), so the shard count is bounded by
 the problems in the window plus those of live requests. Input is validated once, here, at the protocol
-boundary; the native calls behind it are the wrapper's unchecked fast paths.
+boundary; behind it the store calls the native batch functions on its cursors' native handles unchecked.
 """
 
 from __future__ import annotations
@@ -37,11 +37,61 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from dasrl import _core
 from dasrl.atomic import Checkpoint
-from dasrl.drafter.base import Draft, DraftBatch, budget_array, problem_key
-from dasrl.drafter.config import MODES, StoreConfig, _is_int  # noqa: F401 (re-exported: callers import them from here)
-from dasrl.drafter.suffix import (Cursor, SuffixIndex, best_continuation_batch, extend_native, extend_rows_native,
-                                  first_bad, propose_native, token_array, token_error)
+from dasrl.drafter.base import TOKEN_LIMIT, Draft, DraftBatch, DraftParams, _is_int, budget_array, problem_key
+from dasrl.drafter.suffix import (Cursor, SuffixIndex, _as_tokens, best_continuation_batch, first_bad, token_array,
+                                  token_error)
+
+MODES = ("problem", "problem+request", "global")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How the history drafter keeps and uses its history."""
+
+    mode: str = "problem+request"
+    """History scope: problem | problem+request | global."""
+    window: int = 16
+    """Training steps of history kept per problem (0 = keep every step)."""
+    decay: float = 0.8
+    """Weight factor per step of age: a rollout k steps old weighs decay**k."""
+    live_weight: float = 1.0
+    """Weight of live sequences (the request itself and its in-flight siblings), in [1e-100, 1e100]."""
+    cross_problem: bool = True
+    """Also draft from one index of every problem's finished rollouts in the window (evicted with it); the
+    draft with the higher expected accepted length wins, so a problem's first visit drafts from the others'."""
+    params: DraftParams = DraftParams()
+    """Match length, minimum path probability and branching of drafts."""
+    vocab_size: int | None = None
+    """If set, token ids >= vocab_size are refused."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown store mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if not _is_int(self.window) or not 0 <= self.window < 2**31:
+            raise ValueError(f"window must be an int >= 0 (0 = unlimited), got {self.window!r}")
+        if not (_is_real(self.decay) and 0.0 < self.decay <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        # Bounded so that live_weight * decay**age stays a normal double until the step is evicted
+        # (_MIN_STEP_WEIGHT): the weights of a draft's ratios never underflow to 0.
+        if not (_is_real(self.live_weight) and 1e-100 <= self.live_weight <= 1e100):
+            raise ValueError(f"live_weight must be in [1e-100, 1e100], got {self.live_weight!r}")
+        if not isinstance(self.cross_problem, bool):
+            raise ValueError(f"cross_problem must be a bool, got {self.cross_problem!r}")
+        if not isinstance(self.params, DraftParams):
+            raise ValueError(f"params must be a DraftParams, got {self.params!r}")
+        if self.vocab_size is not None and (not _is_int(self.vocab_size) or not 1 <= self.vocab_size <= TOKEN_LIMIT):
+            raise ValueError(f"vocab_size must be None or an int in [1, 2^31], got {self.vocab_size!r}")
+
+    @property
+    def token_limit(self) -> int:
+        """Token ids must be below this."""
+        return TOKEN_LIMIT if self.vocab_size is None else self.vocab_size
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 _GLOBAL = "__global__"
@@ -52,11 +102,11 @@ _MIN_STEP_WEIGHT = 1e-200
 in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
 
 _EMPTY = np.zeros(0, np.int32)
-FORMAT = "dasrl-store/3"
+_FORMAT = "dasrl-store/3"
 """The format of a saved window (save / load)."""
-MAX_STEPS = 2**20
+_MAX_STEPS = 2**20
 """Most steps a saved window may hold."""
-MAX_TOKENS = 2**31
+_MAX_TOKENS = 2**31
 """Most tokens a saved window may hold."""
 
 
@@ -126,42 +176,36 @@ class DraftStore:
             raise ValueError("this DraftStore is closed (close() freed its history)")
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def indexes_live(self) -> bool:
-        return self.config.mode != "problem"
-
-    def _shard_key(self, problem_id: Hashable | None, prompt: np.ndarray) -> Hashable:
+    def _prompt(self, problem_id: Hashable | None, prompt_ids: Sequence[int], empty: str
+                ) -> tuple[Hashable, np.ndarray]:
+        """(shard key, [n] int32 tokens) of a prompt, checked; `empty`: the error of an empty one."""
+        prompt = _as_tokens(prompt_ids, what="prompt_ids", vocab_size=self.config.vocab_size)
+        if prompt.size == 0:
+            raise ValueError(empty)
+        hash(problem_id)  # an unhashable id fails here, before anything changes
         if self.config.mode == "global":
-            return _GLOBAL
-        return problem_key(prompt) if problem_id is None else problem_id
+            return _GLOBAL, prompt
+        return (problem_key(prompt) if problem_id is None else problem_id), prompt
 
-    def _tokens(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
-        arr = token_array(tokens, what=what)
-        bad = first_bad(arr, self._limit)
-        if bad >= 0:
-            raise token_error(arr, bad, what=what, vocab_size=self.config.vocab_size)
-        return arr
+    def _shard(self, key: Hashable) -> SuffixIndex:
+        """The shard of `key`, created on first use (by then every check has passed)."""
+        ix = self._shards.get(key)
+        if ix is None:
+            ix = self._shards[key] = SuffixIndex()
+        return ix
 
-    def _index(self, shard: Hashable, tokens: np.ndarray, weight: float) -> int:
-        """Index valid tokens as a new sequence (the shard is created here, after every check)."""
+    def _add(self, ix: SuffixIndex, tokens: np.ndarray, weight: float) -> int:
+        """Index valid tokens as a new sequence of `ix`; its id."""
         sid = self._next_seq
         self._next_seq += 1
-        ix = self._shards.get(shard)
-        if ix is None:
-            ix = self._shards[shard] = SuffixIndex()
         ix.add_unchecked(sid, tokens, weight)
         return sid
 
-    def _cross_add(self, tokens: np.ndarray, weight: float) -> int:
-        sid = self._next_seq
-        self._next_seq += 1
-        self._cross.add_unchecked(sid, tokens, weight)
-        return sid
-
-    def _cross_copy(self, tokens: np.ndarray, weight: float) -> None:
-        """A finished rollout (valid tokens) joins the cross-problem index, in this step's window."""
+    def _fold(self, shard: Hashable, seq: np.ndarray, weight: float) -> None:
+        """A finished rollout (valid tokens) joins its shard and the cross-problem index, in this step's window."""
+        self._current.append((shard, self._add(self._shard(shard), seq, weight)))
         if self._cross is not None:
-            self._current.append((_CROSS, self._cross_add(tokens, weight)))
+            self._current.append((_CROSS, self._add(self._cross, seq, weight)))
 
     def _drop(self, shard: Hashable, sid: int | None = None, *, user: bool = False) -> None:
         """Remove a sequence and/or a user of a shard; the shard goes when its last of both goes."""
@@ -183,36 +227,47 @@ class DraftStore:
     def _request(self, req_id: Hashable) -> _Live:
         live = self._live.get(req_id)
         if live is None:
-            raise self._not_live(req_id)
+            self._check_open()
+            if req_id in self._done:
+                raise ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
+            raise KeyError(f"unknown request id {req_id!r}")
         return live
 
-    def _not_live(self, req_id: Hashable) -> Exception:
-        self._check_open()
-        if req_id in self._done:
-            return ValueError(f"request {req_id!r} is finished; it cannot take more calls this step")
-        return KeyError(f"unknown request id {req_id!r}")
+    def _cursors(self, req_ids: Sequence[Hashable]) -> list:
+        """The native cursors of these live requests (what the native batch calls take)."""
+        try:
+            return [self._native[r] for r in req_ids]
+        except (KeyError, TypeError):
+            return [self._request(r).cursor.native for r in req_ids]  # raises, naming the request
+
+    def _retire(self, req_id: Hashable) -> _Live:
+        """Take a live request out of the batch (finished or aborted: it takes no more calls this step)."""
+        del self._native[req_id]
+        self._done.add(req_id)
+        return self._live.pop(req_id)
+
+    def _forget(self, live: _Live) -> None:
+        """Drop a request's live sequences and its use of its shard: nothing of it is learnt."""
+        self._drop(live.shard, live.seq_id, user=True)
+        if live.cross_id is not None:
+            self._cross.remove(live.cross_id)
+
 
     # ----------------------------------------------------------------- protocol
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self._check_open()
         if req_id in self._live:
             raise KeyError(f"request {req_id!r} already started")
-        prompt = self._tokens(prompt_ids, "prompt_ids")
-        if prompt.size == 0:
-            raise ValueError(f"empty prompt for request {req_id!r}")
-        hash(problem_id)  # an unhashable id fails here, before anything changes
-        shard = self._shard_key(problem_id, prompt)
+        shard, prompt = self._prompt(problem_id, prompt_ids, f"empty prompt for request {req_id!r}")
         # Everything is checked: from here on nothing can fail.
-        seq_id = self._index(shard, _EMPTY, self.config.live_weight) if self.indexes_live else None
-        ix = self._shards.get(shard)
-        if ix is None:
-            ix = self._shards[shard] = SuffixIndex()
+        ix, live_indexed, weight = self._shard(shard), self.config.mode != "problem", self.config.live_weight
+        seq_id = self._add(ix, _EMPTY, weight) if live_indexed else None
         self._users[shard] = self._users.get(shard, 0) + 1
         self._done.discard(req_id)  # an id may be reused once its request is finished
         cursor = ix.cursor(self.config.params.max_match, seq_id)
         cross_id = None
         if self._cross is not None:
-            cross_id = self._cross_add(_EMPTY, self.config.live_weight) if self.indexes_live else None
+            cross_id = self._add(self._cross, _EMPTY, weight) if live_indexed else None
             cursor.add_source(self._cross, cross_id)
         cursor.feed(prompt)  # the context and, when live-indexed, the live sequences
         self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id, cross_id)
@@ -224,27 +279,19 @@ class DraftStore:
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> DraftBatch:
         """The whole batch's drafts in one native call, as flat arrays (see DraftBatch)."""
         self._check_open()
-        native = self._native
-        try:
-            cursors = [native[r] for r in req_ids]
-        except (KeyError, TypeError):
-            cursors = [self._request(r).cursor.native for r in req_ids]  # raises, naming the request
-        b = budget_array(req_ids, budgets)
+        cursors = self._cursors(req_ids)
         p = self.config.params
-        return propose_native(cursors, b, min_prob=p.min_prob, branching=p.branching)
+        return DraftBatch(*_core.propose_batch(cursors, budget_array(req_ids, budgets), p.min_prob, p.branching))
 
     def best_continuation(self, req_ids: Sequence[Hashable], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """[n] int64: for request i, the longest prefix of targets[offsets[i]:offsets[i+1]] (its true next
         tokens) that follows an occurrence of its context's longest match in one of its sources. Not a
         drafter's call: the lab's oracle bound (dasrl_lab.sim.oracle) asks what the history held."""
-        live = self._live
-        cursors = [live[r].cursor if r in live else self._request(r).cursor for r in req_ids]
+        cursors = [self._request(r).cursor for r in req_ids]
         return best_continuation_batch(cursors, targets, np.asarray(offsets, np.int64))
 
     def observe(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
-        live = self._live.get(req_id)
-        if live is None:
-            raise self._not_live(req_id)
+        live = self._request(req_id)
         if type(tokens) is not np.ndarray:
             tokens = token_array(tokens)
         try:
@@ -264,16 +311,11 @@ class DraftStore:
     def observe_flat(self, req_ids: Sequence[Hashable], tokens: np.ndarray, offsets: np.ndarray) -> None:
         """observe_batch of request i's tokens[offsets[i]:offsets[i+1]] (tokens: a 1-D integer array, offsets:
         [n+1] int64 from 0 to len(tokens)): one native call; all or nothing."""
-        native = self._native
-        try:
-            cursors = [native[r] for r in req_ids]
-        except (KeyError, TypeError):
-            cursors = [self._request(r).cursor.native for r in req_ids]
-        flat = tokens
-        bad = extend_native(cursors, flat, offsets, self._limit) if cursors else -1
+        cursors = self._cursors(req_ids)
+        bad = _core.extend_batch(cursors, tokens, offsets, self._limit) if cursors else -1
         if bad >= 0:
             i = int(np.searchsorted(offsets, bad, side="right")) - 1
-            raise token_error(flat[offsets[i]:offsets[i + 1]], bad - int(offsets[i]),
+            raise token_error(tokens[offsets[i]:offsets[i + 1]], bad - int(offsets[i]),
                               what=f"tokens of request {req_ids[i]!r}", vocab_size=self.config.vocab_size, row=i)
 
     def observe_rows(self, req_ids: Sequence[Hashable], token_rows: np.ndarray, rows: np.ndarray, start: np.ndarray,
@@ -281,15 +323,11 @@ class DraftStore:
         """observe_batch of request i's token_rows[rows[i], start[i]:start[i] + count[i]] (token_rows: a 2-D
         integer array, e.g. vLLM's token buffer; rows, start, count: [n] int64), read in place by one native
         call; all or nothing: a bad token raises TokenError (`row` = i) and changes nothing."""
-        native = self._native
-        try:
-            cursors = [native[r] for r in req_ids]
-        except (KeyError, TypeError):
-            cursors = [self._request(r).cursor.native for r in req_ids]
+        cursors = self._cursors(req_ids)
         if not cursors:
             return
-        try:
-            i, j = extend_rows_native(cursors, token_rows, rows, start, count, self._limit)
+        try:  # (-1, -1), or (i, offset) of the first bad token (a negative one anywhere first) and nothing changed
+            i, j = _core.extend_rows(cursors, token_rows, rows, start, count, self._limit)
         except TypeError:  # not a C-contiguous int32/int64 table: gathered here, then the flat call
             offsets = np.zeros(len(rows) + 1, np.int64)
             np.cumsum(count, out=offsets[1:])
@@ -308,9 +346,7 @@ class DraftStore:
             if req_id in self._done:
                 raise ValueError(f"request {req_id!r} finished twice (or finished after abort)")
             raise KeyError(f"unknown request id {req_id!r}")
-        del self._live[req_id]
-        del self._native[req_id]
-        self._done.add(req_id)
+        self._retire(req_id)
         if live.seq_id is not None:
             self._current.append((live.shard, live.seq_id))
             if live.cross_id is not None:
@@ -321,31 +357,19 @@ class DraftStore:
 
     def abort(self, req_id: Hashable) -> None:
         """Drop a live request without learning from it (a crashed or cancelled generation)."""
-        live = self._request(req_id)
-        del self._live[req_id]
-        del self._native[req_id]
-        self._done.add(req_id)
-        self._drop(live.shard, live.seq_id, user=True)
-        if live.cross_id is not None:
-            self._cross.remove(live.cross_id)
+        self._request(req_id)
+        self._forget(self._retire(req_id))
 
     def add_rollout(self, problem_id: Hashable | None, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
         """Feed a finished rollout of this step (indexed at once, whatever the mode)."""
         self._check_open()
-        prompt = self._tokens(prompt_ids, "prompt_ids")
-        if prompt.size == 0:
-            raise ValueError("empty prompt in add_rollout")
-        hash(problem_id)
-        shard = self._shard_key(problem_id, prompt)
-        seq = np.concatenate([prompt, self._tokens(response_ids, "response_ids")]).astype(np.int32, copy=False)
-        self._current.append((shard, self._index(shard, seq, 1.0)))
-        self._cross_copy(seq, 1.0)
+        shard, prompt = self._prompt(problem_id, prompt_ids, "empty prompt in add_rollout")
+        response = _as_tokens(response_ids, what="response_ids", vocab_size=self.config.vocab_size)
+        self._fold(shard, np.concatenate([prompt, response]), 1.0)
 
     def _drop_unfinished(self) -> None:
         for live in self._live.values():  # requests never finished this step are dropped, not history
-            self._drop(live.shard, live.seq_id, user=True)
-            if live.cross_id is not None:
-                self._cross.remove(live.cross_id)
+            self._forget(live)
         self._live.clear()
         self._native.clear()
         self._done.clear()
@@ -355,8 +379,7 @@ class DraftStore:
         self._check_open()
         self._drop_unfinished()
         for shard, seq in self._pending:
-            self._current.append((shard, self._index(shard, seq, 1.0)))
-            self._cross_copy(seq, 1.0)
+            self._fold(shard, seq, 1.0)
         self._pending = []
         for ix in self._indexes():
             ix.scale_weights(self.config.decay)
@@ -385,7 +408,7 @@ class DraftStore:
         a reader sees the old save or the new one, never a mix). Live requests and this step's rollouts
         are not saved."""
         doc, arrays = self.state()
-        Checkpoint(folder, "store", "draft store").save({"format": FORMAT, **doc}, arrays)
+        Checkpoint(folder, "store", "draft store").save({"format": _FORMAT, **doc}, arrays)
 
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """The window as checkpoint content: JSON fields (step, steps in the window, token count, config,
@@ -416,7 +439,7 @@ class DraftStore:
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig or None, got {config!r} ({type(config).__name__})")
         ckpt = Checkpoint(folder, "store", "draft store")
-        with ckpt.reading(FORMAT) as doc:
+        with ckpt.reading(_FORMAT) as doc:
             return cls.from_state(doc, ckpt, doc, config)
 
     @classmethod
@@ -435,12 +458,12 @@ class DraftStore:
         step, num_steps, seqs, total = (doc.get(k) for k in ("step", "num_steps", "sequences", "num_tokens"))
         if not _is_int(step) or step < 0:
             raise bad(f"'step' must be an int >= 0, got {step!r}")
-        limit = min(step, saved_cfg.window or MAX_STEPS, MAX_STEPS)
+        limit = min(step, saved_cfg.window or _MAX_STEPS, _MAX_STEPS)
         if not _is_int(num_steps) or not 0 <= num_steps <= limit:
             raise bad(f"'num_steps' must be an int in [0, {limit}] (step {step}, window {saved_cfg.window}), "
                       f"got {num_steps!r}")
-        if not _is_int(total) or not 0 <= total <= MAX_TOKENS:
-            raise bad(f"'num_tokens' must be an int in [0, {MAX_TOKENS}], got {total!r}")
+        if not _is_int(total) or not 0 <= total <= _MAX_TOKENS:
+            raise bad(f"'num_tokens' must be an int in [0, {_MAX_TOKENS}], got {total!r}")
         if not isinstance(seqs, list):
             raise bad(f"'sequences' must be a list, got {type(seqs).__name__}")
         for i, s in enumerate(seqs):
@@ -467,10 +490,8 @@ class DraftStore:
         store = cls(cfg)
         steps: list[list[tuple[Hashable, int]]] = [[] for _ in range(num_steps)]
         for i, (age, shard, weight) in enumerate(seqs):
-            seq = tokens[offsets[i]:offsets[i + 1]]
             store._current = steps[num_steps - 1 - age]
-            store._current.append((shard, store._index(shard, seq, float(weight))))
-            store._cross_copy(seq, float(weight))
+            store._fold(shard, tokens[offsets[i]:offsets[i + 1]], float(weight))
         store._current = []
         store._steps = deque(steps)
         store.step = step

@@ -4,9 +4,10 @@ Two kinds of entry point:
 
 * checked (`SuffixIndex.add/append/propose`, `Cursor.extend`, `propose_batch`): any token sequence, every
   check before the native call, so bad input leaves the index exactly as it was;
-* unchecked fast paths for a caller that validates once at its own boundary (DraftStore):
-  `Cursor.feed` and `extend_batch` take integer arrays and report the first out-of-range token (changing
-  nothing) instead of raising; `propose_flat` takes already validated int64 budgets.
+* unchecked fast paths for a caller that validates once at its own boundary (DraftStore, which calls the
+  same native batch functions on `Cursor.native` handles): `Cursor.feed` and `extend_batch` take integer
+  arrays and report the first out-of-range token (changing nothing) instead of raising; `propose_flat`
+  takes already validated int64 budgets.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from dasrl import _core
-from dasrl.drafter.base import MAX_TOKEN, Draft, DraftBatch, DraftParams, budget_array
-
-TOKEN_LIMIT = MAX_TOKEN + 1
-"""Token ids must be < 2^31 (the index stores int32)."""
+from dasrl.drafter.base import TOKEN_LIMIT, Draft, DraftBatch, DraftParams, budget_array
 
 
 def token_array(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> np.ndarray:
@@ -92,10 +90,6 @@ def _check_weight(weight: float) -> float:
     return w
 
 
-def _check_budget(budget: int) -> int:
-    return int(budget_array([None], [budget])[0])
-
-
 class SuffixIndex:
     """Weighted token sequences (int64 ids) that propose drafts; see src/core/suffix_index.hpp."""
 
@@ -124,9 +118,6 @@ class SuffixIndex:
 
     def remove(self, seq_id: int) -> None:
         self._ix.remove(self._known(seq_id))
-
-    def set_weight(self, seq_id: int, weight: float) -> None:
-        self._ix.set_weight(self._known(seq_id), _check_weight(weight))
 
     def scale_weights(self, factor: float) -> None:
         self._ix.scale_weights(_check_weight(factor))
@@ -158,8 +149,9 @@ class SuffixIndex:
 
     def propose(self, context: Sequence[int] | np.ndarray, budget: int, params: DraftParams = DraftParams()) -> Draft:
         """Stateless: match the tail of `context` and draft up to `budget` tokens."""
-        toks, parents, probs, m = self._ix.propose(
-            _as_tokens(context, what="context"), _check_budget(budget), params.max_match, params.min_prob, params.branching)
+        budget = int(budget_array([None], [budget])[0])
+        toks, parents, probs, m = self._ix.propose(_as_tokens(context, what="context"), budget, params.max_match,
+                                                   params.min_prob, params.branching)
         return Draft(toks, parents, probs, int(m))
 
     def cursor(self, max_match: int = DraftParams.max_match, seq_id: int | None = None) -> "Cursor":
@@ -221,13 +213,7 @@ def propose_flat(cursors: Sequence[Cursor], budgets: np.ndarray, *, min_prob: fl
                  branching: int = 1) -> DraftBatch:
     """Unchecked: one native call (GIL released) for the whole batch; `budgets` [n] int64, validated
     (base.budget_array)."""
-    return propose_native([c._c for c in cursors], budgets, min_prob=min_prob, branching=branching)
-
-
-def propose_native(cursors: list, budgets: np.ndarray, *, min_prob: float = 0.0, branching: int = 1) -> DraftBatch:
-    """propose_flat of native cursors (Cursor.native)."""
-    toks, parents, probs, offsets, match_len = _core.propose_batch(cursors, budgets, min_prob, branching)
-    return DraftBatch(toks, parents, probs, offsets, match_len)
+    return DraftBatch(*_core.propose_batch([c._c for c in cursors], budgets, min_prob, branching))
 
 
 def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob: float = 0.0,
@@ -235,9 +221,9 @@ def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob
     """Checked: drafts[i] is capped at budgets[i]."""
     if len(cursors) != len(budgets):
         raise ValueError(f"{len(cursors)} cursors but {len(budgets)} budgets")
-    p = DraftParams(min_prob=min_prob, branching=branching)
-    return propose_flat(cursors, budget_array(range(len(cursors)), budgets), min_prob=p.min_prob,
-                        branching=p.branching).drafts()
+    DraftParams(min_prob=min_prob, branching=branching)  # the same bounds as the params
+    return propose_flat(cursors, budget_array(range(len(cursors)), budgets), min_prob=min_prob,
+                        branching=branching).drafts()
 
 
 def best_continuation_batch(cursors: Sequence[Cursor], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -253,16 +239,3 @@ def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndar
     integer array; offsets: [n+1] int64). Returns -1 when all tokens are in [0, limit) and were appended,
     else the first bad position in `tokens` (nothing changed)."""
     return _core.extend_batch([c._c for c in cursors], tokens, offsets, limit)
-
-
-def extend_native(cursors: list, tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
-    """extend_batch of native cursors (Cursor.native)."""
-    return _core.extend_batch(cursors, tokens, offsets, limit)
-
-
-def extend_rows_native(cursors: list, token_rows: np.ndarray, rows: np.ndarray, start: np.ndarray, count: np.ndarray,
-                       limit: int = TOKEN_LIMIT) -> tuple[int, int]:
-    """Native cursors[i] take token_rows[rows[i], start[i]:start[i] + count[i]] (a C-contiguous int32 or int64
-    [R, W] array: else TypeError), all or nothing: (-1, -1), or (i, offset) of the first bad token (a negative
-    one anywhere first, else one outside [0, limit)) and nothing changed."""
-    return _core.extend_rows(cursors, token_rows, rows, start, count, limit)

@@ -197,11 +197,15 @@ def _trim_spec(pol, states, drafts):
     calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
     q = np.minimum(drafts.probs * calib, 1.0)
     keep, expected = drafts.lengths.copy(), {}
+    price = {}
+    if pol._prices is not None:  # the last priced batch: its keys, [B] each row's share, own cost and extra cost
+        keys, *cols = pol._prices
+        price = dict(zip(keys, zip(*(c.tolist() for c in cols))))
     for b, s in enumerate(states):
         lo, hi = int(drafts.offsets[b]), int(drafts.offsets[b + 1])
-        if hi == lo or s.req_id not in pol._price:
+        if hi == lo or s.req_id not in price:
             continue
-        share, row, kv = pol._price[s.req_id]
+        share, row, kv = price[s.req_id]
         n = np.arange(hi - lo + 1)
         cost = (share + row + pol.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q[lo:hi])]))
         keep[b] = int(np.argmin(cost))

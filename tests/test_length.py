@@ -22,9 +22,9 @@ def make():
 
 def test_initial_class_from_problem_history():
     c = make()
-    assert c.initial_class("easy") == "short"
-    assert c.initial_class("hard") == "long"
-    assert c.initial_class("mid") == "medium"
+    assert c.classify("easy") == "short"  # generated = 0: the initial class
+    assert c.classify("hard") == "long"
+    assert c.classify("mid") == "medium"
 
 
 def test_runtime_update_grows_with_partial_length():

@@ -41,10 +41,6 @@ class _Slots:
         for name, dt in fields.items():
             setattr(self, name, np.zeros(16, dt))
 
-    def get(self, key: Hashable) -> int:
-        """The key's slot, `first` - 1 if it has none."""
-        return self.of.get(key, self._first - 1)
-
     def add(self, key: Hashable) -> int:
         if self._free:
             s = self._free.pop()
@@ -74,7 +70,7 @@ class _Slots:
         self.version += 1
 
     def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
-        """[B] `get` of each key."""
+        """[B] the slot of each key (`first` - 1 where it has none)."""
         get, none = self.of.get, self._first - 1
         return np.fromiter((get(k, none) for k in keys), np.int64, len(keys))
 
@@ -134,7 +130,7 @@ class AcceptanceRate:
         rows, probs = self.rows, self.problems
         at = list(map(rows.of.get, req_ids))
         if None in at:
-            at = [rows.get(k) or rows.add(k) for k in req_ids]
+            at = [rows.of.get(k) or rows.add(k) for k in req_ids]
         if len(set(at)) == len(at):  # distinct rows (a batch's): one add each
             rows.a[at] += accepted
             rows.r[at] += rej
@@ -143,33 +139,25 @@ class AcceptanceRate:
             np.add.at(rows.r, at, rej)
         of = probs.of
         acc, rj = accepted.tolist(), rej.tolist()
-        if len(of) + len(problem_ids) <= self.max_problems:  # none can be forgotten: each problem's sums at once
-            sums: dict[int, list[float]] = {}
-            for pid, a, r in zip(problem_ids, acc, rj):
-                s = of.pop(pid, 0)  # re-inserted: now the most recent
-                if s:
-                    of[pid] = s
-                else:
-                    s = probs.add(pid)
-                c = sums.get(s)
-                if c is None:
-                    c = sums[s] = [float(probs.a[s]), float(probs.r[s])]
-                c[0] += a  # in order, one by one: the same float sums as adding row after row
-                c[1] += r
-            pa, pr = probs.a, probs.r
-            for s, (a, r) in sums.items():
-                pa[s], pr[s] = a, r
-        else:
-            for pid, a, r in zip(problem_ids, acc, rj):
-                s = of.pop(pid, 0)
-                if s:
-                    of[pid] = s
-                else:
-                    s = probs.add(pid)
-                probs.a[s] += a
-                probs.r[s] += r
-                if len(of) > self.max_problems:
-                    probs.drop(next(iter(of)))
+        sums: dict[int, list[float]] = {}  # slot -> its problem's counts, written back at the end
+        for pid, a, r in zip(problem_ids, acc, rj):
+            s = of.pop(pid, 0)  # re-inserted: now the most recent
+            if s:
+                of[pid] = s
+            else:
+                s = probs.add(pid)
+                if len(of) > self.max_problems:  # the least recent is forgotten (its slot may come back zeroed)
+                    first = next(iter(of))
+                    sums.pop(of[first], None)
+                    probs.drop(first)
+            c = sums.get(s)
+            if c is None:
+                c = sums[s] = [float(probs.a[s]), float(probs.r[s])]
+            c[0] += a  # in order, one by one: the same float sums as adding row after row
+            c[1] += r
+        pa, pr = probs.a, probs.r
+        for s, (a, r) in sums.items():
+            pa[s], pr[s] = a, r
         run_a, run_r = self._run
         for a, r in zip(acc, rj):
             run_a, run_r = run_a + a, run_r + r

@@ -24,8 +24,7 @@ forward are capped and spent critical row first. `trim` then cuts each draft to 
 expected price, node i accepted with probability its path probability times a calibration (accepted /
 expected over the verified drafts).
 
-The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py): per row, pulled to its problem,
-decayed per step so that a problem that stopped drafting is probed again. The spending is logged per length
+The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py). The spending is logged per length
 class (`spent`: drafted tokens per class since the last `take_spent`).
 
 The per-row state lives in arrays (a slot per request), a batch is read as arrays (`RowBatch`), and the split
@@ -356,18 +355,16 @@ class ForwardAllowance:
         + row) < c_tok, m0 that bound of the group, drafts nothing. Margins keep it true in floating point."""
         lat = self.latency
         ctx = rows.prompt_len + rows.generated  # [B]
+        every = bool(caps.all())
         # A quick no: some row pays even alone (its own cost is monotone in its context: the longest's is the most)
-        if float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
-                lat.c_tok * (1.0 - 1e-6) and caps.all():
+        if every and float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
+                lat.c_tok * (1.0 - 1e-6):
             return False
         row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
-        if not caps.all():
-            can = caps > 0  # [B]
-            if not np.count_nonzero(can):
-                return True
-            p, row_can = p[can], row[can]  # only rows that may draft can pay; every row counts in the group
-        else:
-            can, row_can = None, row
+        can = slice(None) if every else caps > 0  # [B] only rows that may draft can pay; every row counts in the group
+        if not every and not np.count_nonzero(can):
+            return True
+        p, row_can = p[can], row[can]  # [C]
         r_lo, r_hi = float(row_can.min()), float(row_can.max())
         if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
             return False
@@ -377,31 +374,22 @@ class ForwardAllowance:
         # The loose bound first (scalars): every row's first draft token surely pays alone at m = 1.
         r_max = float(remaining.max())
         extra = lat.c_tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
-        if can is None and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
+        if every and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
             m0 = max(int(np.count_nonzero(remaining > r_max / ((1.0 + q_lo) * (1.0 - 1e-12)) * (1 + 1e-9))), 1)
             if q_hi * (lat.c_base / m0 + r_hi) <= lat.c_tok * (1.0 - 1e-6):
                 return True
         # Row by row (arrays): the horizon's bound from each row's own acceptance.
-        q = np.minimum(np.maximum(p, 0.0), 1.0)  # [C]
-        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * (ctx if can is None else ctx[can])) \
+        q = _unit(p)  # [C]
+        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx[can]) \
             * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
         bound = remaining.copy()  # [B] each row's forwards at m = 1, bounded above (1: rows that cannot draft)
-        pr = bound if can is None else bound[can]
-        pr = np.where(pay1, pr / ((1.0 + q) * (1.0 - 1e-12)), pr)
-        if can is None:
-            bound = pr
-        else:
-            bound[can] = pr
+        bound[can] = np.where(pay1, bound[can] / ((1.0 + q) * (1.0 - 1e-12)), bound[can])
         m0 = max(int(np.count_nonzero(remaining > float(bound.max()) * (1 + 1e-9))), 1)
         return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
 
     def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
-        """([B] each row's priced draft, [B] what it drafts): rows off the critical group carry c_base / B
-        (any of the B live rows may turn out to be the last) and the whole c_draft; the group's m rows share
-        c_base and c_draft (they draft together) and draft what keeps them within the critical path
-        (module docstring)."""
+        """([B] each row's priced draft, [B] what it drafts): the critical group's split (module docstring)."""
         lat = self.latency
-        n = len(rows)
         ctx = (rows.prompt_len + rows.generated).astype(np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
         # E(d) by numpy (its power), the costs in the native split
@@ -513,14 +501,6 @@ class ForwardAllowance:
         """Priced drafts are trimmed (unpriced ones are kept as proposed)."""
         return self.latency is not None
 
-    @property
-    def _price(self) -> dict[Hashable, tuple[float, float, float]]:
-        """{req: (share, own cost, extra cost of drafting)} of the last priced batch (for inspection)."""
-        if self._prices is None:
-            return {}
-        keys, share, row, extra = self._prices
-        return {k: v for k, v in zip(keys, zip(share.tolist(), row.tolist(), extra.tolist()))}
-
     def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
         """Each draft cut to the prefix with the fewest expected seconds per emitted token, node i accepted
         with probability its path probability x the calibration (accepted / expected over the verified
@@ -543,9 +523,8 @@ class ForwardAllowance:
 
     def _cut(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch, match_factor: float) -> np.ndarray:
         """[B] the nodes each draft keeps: at most match_factor x its match length (0: no such cap), then, where
-        priced (where[b] >= 0), the prefix with the fewest expected seconds per emitted token, node i accepted
-        with probability min(path probability x calibration, 1) -- in the native core (dasrl/_core cut_chains,
-        numpy's arithmetic). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
+        priced (where[b] >= 0, the row's place in the priced batch), cut by `trim`'s rule in the native core
+        (dasrl/_core cut_chains). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
         a, x = self._calib
         calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
         priced = where >= 0  # [B]

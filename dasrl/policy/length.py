@@ -183,13 +183,11 @@ class LengthClassifier:
         self._tables.pop(problem_id, None)
         self._thr = None
         self.version += 1
-        while len(self._lengths) > self.config.max_problems:
-            self._forget(next(iter(self._lengths)))
-
-    def _forget(self, problem_id: Hashable) -> None:
-        for x in self._lengths.pop(problem_id):
-            self._pooled.add(x, -1)
-        self._tables.pop(problem_id, None)
+        while len(self._lengths) > self.config.max_problems:  # the least recent problem is forgotten
+            old = next(iter(self._lengths))
+            for x in self._lengths.pop(old):
+                self._pooled.add(x, -1)
+            self._tables.pop(old, None)
 
     @property
     def num_problems(self) -> int:
@@ -254,9 +252,6 @@ class LengthClassifier:
             cls = 2 if generated >= hi or self._pooled.n else 1
             return tuple(float(c == cls) for c in range(3))
         return total[0] / z, total[1] / z, total[2] / z
-
-    def initial_class(self, problem_id: Hashable) -> str:
-        return self.classify(problem_id, 0)
 
     def classify(self, problem_id: Hashable, generated: int = 0) -> str:
         """argmax_c P(c | L >= generated, problem); ties go to the longer class."""

@@ -74,11 +74,16 @@ def _lengths(n: int) -> tuple[np.ndarray, np.ndarray]:
     return out
 
 
-def _tokens_per_forward(k, p, k1: np.ndarray | None = None) -> np.ndarray:
-    """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p (clipped to
-    [0, 1]): 1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token). k1: k + 1 as
-    float64, when at hand."""
-    k, p = np.asarray(k, np.float64), _unit(np.asarray(p, np.float64))
+def _tokens_per_forward(k, p) -> np.ndarray:
+    """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
+    1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
+    return _tokens_unit(k, _unit(np.asarray(p, np.float64)))
+
+
+def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
+    """_tokens_per_forward of a p already in [0, 1] (the per-step path clips it once; k1: k + 1 as float64,
+    when at hand)."""
+    k = np.asarray(k, np.float64)
     one = p >= 1.0
     if not one.any():  # the usual case: the formula alone
         return (1.0 - p ** (k + 1 if k1 is None else k1)) / (1.0 - p)
@@ -361,10 +366,13 @@ class ForwardAllowance:
                 lat.c_tok * (1.0 - 1e-6):
             return False
         row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
-        can = slice(None) if every else caps > 0  # [B] only rows that may draft can pay; every row counts in the group
-        if not every and not np.count_nonzero(can):
-            return True
-        p, row_can = p[can], row[can]  # [C]
+        # Only the rows that may draft can pay (p, ctx_can, row_can, rem_can: theirs); every row counts in the group.
+        ctx_can, row_can, rem_can = ctx, row, remaining  # [C]
+        if not every:
+            can = caps > 0  # [B]
+            if not np.count_nonzero(can):
+                return True
+            p, ctx_can, row_can, rem_can = p[can], ctx[can], row[can], remaining[can]
         r_lo, r_hi = float(row_can.min()), float(row_can.max())
         if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
             return False
@@ -380,11 +388,13 @@ class ForwardAllowance:
                 return True
         # Row by row (arrays): the horizon's bound from each row's own acceptance.
         q = _unit(p)  # [C]
-        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx[can]) \
+        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx_can) \
             * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
-        bound = remaining.copy()  # [B] each row's forwards at m = 1, bounded above (1: rows that cannot draft)
-        bound[can] = np.where(pay1, bound[can] / ((1.0 + q) * (1.0 - 1e-12)), bound[can])
-        m0 = max(int(np.count_nonzero(remaining > float(bound.max()) * (1 + 1e-9))), 1)
+        # each row's forwards at m = 1, bounded above: the longest
+        top = float(np.where(pay1, rem_can / ((1.0 + q) * (1.0 - 1e-12)), rem_can).max())
+        if not every:  # a row that cannot draft takes its remaining length
+            top = max(top, float(remaining[~can].max()))
+        m0 = max(int(np.count_nonzero(remaining > top * (1 + 1e-9))), 1)
         return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
 
     def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
@@ -396,7 +406,7 @@ class ForwardAllowance:
         pu, most = _unit(p), np.maximum(caps, 0)
         top = min(int(most.max()), _MAX_PRICED)
         d, d1 = _lengths(top + 1)
-        e = _tokens_per_forward(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
+        e = _tokens_unit(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
         # The split, row by row in the native core (dasrl/_core price_split, numpy's arithmetic):
         #   solo = the cheapest draft at share c_base / n (and the whole c_draft); at_solo = remaining / E(solo);
         #   m = 1, then: crit = the cheapest at c_base / m, c_draft / m; horizon = max(remaining / E(crit));

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from dasrl.policy.acceptance import AcceptanceRate
 from dasrl.drafter.base import Draft, DraftBatch
-from dasrl.policy.allowance import _CALIB_PRIOR, ClassCaps, ForwardAllowance, _pace_draft, _priced_draft, _tokens_per_forward
+from dasrl.policy.allowance import _CALIB_PRIOR, ClassCaps, ForwardAllowance, _pace_draft, _tokens_per_forward
 from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
+from support.rowwise_policy import priced_draft
 
 LAT = LatencyModel(0.05, 0.0025)
 
@@ -66,14 +67,14 @@ def test_priced_draft_by_hand():
     # (share + row + c_tok d + [d > 0] kv) / E(d, p), E(d, 0.5) = 2 - 0.5^d. A row carrying the forward
     # (share 0.05): d = 0..4 cost 0.0525, 0.0367, 0.0329, 0.0320, 0.0323 per token -> 3.
     price = dict(row=0.0025, c_tok=0.0025)
-    assert _priced_draft([0.5], [6], share=0.05, kv=0.0, **price).tolist() == [3]
+    assert priced_draft([0.5], [6], share=0.05, kv=0.0, **price).tolist() == [3]
     # Alone (share 0) it pays only for itself: d = 1 costs 0.005 / 1.5 > 0.0025 -> plain decoding.
-    assert _priced_draft([0.5], [6], share=0.0, kv=0.0, **price).tolist() == [0]
+    assert priced_draft([0.5], [6], share=0.0, kv=0.0, **price).tolist() == [0]
     # A fixed cost of drafting at all (kv 0.02) is spread over longer drafts: 0.0525, 0.05, 0.0443,
     # 0.04267, 0.04258, 0.04317 -> 4.
-    assert _priced_draft([0.5], [6], share=0.05, kv=0.02, **price).tolist() == [4]
-    assert _priced_draft([0.0, 1.0, 0.5], [6, 6, 2], share=0.05, kv=0.0, **price).tolist() == [0, 6, 2]
-    assert _priced_draft([], [], share=0.05, kv=0.0, **price).tolist() == []
+    assert priced_draft([0.5], [6], share=0.05, kv=0.02, **price).tolist() == [4]
+    assert priced_draft([0.0, 1.0, 0.5], [6, 6, 2], share=0.05, kv=0.0, **price).tolist() == [0, 6, 2]
+    assert priced_draft([], [], share=0.05, kv=0.0, **price).tolist() == []
 
 
 @settings(max_examples=200, deadline=None)
@@ -82,7 +83,7 @@ def test_priced_draft_by_hand():
 def test_priced_draft_is_the_cheapest_per_token(p, most, share, row, kv, c_tok):
     def per_token(d):  # the price, summed term by term
         return (share + row + c_tok * d + (kv if d else 0.0)) / sum(p ** j for j in range(d + 1))
-    d = int(_priced_draft([p], [most], share=share, row=row, kv=kv, c_tok=c_tok)[0])
+    d = int(priced_draft([p], [most], share=share, row=row, kv=kv, c_tok=c_tok)[0])
     assert 0 <= d <= most
     assert all(per_token(d) <= per_token(e) * (1 + 1e-9) for e in range(most + 1))
 
@@ -90,7 +91,7 @@ def test_priced_draft_is_the_cheapest_per_token(p, most, share, row, kv, c_tok):
 def test_a_lone_row_carries_the_forward_and_alike_rows_do_not_draft():
     # One row: it is the critical path, carries all of c_base and drafts its priced best at the prior p.
     pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
-    assert pol.budgets([_left(0, 50)]) == _priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
+    assert pol.budgets([_left(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist() == [4]
     # 32 rows alike: all of them must speed up to shorten the step, each carries c_base / 32 and none of them
     # pays for a draft.
     pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
@@ -125,7 +126,7 @@ def test_acceptance_is_a_geometric_rate():
     run = (10 + 0.6 * 8) / 18  # the run's counts pulled to the prior by 8 pseudo-tokens
     problem = (10 + run * 8) / 18  # the problem's, pulled to the run's
     assert pol.acceptance_rate(s) == pytest.approx((10 + problem * 8) / 18)
-    assert caps == _priced_draft([pol.acceptance_rate(s)], [64], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist()
+    assert caps == priced_draft([pol.acceptance_rate(s)], [64], share=0.05, row=0.0025, kv=0.0, c_tok=0.0025).tolist()
     assert caps[0] > 4
     before = pol.acceptance_rate(s)
     s.drafted, s.accepted = 20, 10  # the next draft of 10 was rejected at its first token
@@ -181,10 +182,10 @@ def test_the_critical_group_shares_the_fixed_cost_of_drafting():
     lat = LatencyModel(0.05, 0.0025, c_draft=0.02)
     price = dict(row=0.0025, c_tok=0.0025)
     assert ForwardAllowance(_caps(16), latency=lat).budgets([_left(0, 50)]) == [5]
-    assert _priced_draft([0.6], [16], share=0.05, kv=0.02, **price).tolist() == [5]
+    assert priced_draft([0.6], [16], share=0.05, kv=0.02, **price).tolist() == [5]
     # Two alike rows must both speed up to shorten the step: each carries half of c_base and of c_draft.
     assert ForwardAllowance(_caps(16), latency=lat).budgets([_left(0, 50), _left(1, 50)]) == [4, 4]
-    assert _priced_draft([0.6], [16], share=0.025, kv=0.01, **price).tolist() == [4]
+    assert priced_draft([0.6], [16], share=0.025, kv=0.01, **price).tolist() == [4]
     # A cap, when given, is spent critical row first.
     assert ForwardAllowance(_caps(16), 6, latency=lat).budgets([_left(0, 50), _left(1, 50)]) == [4, 2]
 
@@ -196,11 +197,15 @@ def _trim_spec(pol, states, drafts):
     calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
     q = np.minimum(drafts.probs * calib, 1.0)
     keep, expected = drafts.lengths.copy(), {}
+    price = {}
+    if pol._prices is not None:  # the last priced batch: its keys, [B] each row's share, own cost and extra cost
+        keys, *cols = pol._prices
+        price = dict(zip(keys, zip(*(c.tolist() for c in cols))))
     for b, s in enumerate(states):
         lo, hi = int(drafts.offsets[b]), int(drafts.offsets[b + 1])
-        if hi == lo or s.req_id not in pol._price:
+        if hi == lo or s.req_id not in price:
             continue
-        share, row, kv = pol._price[s.req_id]
+        share, row, kv = price[s.req_id]
         n = np.arange(hi - lo + 1)
         cost = (share + row + pol.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.concatenate([[0.0], np.cumsum(q[lo:hi])]))
         keep[b] = int(np.argmin(cost))

@@ -22,9 +22,9 @@ def make():
 
 def test_initial_class_from_problem_history():
     c = make()
-    assert c.initial_class("easy") == "short"
-    assert c.initial_class("hard") == "long"
-    assert c.initial_class("mid") == "medium"
+    assert c.classify("easy") == "short"  # generated = 0: the initial class
+    assert c.classify("hard") == "long"
+    assert c.classify("mid") == "medium"
 
 
 def test_runtime_update_grows_with_partial_length():
@@ -83,16 +83,24 @@ def test_history_window():
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=30), st.integers(0, 4),
        st.lists(st.integers(0, 80), min_size=1, max_size=6), st.integers(1, 10))
 def test_spans_hold_the_value_over_their_span(history, problem, gens, min_pooled):
-    """expected_span and classify_span: the value is expected_length's / classify's, and stays it for every
-    length up to the span's end (what the policy caches per row)."""
+    """expected_span and classify_span: the value is E[L | L >= g] (the mean of the problem's lengths that reach
+    g, else of the pooled ones, capped at max_len; none: the midpoint of g and max_len) / classify's, and stays
+    it for every length up to the span's end (what the policy caches per row)."""
     c = LengthClassifier(LengthConfig(min_pooled=min_pooled), max_len=70)
     for pid, n in history:
         c.record(pid, n)
+
+    def mean_from(g):
+        for ls in (c.lengths(problem), c.pooled()):
+            if (ls >= g).any():
+                return min(int(ls[ls >= g].sum()) / int((ls >= g).sum()), c.max_len)
+        return (g + c.max_len) / 2
+
     for g in gens:
         e, last = c.expected_span(problem, g)
         cls, clast = c.classify_span(problem, g)
         assert last >= g and clast >= g
         for h in range(g, min(last, g + 40) + 1):
-            assert c.expected_length(problem, h) == e
+            assert c.expected_length(problem, h) == e == mean_from(h)
         for h in range(g, min(clast, g + 40) + 1):
             assert c.classify(problem, h) == cls

@@ -14,8 +14,8 @@ long sample: on the math preset at T = 0.6 the row that set a step stopped at p 
 and never drafted again, though a zero-waste replay drafts it 16 at a time).
 
 The counts live in arrays, a slot per row and per problem (slot 0: none, all zeros), so that the policy
-reads and ages a whole batch's at once (`rates`, `idle_slots`); the per-request methods are the same
-arithmetic one value at a time.
+reads and ages a whole batch's at once (`rates`, `idle_slots`, `record_batch`); the per-request methods are
+those on one row.
 """
 
 from __future__ import annotations
@@ -27,19 +27,19 @@ import numpy as np
 
 
 class _Slots:
-    """Keys -> slots >= 1 of two float64 count arrays (slot 0 stays zero: "no counts"); freed slots are
-    reused. `version` changes whenever a key gains or loses its slot (a cached key -> slot map is stale)."""
+    """Keys -> slots of per-key arrays (one per name in `fields`: `_Slots(first, a=np.float64)` has `.a`), a
+    freed slot reused and zeroed when next taken. Slots below `first` belong to no key (the acceptance's slot 0:
+    "no counts", all zeros). `version` changes whenever a key gains or loses its slot (a cached key -> slot
+    map is stale)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int, **fields: type) -> None:
         self.of: dict[Hashable, int] = {}
-        self.a = np.zeros(16)
-        self.r = np.zeros(16)
+        self._fields, self._first = fields, first
         self._free: list[int] = []
-        self._next = 1
+        self._next = first
         self.version = 0
-
-    def get(self, key: Hashable) -> int:
-        return self.of.get(key, 0)
+        for name, dt in fields.items():
+            setattr(self, name, np.zeros(16, dt))
 
     def add(self, key: Hashable) -> int:
         if self._free:
@@ -47,30 +47,32 @@ class _Slots:
         else:
             s = self._next
             self._next += 1
-            if s >= len(self.a):
-                self.a = np.concatenate([self.a, np.zeros(len(self.a))])
-                self.r = np.concatenate([self.r, np.zeros(len(self.r))])
+        for name in self._fields:
+            arr = getattr(self, name)
+            if s >= len(arr):
+                arr = np.concatenate([arr, np.zeros(len(arr), arr.dtype)])
+                setattr(self, name, arr)
+            arr[s] = 0
         self.of[key] = s
         self.version += 1
         return s
 
     def drop(self, key: Hashable) -> None:
-        s = self.of.pop(key)
-        self.a[s] = self.r[s] = 0.0
-        self._free.append(s)
-        self.version += 1
+        s = self.of.pop(key, None)
+        if s is not None:
+            self._free.append(s)
+            self.version += 1
 
     def clear(self) -> None:
         self.of.clear()
-        self.a[:] = 0.0
-        self.r[:] = 0.0
         self._free.clear()
-        self._next = 1
+        self._next = self._first
         self.version += 1
 
     def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
-        get = self.of.get
-        return np.fromiter((get(k, 0) for k in keys), np.int64, len(keys))
+        """[B] the slot of each key (`first` - 1 where it has none)."""
+        get, none = self.of.get, self._first - 1
+        return np.fromiter((get(k, none) for k in keys), np.int64, len(keys))
 
 
 class AcceptanceRate:
@@ -87,33 +89,22 @@ class AcceptanceRate:
             raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.prior_p, self.prior_tokens, self.decay, self.max_problems = prior_p, prior_tokens, decay, max_problems
         self.row_decay = row_decay
-        self.rows = _Slots()
+        self.rows = _Slots(1, a=np.float64, r=np.float64)
         """req -> (accepted, rejections), decayed while idle."""
-        self.problems = _Slots()
+        self.problems = _Slots(1, a=np.float64, r=np.float64)
         """problem -> (accepted, rejections), decayed; in order of last update (the first is forgotten past
         max_problems)."""
         self._run = [0.0, 0.0]  # every problem's (accepted, rejections), decayed alike
 
-    def _run_rate(self) -> float:
-        w = self.prior_tokens
-        a, r = self._run
-        return (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
-
     def rate(self, req_id: Hashable, problem_id: Hashable) -> float:
-        w = self.prior_tokens
-        run = self._run_rate()
-        s = self.problems.get(problem_id)
-        a, r = float(self.problems.a[s]), float(self.problems.r[s])
-        problem = (a + run * w) / (a + r + w) if a + r + w > 0 else run
-        s = self.rows.get(req_id)
-        a, r = float(self.rows.a[s]), float(self.rows.r[s])
-        return (a + problem * w) / (a + r + w) if a + r + w > 0 else problem
+        return float(self.rates(self.rows.slots([req_id]), self.problems.slots([problem_id]))[0])
 
     def rates(self, row_slots: np.ndarray, problem_slots: np.ndarray) -> np.ndarray:
-        """[B] `rate` of every row at once: row_slots from `rows.slots(req_ids)`, problem_slots from
-        `problems.slots(problem_ids)` (the same arithmetic, element by element)."""
+        """[B] the rate of each row: row_slots from `rows.slots(req_ids)`, problem_slots from
+        `problems.slots(problem_ids)`."""
         w = self.prior_tokens
-        run = self._run_rate()
+        a, r = self._run
+        run = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
         a, r = self.problems.a[problem_slots], self.problems.r[problem_slots]
         den = a + r + w
         if w > 0:  # den > 0 everywhere
@@ -128,32 +119,18 @@ class AcceptanceRate:
 
     def record(self, req_id: Hashable, problem_id: Hashable, *, drafted: int, accepted: int) -> None:
         """A verified draft of `drafted` tokens of which the first `accepted` were kept."""
-        if drafted <= 0:
-            return
-        rejected = int(accepted < drafted)
-        rows, probs = self.rows, self.problems
-        s = rows.get(req_id) or rows.add(req_id)
-        rows.a[s] += accepted
-        rows.r[s] += rejected
-        s = probs.of.pop(problem_id, 0)  # re-inserted: now the most recent
-        if s:
-            probs.of[problem_id] = s
-        else:
-            s = probs.add(problem_id)
-        probs.a[s] += accepted
-        probs.r[s] += rejected
-        self._run = [self._run[0] + accepted, self._run[1] + rejected]
-        if len(probs.of) > self.max_problems:
-            probs.drop(next(iter(probs.of)))
+        if drafted > 0:
+            self.record_batch([req_id], [problem_id], np.array([drafted], np.int64), np.array([accepted], np.int64))
 
     def record_batch(self, req_ids: Sequence[Hashable], problem_ids: Sequence[Hashable], drafted: np.ndarray,
                      accepted: np.ndarray) -> None:
-        """`record` of each (req_ids[i], problem_ids[i], drafted[i], accepted[i]) in turn (drafted[i] > 0)."""
+        """A verified draft of drafted[i] > 0 tokens of which the first accepted[i] were kept, for each row i
+        in turn ([n] arrays)."""
         rej = (accepted < drafted).astype(np.int64)  # [n]
         rows, probs = self.rows, self.problems
         at = list(map(rows.of.get, req_ids))
         if None in at:
-            at = [rows.get(k) or rows.add(k) for k in req_ids]
+            at = [rows.of.get(k) or rows.add(k) for k in req_ids]
         if len(set(at)) == len(at):  # distinct rows (a batch's): one add each
             rows.a[at] += accepted
             rows.r[at] += rej
@@ -162,33 +139,25 @@ class AcceptanceRate:
             np.add.at(rows.r, at, rej)
         of = probs.of
         acc, rj = accepted.tolist(), rej.tolist()
-        if len(of) + len(problem_ids) <= self.max_problems:  # none can be forgotten: each problem's sums at once
-            sums: dict[int, list[float]] = {}
-            for pid, a, r in zip(problem_ids, acc, rj):
-                s = of.pop(pid, 0)  # re-inserted: now the most recent
-                if s:
-                    of[pid] = s
-                else:
-                    s = probs.add(pid)
-                c = sums.get(s)
-                if c is None:
-                    c = sums[s] = [float(probs.a[s]), float(probs.r[s])]
-                c[0] += a  # in order, one by one: the same float sums as record's
-                c[1] += r
-            pa, pr = probs.a, probs.r
-            for s, (a, r) in sums.items():
-                pa[s], pr[s] = a, r
-        else:
-            for pid, a, r in zip(problem_ids, acc, rj):
-                s = of.pop(pid, 0)
-                if s:
-                    of[pid] = s
-                else:
-                    s = probs.add(pid)
-                probs.a[s] += a
-                probs.r[s] += r
-                if len(of) > self.max_problems:
-                    probs.drop(next(iter(of)))
+        sums: dict[int, list[float]] = {}  # slot -> its problem's counts, written back at the end
+        for pid, a, r in zip(problem_ids, acc, rj):
+            s = of.pop(pid, 0)  # re-inserted: now the most recent
+            if s:
+                of[pid] = s
+            else:
+                s = probs.add(pid)
+                if len(of) > self.max_problems:  # the least recent is forgotten (its slot may come back zeroed)
+                    first = next(iter(of))
+                    sums.pop(of[first], None)
+                    probs.drop(first)
+            c = sums.get(s)
+            if c is None:
+                c = sums[s] = [float(probs.a[s]), float(probs.r[s])]
+            c[0] += a  # in order, one by one: the same float sums as adding row after row
+            c[1] += r
+        pa, pr = probs.a, probs.r
+        for s, (a, r) in sums.items():
+            pa[s], pr[s] = a, r
         run_a, run_r = self._run
         for a, r in zip(acc, rj):
             run_a, run_r = run_a + a, run_r + r
@@ -196,10 +165,7 @@ class AcceptanceRate:
 
     def idle(self, req_id: Hashable) -> None:
         """The row drafts nothing this forward: its own evidence ages (it will probe again)."""
-        s = self.rows.get(req_id)
-        if s:
-            self.rows.a[s] *= self.row_decay
-            self.rows.r[s] *= self.row_decay
+        self.idle_slots(self.rows.slots([req_id]))
 
     def idle_slots(self, row_slots: np.ndarray) -> None:
         """`idle` for the rows at these slots (distinct; slot 0, a row without counts, stays zero)."""
@@ -207,8 +173,7 @@ class AcceptanceRate:
         self.rows.r[row_slots] *= self.row_decay
 
     def forget_row(self, req_id: Hashable) -> None:
-        if req_id in self.rows.of:
-            self.rows.drop(req_id)
+        self.rows.drop(req_id)
 
     def end_step(self) -> None:
         """Rows are gone; every problem's counts decay."""

@@ -12,7 +12,7 @@ c_base is paid once per forward and the step lasts as long as its longest rows (
 rows predicted to make that path together carry c_base / m and c_draft / m each (all of them must speed up
 to shorten it, and they draft together); every other row carries c_base / B (length predictions are rough:
 any of the B live rows may turn out to be the last) and the whole c_draft. Each row drafts the d with the
-lowest price (`_priced_draft`): at low acceptance, or while many rows are alike early in a step, that is 0 —
+lowest price (`_priced`): at low acceptance, or while many rows are alike early in a step, that is 0 —
 speculation stops by itself where drafts stop paying — and in the collapsed tail one row carries the
 whole forward and drafts long.
 
@@ -24,8 +24,7 @@ forward are capped and spent critical row first. `trim` then cuts each draft to 
 expected price, node i accepted with probability its path probability times a calibration (accepted /
 expected over the verified drafts).
 
-The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py): per row, pulled to its problem,
-decayed per step so that a problem that stopped drafting is probed again. The spending is logged per length
+The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py). The spending is logged per length
 class (`spent`: drafted tokens per class since the last `take_spent`).
 
 The per-row state lives in arrays (a slot per request), a batch is read as arrays (`RowBatch`), and the split
@@ -39,55 +38,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Hashable, Sequence
 
 import numpy as np
 
 from dasrl import _core
 from dasrl.drafter.base import DraftBatch
-from dasrl.policy.acceptance import AcceptanceRate
+from dasrl.policy.acceptance import AcceptanceRate, _Slots
 from dasrl.policy.base import RequestState
 from dasrl.policy.latency import LatencyModel
-from dasrl.policy.length import CLASSES, LengthClassifier, LengthConfig
-
-
-def _priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
-    """Per row, the draft length d in [0, most] with the fewest expected seconds per emitted token,
-    (share + row + c_tok * d + [d > 0] * kv) / E(d, p): `share` the part of the forward's fixed cost the
-    row carries, `row` its own cost per forward (its token and its KV read), `kv` the extra cost of feeding
-    it more than one token. All [B] (or scalars)."""
-    return _Prices(p, most, row=row, kv=kv, c_tok=c_tok).best(share)
-
-
-class _Prices:
-    """The per-row price table of `_priced_draft`, built once and asked for several shares (ForwardAllowance
-    prices a batch with the native split: the same tables, the same arithmetic)."""
-
-    def __init__(self, p, most, *, row, kv, c_tok: float) -> None:
-        p = _unit(np.atleast_1d(np.asarray(p, np.float64)))
-        most = np.maximum(_as_shape(np.asarray(most, np.int64), p.shape), 0)
-        self.shape = p.shape
-        top = int(most.max(initial=0))
-        d, self.drafts, d1 = _lengths(min(top, _MAX_PRICED) + 1)  # [D], [1, D] the lengths that draft at all, [1, D] d + 1
-        row, kv = (_as_shape(np.asarray(x, np.float64), p.shape)[:, None] for x in (row, kv))
-        self.cost = row + c_tok * d[None, :] + kv * self.drafts  # [B, D] seconds per forward, no share
-        self.e = _tokens_unit(d[None, :], p[:, None], d1)  # [B, D] expected tokens per forward
-        # [B, D] the lengths each row may draft (None: every row all of them)
-        self.allowed = None if not most.size or int(most.min()) >= min(top, _MAX_PRICED) else d[None, :] <= most[:, None]
-
-    def best(self, share, fixed=0.0) -> np.ndarray:
-        """[B] the cheapest d per row when it carries `share` of every forward and `fixed` of one it drafts in
-        (each a scalar or [B])."""
-        if self.cost.shape[1] == 1:  # nobody may draft
-            return np.zeros(self.shape, np.int64)
-        if type(share) is not float:
-            share = share if np.ndim(share) == 0 else np.asarray(share, np.float64)[:, None]
-        if type(fixed) is not float:
-            fixed = fixed if np.ndim(fixed) == 0 else np.asarray(fixed, np.float64)[:, None]
-        cost = share + self.cost + fixed * self.drafts  # [B, D]
-        per_token = cost / self.e if self.allowed is None else np.where(self.allowed, cost / self.e, np.inf)  # [B, D]
-        return np.argmin(per_token, axis=1)  # ties: the shorter draft
+from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
 _MAX_PRICED = 256
@@ -99,22 +60,18 @@ def _unit(p: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(p, 0.0), 1.0)
 
 
-_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _lengths(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(arange(n), [1, n] which draft at all, [1, n] the lengths + 1 as float64), kept per n (read only)."""
+def _lengths(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(arange(n), [1, n] the lengths + 1 as float64), kept per n (read only)."""
     out = _LENGTHS.get(n)
     if out is None:
         d = np.arange(n)
-        out = _LENGTHS[n] = (d, (d > 0)[None, :], (d.astype(np.float64) + 1)[None, :])
+        out = _LENGTHS[n] = (d, (d.astype(np.float64) + 1)[None, :])
         for a in out:
             a.flags.writeable = False
     return out
-
-
-def _as_shape(x: np.ndarray, shape: tuple) -> np.ndarray:
-    return x if x.shape == shape else np.broadcast_to(x, shape)
 
 
 def _tokens_per_forward(k, p) -> np.ndarray:
@@ -124,7 +81,8 @@ def _tokens_per_forward(k, p) -> np.ndarray:
 
 
 def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
-    """_tokens_per_forward of a p already in [0, 1] (k1: k + 1 as float64, when at hand)."""
+    """_tokens_per_forward of a p already in [0, 1] (the per-step path clips it once; k1: k + 1 as float64,
+    when at hand)."""
     k = np.asarray(k, np.float64)
     one = p >= 1.0
     if not one.any():  # the usual case: the formula alone
@@ -177,9 +135,9 @@ class ClassCaps:
     """Cap of requests predicted long."""
 
     def __post_init__(self) -> None:
-        for c in CLASSES:
-            if getattr(self, c) < 0:
-                raise ValueError(f"cap for class {c!r} must be >= 0, got {getattr(self, c)}")
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"cap for class {f.name!r} must be >= 0, got {getattr(self, f.name)}")
 
     def uniform(self) -> int | None:
         """The cap every row gets whatever its class (equal caps), else None."""
@@ -213,7 +171,7 @@ class RowBatch:
                         col("max_new_tokens"), col("generated"), col("drafted"), col("accepted"))
 
 
-class _RowSlots:
+class _RowSlots(_Slots):
     """The allowance's per-row state in arrays, a slot per request key: what the row drafted and had accepted
     when last folded in (`drafted`, `accepted`) and the class it last drafted under (`cls`, a _CLASS_NAMES
     code); and its expected length, cached while the length history stays and its length stays within the
@@ -221,24 +179,9 @@ class _RowSlots:
     version `e_version`). A key without a slot has (0, 0, "none") and nothing cached."""
 
     def __init__(self) -> None:
-        self.of: dict[Hashable, int] = {}
-        self._free: list[int] = []
-        self._next = 0
-        self.version = 0
-        """Changes whenever a key gains or loses its slot."""
-        self._grow(16)
+        super().__init__(0, drafted=np.int64, accepted=np.int64, cls=np.int32, e=np.float64, e_last=np.int64,
+                         e_version=np.int64, c_code=np.int32, c_last=np.int64, c_version=np.int64)
         self._cache: tuple[object, int, np.ndarray] | None = None  # (keys, version, slots)
-
-    def _grow(self, n: int) -> None:
-        old = getattr(self, "drafted", None)
-        size = 0 if old is None else len(old)
-        new = {"drafted": np.int64, "accepted": np.int64, "cls": np.int32, "e": np.float64, "e_last": np.int64,
-               "e_version": np.int64, "c_code": np.int32, "c_last": np.int64, "c_version": np.int64}
-        for name, dt in new.items():
-            arr = np.zeros(n, dt)
-            if old is not None:
-                arr[:size] = getattr(self, name)
-            setattr(self, name, arr)
 
     def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
         """[B] the slot of each key, made for the keys without one. The same keys list object as the last
@@ -246,41 +189,19 @@ class _RowSlots:
         c = self._cache
         if c is not None and c[0] is keys and c[1] == self.version:
             return c[2]
-        get = self.of.get
-        out = np.fromiter((get(k, -1) for k in keys), np.int64, len(keys))
+        out = super().slots(keys)
         if (out < 0).any():
             for i in np.flatnonzero(out < 0).tolist():
                 out[i] = self.of.get(keys[i], -1)
                 if out[i] < 0:  # a key twice in one batch takes one slot
-                    out[i] = self._add(keys[i])
+                    out[i] = self.add(keys[i])
         self._cache = (keys, self.version, out)
         return out
 
-    def _add(self, key: Hashable) -> int:
-        if self._free:
-            s = self._free.pop()
-        else:
-            s = self._next
-            self._next += 1
-            if s >= len(self.drafted):
-                self._grow(2 * len(self.drafted))
-        self.drafted[s] = self.accepted[s] = self.cls[s] = 0
-        self.e_version[s] = self.c_version[s] = -1
-        self.of[key] = s
-        self.version += 1
+    def add(self, key: Hashable) -> int:
+        s = super().add(key)
+        self.e_version[s] = self.c_version[s] = -1  # nothing cached
         return s
-
-    def drop(self, key: Hashable) -> None:
-        s = self.of.pop(key, None)
-        if s is not None:
-            self._free.append(s)
-            self.version += 1
-
-    def clear(self) -> None:
-        self.of.clear()
-        self._free.clear()
-        self._next = 0
-        self.version += 1
 
 
 class ForwardAllowance:
@@ -379,7 +300,7 @@ class ForwardAllowance:
     def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
         """[B] what each row drafts (the module docstring), given its class cap; `classify(i)` names the class
         row i drafts under (asked for the drafting rows only; None: its length class, cached per row)."""
-        p = self._rates(rows)  # [B] per-token acceptance
+        p = self.acceptance.rates(*self._acc_slots(rows))  # [B] per-token acceptance
         remaining = np.maximum(self._remaining(rows, slots), 1.0)  # [B] predicted tokens still to come
         if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
             best = caps
@@ -439,18 +360,19 @@ class ForwardAllowance:
         + row) < c_tok, m0 that bound of the group, drafts nothing. Margins keep it true in floating point."""
         lat = self.latency
         ctx = rows.prompt_len + rows.generated  # [B]
+        every = bool(caps.all())
         # A quick no: some row pays even alone (its own cost is monotone in its context: the longest's is the most)
-        if float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
-                lat.c_tok * (1.0 - 1e-6) and caps.all():
+        if every and float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
+                lat.c_tok * (1.0 - 1e-6):
             return False
         row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
-        if not caps.all():
+        # Only the rows that may draft can pay (p, ctx_can, row_can, rem_can: theirs); every row counts in the group.
+        ctx_can, row_can, rem_can = ctx, row, remaining  # [C]
+        if not every:
             can = caps > 0  # [B]
             if not np.count_nonzero(can):
                 return True
-            p, row_can = p[can], row[can]  # only rows that may draft can pay; every row counts in the group
-        else:
-            can, row_can = None, row
+            p, ctx_can, row_can, rem_can = p[can], ctx[can], row[can], remaining[can]
         r_lo, r_hi = float(row_can.min()), float(row_can.max())
         if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
             return False
@@ -460,37 +382,30 @@ class ForwardAllowance:
         # The loose bound first (scalars): every row's first draft token surely pays alone at m = 1.
         r_max = float(remaining.max())
         extra = lat.c_tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
-        if can is None and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
+        if every and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
             m0 = max(int(np.count_nonzero(remaining > r_max / ((1.0 + q_lo) * (1.0 - 1e-12)) * (1 + 1e-9))), 1)
             if q_hi * (lat.c_base / m0 + r_hi) <= lat.c_tok * (1.0 - 1e-6):
                 return True
         # Row by row (arrays): the horizon's bound from each row's own acceptance.
-        q = np.minimum(np.maximum(p, 0.0), 1.0)  # [C]
-        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * (ctx if can is None else ctx[can])) \
+        q = _unit(p)  # [C]
+        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx_can) \
             * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
-        bound = remaining.copy()  # [B] each row's forwards at m = 1, bounded above (1: rows that cannot draft)
-        pr = bound if can is None else bound[can]
-        pr = np.where(pay1, pr / ((1.0 + q) * (1.0 - 1e-12)), pr)
-        if can is None:
-            bound = pr
-        else:
-            bound[can] = pr
-        m0 = max(int(np.count_nonzero(remaining > float(bound.max()) * (1 + 1e-9))), 1)
+        # each row's forwards at m = 1, bounded above: the longest
+        top = float(np.where(pay1, rem_can / ((1.0 + q) * (1.0 - 1e-12)), rem_can).max())
+        if not every:  # a row that cannot draft takes its remaining length
+            top = max(top, float(remaining[~can].max()))
+        m0 = max(int(np.count_nonzero(remaining > top * (1 + 1e-9))), 1)
         return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
 
     def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
-        """([B] each row's priced draft, [B] what it drafts): rows off the critical group carry c_base / B
-        (any of the B live rows may turn out to be the last) and the whole c_draft; the group's m rows share
-        c_base and c_draft (they draft together) and draft what keeps them within the critical path
-        (module docstring)."""
+        """([B] each row's priced draft, [B] what it drafts): the critical group's split (module docstring)."""
         lat = self.latency
-        n = len(rows)
         ctx = (rows.prompt_len + rows.generated).astype(np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
-        # _Prices' tables: E(d) by numpy (its power), the costs in the native split
+        # E(d) by numpy (its power), the costs in the native split
         pu, most = _unit(p), np.maximum(caps, 0)
         top = min(int(most.max()), _MAX_PRICED)
-        d, _, d1 = _lengths(top + 1)
+        d, d1 = _lengths(top + 1)
         e = _tokens_unit(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
         # The split, row by row in the native core (dasrl/_core price_split, numpy's arithmetic):
         #   solo = the cheapest draft at share c_base / n (and the whole c_draft); at_solo = remaining / E(solo);
@@ -516,9 +431,6 @@ class ForwardAllowance:
         if c[3] is not rows.problems or c[4] != acc.problems.version:
             c[3:6] = rows.problems, acc.problems.version, acc.problems.slots(rows.problems)
         return c[2], c[5]
-
-    def _rates(self, rows: RowBatch) -> np.ndarray:
-        return self.acceptance.rates(*self._acc_slots(rows))
 
     def _remaining(self, rows: RowBatch, slots: np.ndarray) -> np.ndarray:
         """[B] each row's predicted tokens still to come: min(E[L | L >= generated], max_new_tokens) -
@@ -599,14 +511,6 @@ class ForwardAllowance:
         """Priced drafts are trimmed (unpriced ones are kept as proposed)."""
         return self.latency is not None
 
-    @property
-    def _price(self) -> dict[Hashable, tuple[float, float, float]]:
-        """{req: (share, own cost, extra cost of drafting)} of the last priced batch (for inspection)."""
-        if self._prices is None:
-            return {}
-        keys, share, row, extra = self._prices
-        return {k: v for k, v in zip(keys, zip(share.tolist(), row.tolist(), extra.tolist()))}
-
     def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
         """Each draft cut to the prefix with the fewest expected seconds per emitted token, node i accepted
         with probability its path probability x the calibration (accepted / expected over the verified
@@ -615,7 +519,7 @@ class ForwardAllowance:
             return drafts
         at = {k: i for i, k in enumerate(self._prices[0])}
         where = np.fromiter((at.get(s.req_id, -1) for s in states), np.int64, len(states))
-        return self._trim([s.req_id for s in states], where, drafts)
+        return drafts.capped(self._cut([s.req_id for s in states], where, drafts, 0.0))
 
     def trim_rows(self, index: np.ndarray, drafts: DraftBatch, match_factor: float = 0.0) -> np.ndarray:
         """[D] the nodes each draft keeps: rows `index` (positions in the last `budgets_rows` batch, in order),
@@ -627,15 +531,10 @@ class ForwardAllowance:
                                     float(match_factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
         return self._cut([rows.keys[i] for i in index.tolist()], np.asarray(index, np.int64), drafts, match_factor)
 
-    def _trim(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch) -> DraftBatch:
-        """Each draft b (of request keys[b], row where[b] of the priced batch; -1: not priced) cut by price."""
-        return drafts.capped(self._cut(keys, where, drafts, 0.0))
-
     def _cut(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch, match_factor: float) -> np.ndarray:
         """[B] the nodes each draft keeps: at most match_factor x its match length (0: no such cap), then, where
-        priced (where[b] >= 0), the prefix with the fewest expected seconds per emitted token, node i accepted
-        with probability min(path probability x calibration, 1) -- in the native core (dasrl/_core cut_chains,
-        numpy's arithmetic). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
+        priced (where[b] >= 0, the row's place in the priced batch), cut by `trim`'s rule in the native core
+        (dasrl/_core cut_chains). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
         a, x = self._calib
         calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
         priced = where >= 0  # [B]

@@ -1,12 +1,5 @@
-"""The budget-policy protocol and the state of a live request it reads.
-
-The engine asks the policy once per step for the draft cap of every live request, proposes drafts
-capped by it, and then lets the policy trim the drafts (the priced policy cuts each to its cheapest prefix).
-A request that completes is passed to `finish` (a policy may learn from it); one whose generation failed
-to `abort` (forgotten: its output is partial). `end_step` ends the RL step. A session also reads the policy's
-latency model (it refits it online), its length history (it feeds it recorded rollouts), its spending and
-the parts it saves.
-"""
+"""The budget-policy protocol (what the engine and a RolloutSession ask of a policy, per step and per request:
+docs/policy.md) and the state of a live request it reads."""
 
 from __future__ import annotations
 

@@ -19,9 +19,6 @@ from typing import Hashable
 
 import numpy as np
 
-CLASSES = ("short", "medium", "long")
-
-
 _MAX_LENGTH = 2**20
 """Longest length a saved history may hold (1M tokens, past any model's context here). The pooled table's
 size follows the longest length it has seen, so a crafted save's 2**40 would allocate without bound."""
@@ -75,9 +72,6 @@ class _Table:
 
     def count_from(self, at_least: int) -> int:
         return self.n - bisect.bisect_left(self.sorted, at_least)
-
-    def sum_from(self, at_least: int) -> int:
-        return self.sums_from[bisect.bisect_left(self.sorted, at_least)]
 
 
 class _Pooled:
@@ -189,13 +183,11 @@ class LengthClassifier:
         self._tables.pop(problem_id, None)
         self._thr = None
         self.version += 1
-        while len(self._lengths) > self.config.max_problems:
-            self._forget(next(iter(self._lengths)))
-
-    def _forget(self, problem_id: Hashable) -> None:
-        for x in self._lengths.pop(problem_id):
-            self._pooled.add(x, -1)
-        self._tables.pop(problem_id, None)
+        while len(self._lengths) > self.config.max_problems:  # the least recent problem is forgotten
+            old = next(iter(self._lengths))
+            for x in self._lengths.pop(old):
+                self._pooled.add(x, -1)
+            self._tables.pop(old, None)
 
     @property
     def num_problems(self) -> int:
@@ -222,11 +214,6 @@ class LengthClassifier:
             lo = max(lo, 1)
             self._thr = (lo, max(hi, lo + 1))
         return self._thr
-
-    def class_of_length(self, length) -> np.ndarray | str:
-        lo, hi = self.thresholds()
-        idx = np.where(np.asarray(length) < lo, 0, np.where(np.asarray(length) >= hi, 2, 1))
-        return CLASSES[int(idx)] if idx.ndim == 0 else idx
 
     def _table(self, problem_id: Hashable | None) -> _Table | _Pooled:
         """The problem's lengths (None: the pooled ones), as counts and sums of L >= l."""
@@ -266,9 +253,6 @@ class LengthClassifier:
             return tuple(float(c == cls) for c in range(3))
         return total[0] / z, total[1] / z, total[2] / z
 
-    def initial_class(self, problem_id: Hashable) -> str:
-        return self.classify(problem_id, 0)
-
     def classify(self, problem_id: Hashable, generated: int = 0) -> str:
         """argmax_c P(c | L >= generated, problem); ties go to the longer class."""
         short, medium, long = self._probabilities(problem_id, generated)
@@ -294,17 +278,13 @@ class LengthClassifier:
     def expected_length(self, problem_id: Hashable, generated: int = 0) -> float:
         """E[L | L >= generated] from the problem's history (pooled if it has none that long), capped at
         max_len; with no history at all, the midpoint between generated and max_len."""
-        for t in (self._table(problem_id), self._pooled):
-            n = t.count_from(generated)
-            if n:
-                return float(min(t.sum_from(generated) / n, self.max_len))
-        return float(generated + self.max_len) / 2.0
+        return self.expected_span(problem_id, generated)[0]
 
     def expected_span(self, problem_id: Hashable, generated: int = 0) -> tuple[float, int]:
         """(expected_length(problem_id, generated), last): the same value for every generated' in
         [generated, last] while `version` stays (the lengths >= generated' are those >= generated: `last` is
         the smallest of them; with no history at all, `last` = generated). tests/test_length.py holds the
-        two to each other."""
+        value at generated' to the one at generated."""
         t = self._table(problem_id)
         k = bisect.bisect_left(t.sorted, generated)
         if k < t.n:

@@ -183,6 +183,14 @@ MAX_PRICED = 256
 """Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
 
 
+def priced_draft(p, most, *, share, row, kv, c_tok: float) -> np.ndarray:
+    """Per row, the draft length d in [0, most] with the fewest expected seconds per emitted token,
+    (share + row + c_tok * d + [d > 0] * kv) / E(d, p): `share` the part of the forward's fixed cost the
+    row carries, `row` its own cost per forward (its token and its KV read), `kv` the extra cost of feeding
+    it more than one token. All [B] (or scalars)."""
+    return _Prices(p, most, row=row, kv=kv, c_tok=c_tok).best(share)
+
+
 def tokens_per_forward(k, p) -> np.ndarray:
     """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
     1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""

@@ -256,15 +256,18 @@ class BatchDrafter:
         drained = new_ids and not self._slot  # every known request departed; a new one arrives
         return drained or 0 < self.config.max_step_requests <= n
 
-    def _depart(self, rid: str) -> None:
-        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now."""
+    def _depart(self, rid: str, learn: bool = True) -> None:
+        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now (`learn`),
+        or is dropped."""
         s = self._slot.pop(rid)
         self._held = None
         r = self._rows
         state = r.synced(s)
         seen = r.seen[s]
         r.free(s)
-        if not seen:  # left before its first token: nothing to learn from
+        if not (seen and learn):  # dropped, or left before its first token: nothing to learn from
+            if seen:
+                self.store.abort(rid)
             self.policy.abort(state)
             return
         self.store.finish(rid)
@@ -275,14 +278,8 @@ class BatchDrafter:
     def forget(self) -> None:
         """Drop every tracked request without learning from it (after a failed call: whatever it left half
         done cannot leak into later steps); vLLM's requests are re-started from their rows next call."""
-        r = self._rows
-        for rid, s in self._slot.items():
-            if r.seen[s]:
-                self.store.abort(rid)
-            self.policy.abort(r.synced(s))
-            r.free(s)
-        self._slot.clear()
-        self._held = None
+        for rid in list(self._slot):
+            self._depart(rid, learn=False)
 
     # -------------------------------------------------------------- propose
     def propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
@@ -458,7 +455,7 @@ class BatchDrafter:
         if self._held is None:
             r = self._rows
             slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
-            states = [r.state[s] for s in slots.tolist()]
+            states = r.state[slots].tolist()
             place = np.zeros(r.cap, np.int64)
             place[slots] = np.arange(len(slots))
             # slots 0..n-1 in order: the arrays' first n entries are the batch (views, read before any change)

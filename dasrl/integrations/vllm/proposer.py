@@ -132,13 +132,11 @@ class DASProposer:
         return self.propose_batch(batch, sampled_token_ids)
 
     def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
-        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row.
-
-        A failure of the drafter itself must not stop vLLM's step (drafts are optional; vLLM's own
-        custom_class path would turn it into a RuntimeError of the runner): the step goes without
-        drafts, the drafter forgets its requests (re-started from their rows next step), the first such
-        failure is logged with its traceback and every one is counted (`dasrl_stats()["errors"]`). A
-        deliberate refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
+        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row. A failure of the
+        drafter itself must not stop vLLM's step (vLLM's custom_class path would make it the runner's error): the
+        step goes without drafts, the drafter forgets its requests (re-started from their rows next step), the
+        first failure is logged with its traceback and each is counted (`dasrl_stats()["errors"]`). A deliberate
+        refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
         self.check_seeded(input_batch)
         n = len(sampled_token_ids)
         try:
@@ -172,10 +170,9 @@ class DASProposer:
             logger.warning("dasrl DASProposer: %s", _SEEDED_REASON)
 
     def _requests(self) -> Mapping | None:
-        """Every request the runner still holds state for, id -> its CachedRequestState (vLLM 0.24-0.33:
-        GPUModelRunner.requests, popped in _update_states only for the scheduler's finished_req_ids;
-        preempted and unscheduled requests stay; a new request under a reused id gets a new state
-        object). None when the runner has no such dict."""
+        """Every request the runner holds, id -> its CachedRequestState, or None (vLLM 0.24-0.33's
+        GPUModelRunner.requests: popped in _update_states only for the scheduler's finished_req_ids, so preempted
+        and unscheduled requests stay; a new request under a reused id gets a new state object)."""
         requests = getattr(self._runner, "requests", None)
         return requests if isinstance(requests, Mapping) else None
 

@@ -1,10 +1,6 @@
-"""The extras of `pip install dasrl[...]`, as the library's import paths need them.
-
-`pip install dasrl` brings numpy and the C++ core: the drafter, the policy, the vLLM proposer and tracker,
-the VeRL router and routing run on that. The engine and the rollout session need `dasrl[engine]` (torch,
-transformers). A path that needs an extra which is not installed raises ImportError naming the extra, not a
-bare "No module named 'torch'".
-This module imports nothing of the library (every floor may use it).
+"""The extras of `pip install dasrl[...]` as the library's import paths need them: a path that needs an extra
+which is not installed raises ImportError naming the extra, not a bare "No module named 'torch'". It imports
+nothing of the library (every floor may use it).
 """
 
 from __future__ import annotations

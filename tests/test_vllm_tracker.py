@@ -13,9 +13,9 @@ import pytest
 
 from dasrl.drafter.base import problem_key
 from dasrl.integrations.vllm import BatchDrafter, VLLMDrafterConfig
-from dasrl.integrations.vllm.clock import StepClock
-from dasrl.integrations.vllm.tracker import _accepted
+from dasrl.integrations.vllm.tracker import StepClock
 from dasrl.policy.latency import CPU_LATENCY, LatencyModel
+from support.rowwise_tracker import _accepted
 
 P = [1, 2, 3, 4]  # a prompt
 Q = [9, 8, 7]  # another prompt
@@ -190,7 +190,7 @@ def test_das_policy_caps_by_length_class(tmp_path):
     # Its problem's rollouts were short (7 and 2 of up to 60 tokens): short class, no draft despite a match.
     b.add("c", P)
     assert b.step(d, {"c": R1[:1]})["c"] == []
-    assert d.policy.lengths.lengths(d._reqs["c"].state.problem_id).tolist() == [7, 2]  # finish reached the length history
+    assert d.policy.lengths.lengths(d._reqs["c"].problem_id).tolist() == [7, 2]  # finish reached the length history
     # A long rollout (40 >= 0.6 x 60): the long class drafts up to k.
     long = list(range(100, 140))
     d2, b2 = drafter(**cfg), Batch()
@@ -215,7 +215,7 @@ def test_accepted_tokens_are_counted():
     b.add("b", P)
     b.step(d, {"b": R1[:1]})  # drafts R1[1:]
     b.step(d, {"b": R1[1:4] + [99]})  # 3 accepted, then the target differs
-    assert d.stats.accepted == 3 and d._reqs["b"].state.accepted == 3 and d._reqs["b"].state.drafted == 7
+    assert d.stats.accepted == 3 and d._reqs["b"].accepted == 3 and d._reqs["b"].drafted == 7
     assert d.stats.calls == 3 and d.stats.propose_s > 0  # the drafter's own time, for the bench rows
 
 
@@ -294,13 +294,13 @@ def test_rejected_drafts_stop_drafting_and_the_step_end_probes_again(tmp_path):
         lens.append(len(b.step(d, {"r": [H[2 * i]]})["r"]))  # the draft said H[2i-1]: rejected at once
     assert lens[:4] == [4, 3, 2, 1]
     assert all(n > 0 for n in lens[:11]) and not any(lens[11:22]) and lens[22] == 1 and not any(lens[23:]), lens
-    s = d._reqs["r"].state
+    s = d._reqs["r"]
     assert (s.drafted, s.accepted) == (sum(lens), 0) and d.policy.acceptance_rate(s) < 0.0476
     pid = s.problem_id
     d.end_step()
     again = b.step(d, {"r": [H[80]]})["r"]
     assert d.stats.steps == 2 and d.stats.restarted == 1 and len(again) == 1  # the drain after h, the signal
-    assert d.policy.acceptance_rate(d._reqs["r"].state) == pytest.approx(38.4 / 14 ** 2)
+    assert d.policy.acceptance_rate(d._reqs["r"]) == pytest.approx(38.4 / 14 ** 2)
     # r was in flight across the boundary: aborted, not finished -- its partial length is no history
     assert d.policy.lengths.lengths(pid).tolist() == [len(H)]
 
@@ -326,7 +326,7 @@ def test_a_full_batch_of_alike_rows_does_not_draft_but_the_tail_row_does(tmp_pat
         b.drop(rid)
     drafts = b.step(d, {"s0": R1[2:3]})
     assert drafts["s0"] == R1[3:7]
-    assert sorted(d.policy.lengths.lengths(d._reqs["s0"].state.problem_id).tolist()) == [2] * 39 + [16]
+    assert sorted(d.policy.lengths.lengths(d._reqs["s0"].problem_id).tolist()) == [2] * 39 + [16]
 
 
 def test_the_fixed_policy_is_k_for_everyone():
@@ -459,7 +459,7 @@ def test_proposer_on_vllms_cpu_platform_names_the_labs_sampling_fix_once(monkeyp
         platforms.current_platform = NS(is_cpu=lambda cpu=cpu: cpu)
         monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm") or ModuleType("vllm"))
         monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-        monkeypatch.setattr(proposer, "_noted_cpu_sampling", False)  # a fresh process
+        proposer._note_cpu_sampling.cache_clear()  # a fresh process
         caplog.clear()
         with caplog.at_level("WARNING"):
             proposer.DASProposer(vllm_config())

@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from dasrl.integrations.vllm.version import UnsupportedVLLM, check_supported, _installed_version
+from dasrl.integrations.vllm import UnsupportedVLLM, _installed_version, check_supported
 
 
 @pytest.mark.parametrize("version", ["0.24.0", "0.29.0", "0.32.0", "0.33.0", "0.33.1.dev12+g1a2b3c.cpu"])

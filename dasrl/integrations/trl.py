@@ -8,21 +8,11 @@ TRL passes the prompts of this process (each already repeated num_generations ti
 message lists) and no dataset columns, so the problem key is the prompt-token hash. A new
 `trainer.state.global_step` means the previous step's rollouts are final: the session's window rolls.
 The session's step (which keys the seeds) is the trainer's global_step, so a run resumed from a checkpoint
-draws the seeds the uninterrupted run would have, not step 0's again.
-Sampling follows the trainer's arguments (temperature, top_p, top_k, max_completion_length); min_p and
-repetition_penalty, which the engine does not apply, are refused unless off.
-
-Seeds on several processes: TRL's RepeatSampler spreads one prompt's num_generations samples over the
-processes, and every process runs its own session with the same run seed (args.seed). Each sample is
-therefore keyed on its position in the global generation batch (accelerate hands process p the p-th slice
-of len(prompts) samples: position = p * len(prompts) + local index), plus the samples of the earlier calls
-of the same step: distinct on every process, and the same seeds, hence the same completions, as one
-process generating the whole batch (with EngineConfig(batch_invariant=True) for bit-identical logits).
-
-Log-probabilities are 'processed_logprobs' (vLLM's name): of the distribution the token was drawn from,
-at the trainer's temperature (and top-k / top-p). They are what TRL asks a vLLM server for (it warns about
-any other logprobs_mode) and compares in its importance-sampling correction with its own log-softmax of
-logits / temperature; with top_p = 1 and top_k = 0 the two are the same quantity.
+draws the seeds the uninterrupted run would have. Sampling follows the trainer's arguments (temperature,
+top_p, top_k, max_completion_length); min_p and repetition_penalty, which the engine does not apply, are
+refused unless off. Each sample's seed is keyed on its position in TRL's global generation batch, so several
+processes draw what one would; log-probabilities are 'processed_logprobs', what TRL asks a vLLM server for
+(docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -39,18 +29,12 @@ from dasrl.rollout.session import RolloutSession, SessionConfig
 
 __all__ = ["DASRollout", "dasrl_rollout"]
 
-def _require_trl() -> None:
-    try:
-        import trl  # noqa: F401
-    except ImportError as e:
-        raise ImportError("the TRL integration needs trl: pip install 'dasrl[trl]' (trl>=1.16)") from e
-
 
 class DASRollout:
     """Callable `rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}`."""
 
     def __init__(self, config: SessionConfig = SessionConfig()) -> None:
-        _require_trl()
+        require("trl", "dasrl_rollout")
         self.config = config
         self.session: RolloutSession | None = None
         self._step: int | None = None

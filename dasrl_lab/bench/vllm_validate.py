@@ -11,7 +11,7 @@ Each (method, temperature, repeat)'s recorded rollouts are replayed through what
 iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
 (arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
 priced policy within k, pricing with the StepClock fit its proposer measured in that row: vLLM's engine
-steps timed between proposer calls, dasrl/integrations/vllm/clock.py).
+steps timed between proposer calls, dasrl/integrations/vllm/tracker.py).
 
 The replay is priced by one StepPrice (dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM
 computes after its prefix cache (the engine's block size, the cache kept across a run's steps as the bench's

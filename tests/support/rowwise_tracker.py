@@ -11,15 +11,29 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import problem_key
+from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
-from dasrl.integrations.vllm.clock import StepClock
+from dasrl.engine.verify import accepted_counts
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import DrafterStats, _accepted, match_capped
+from dasrl.integrations.vllm.tracker import DrafterStats, StepClock, match_capped
 from dasrl.policy.base import BudgetPolicy, RequestState
 from dasrl.policy.factory import make_policy
 from dasrl.policy.latency import LatencyModel, prior_for
 from support.rowwise_policy import RowwiseAllowance, RowwiseClasses
+
+
+def _accepted(drafts: Sequence[list[int]], news: Sequence[np.ndarray]) -> np.ndarray:
+    """[n] draft tokens that verification kept of each row's chain draft, by the engine's rule
+    (dasrl.engine.accepted_counts), the whole step in one call: a row's inputs' targets are the tokens vLLM
+    emitted but its last (the recovered or bonus token, compared with nothing); inputs past them were never
+    verified (-1)."""
+    batch = DraftBatch.chains(drafts)
+    starts = batch.offsets + np.arange(len(drafts) + 1)  # [n+1] each row's len + 1 inputs
+    targets = np.full(int(starts[-1]), -1, np.int64)  # [sum(len + 1)]
+    for b, (d, new) in enumerate(zip(drafts, news)):
+        seen = max(min(len(new) - 1, len(d) + 1), 0)
+        targets[starts[b]:starts[b] + seen] = new[:seen]
+    return accepted_counts(batch, targets, starts)
 
 
 def rowwise_policy(config: VLLMDrafterConfig, k: int) -> BudgetPolicy:

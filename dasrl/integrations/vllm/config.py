@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from dasrl.drafter.base import DraftParams
-from dasrl.drafter.config import StoreConfig
+from dasrl.drafter.store import StoreConfig
 from dasrl.policy.allowance import ClassCaps
 
 _POLICIES = ("das", "fixed")

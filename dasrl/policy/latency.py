@@ -220,14 +220,15 @@ class OnlineLatency:
         if len(self._samples) < self._min:
             return None
         n, kv, dkv, s, rows = (np.array(x) for x in zip(*self._samples))  # [samples] each
-        if np.ptp(n) < 2 or np.count_nonzero(n > rows) < self._min // 2:  # no draft token's cost measured yet
+        verified = n > rows  # [samples] forwards that verified drafts: they price a draft token
+        if np.ptp(n) < 2 or np.count_nonzero(verified) < self._min // 2:  # no draft token's cost measured yet
             return self._scaled(n, kv, dkv, s)
         drafts = int(np.count_nonzero(dkv)) >= self._min // 2
         fit = self._solve(n, kv, dkv, s, drafts)
         ratio = s / fit.predict(n, kv, dkv)  # [samples]
         keep = (ratio < 1.5) & (ratio > 1 / 1.5)
         if keep.sum() >= self._min and not keep.all():
-            if np.count_nonzero((n > rows)[keep]) < self._min // 2:  # the drafting forwards were the outliers
+            if np.count_nonzero(verified[keep]) < self._min // 2:  # the drafting forwards were the outliers
                 return self._scaled(n, kv, dkv, s)
             drafts = drafts and int(np.count_nonzero(dkv[keep])) >= self._min // 2
             fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)

@@ -201,6 +201,25 @@ def test_flat_and_batch_paths_equal_the_per_request_paths():
     a.check_integrity()
 
 
+def test_a_batch_call_after_a_request_came_or_went_reaches_the_requests_now_live():
+    """The batch calls keep the last batch's cursors while its ids repeat (vLLM's usual step): an id that
+    finished and started again, or an aborted one, must not be served from that cache."""
+    s = DraftStore()
+    s.start("a", 0, PROMPT_A)
+    s.start("b", 1, PROMPT_B)
+    s.observe_batch(["a", "b"], [[10], [20]])
+    s.observe_batch(["a", "b"], [[11], [21]])  # the same ids again: served from the cache
+    s.finish("a")
+    s.start("a", 0, PROMPT_B)  # the id reused by a new request
+    s.observe_batch(["a", "b"], [[30], [22]])
+    assert s._live["a"].output == [30] and s._live["b"].output == [20, 21, 22]
+    s.abort("b")
+    with pytest.raises(ValueError, match="'b' is finished"):
+        s.observe_batch(["a", "b"], [[31], [23]])
+    assert s._live["a"].output == [30]  # all or nothing
+    s.check_integrity()
+
+
 def test_shards_do_not_leak():
     """Issue 13: requests never finished (a crashed caller) left an empty shard per problem forever."""
     store = DraftStore(StoreConfig(window=2))

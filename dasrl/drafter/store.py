@@ -147,6 +147,7 @@ class DraftStore:
         self._pending: list[tuple[Hashable, np.ndarray]] = []  # "problem" mode: indexed at end_step
         self._live: dict[Hashable, _Live] = {}
         self._native: dict[Hashable, object] = {}  # req -> its cursor's native handle (the batch calls' fast path)
+        self._batch: tuple[list, list] | None = None  # the last batch call's (req ids, handles), until one comes or goes
         self._done: set[Hashable] = set()  # requests finished or aborted this step (for clear errors)
         self._next_seq = 0
         self.step = 0
@@ -163,6 +164,7 @@ class DraftStore:
         self._pending.clear()
         self._live.clear()
         self._native.clear()
+        self._batch = None
         self._closed = True
 
     def __enter__(self) -> "DraftStore":
@@ -235,14 +237,20 @@ class DraftStore:
 
     def _cursors(self, req_ids: Sequence[Hashable]) -> list:
         """The native cursors of these live requests (what the native batch calls take)."""
+        last = self._batch
+        if last is not None and type(req_ids) is list and last[0] == req_ids:  # vLLM: the same rows step after step
+            return last[1]
         try:
-            return [self._native[r] for r in req_ids]
+            cursors = [self._native[r] for r in req_ids]
         except (KeyError, TypeError):
             return [self._request(r).cursor.native for r in req_ids]  # raises, naming the request
+        self._batch = (list(req_ids), cursors)
+        return cursors
 
     def _retire(self, req_id: Hashable) -> _Live:
         """Take a live request out of the batch (finished or aborted: it takes no more calls this step)."""
         del self._native[req_id]
+        self._batch = None
         self._done.add(req_id)
         return self._live.pop(req_id)
 
@@ -272,6 +280,7 @@ class DraftStore:
         cursor.feed(prompt)  # the context and, when live-indexed, the live sequences
         self._live[req_id] = _Live(shard, cursor, len(prompt), seq_id, cross_id)
         self._native[req_id] = cursor.native
+        self._batch = None
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
         return self.propose_flat(req_ids, budgets).drafts()
@@ -372,6 +381,7 @@ class DraftStore:
             self._forget(live)
         self._live.clear()
         self._native.clear()
+        self._batch = None
         self._done.clear()
 
     def end_step(self) -> None:

@@ -201,6 +201,8 @@ class BatchDrafter:
         the order they came (the order the policy sees them)."""
         self._held: tuple | None = None
         """(slots, request keys, problems, each slot's place) of the held requests in order; None: changed."""
+        self._batch: tuple[list, np.ndarray] | None = None
+        """(request ids, their slots) of the last call, all tracked; None: a request came or went since."""
         self._serial = 0
         """States made so far: the policy's request key is (vLLM's id, serial)."""
         self._finished_since_step = 0
@@ -261,7 +263,7 @@ class BatchDrafter:
         """vLLM no longer holds the request (finished or aborted): its rollout joins the history now (`learn`),
         or is dropped."""
         s = self._slot.pop(rid)
-        self._held = None
+        self._held = self._batch = None
         r = self._rows
         state = r.synced(s)
         seen = r.seen[s]
@@ -313,9 +315,13 @@ class BatchDrafter:
         if not isinstance(req_ids, list):
             req_ids = list(req_ids)
         tracked, r = self._slot, self._rows
-        slots = np.fromiter(map(tracked.get, req_ids, repeat(-1)), np.int64, n_rows)  # [n] -1: not tracked
-        if len(set(req_ids)) != n_rows:
-            raise ValueError(f"duplicate request ids in the batch: {sorted(req_ids)}")
+        last = self._batch
+        if last is not None and last[0] == req_ids:  # the last call's rows (vLLM's usual step): checked then
+            slots = last[1].copy()  # [n]
+        else:
+            slots = np.fromiter(map(tracked.get, req_ids, repeat(-1)), np.int64, n_rows)  # [n] -1: not tracked
+            if len(set(req_ids)) != n_rows:
+                raise ValueError(f"duplicate request ids in the batch: {sorted(req_ids)}")
         plens = np.asarray(prompt_lens[:n_rows], np.int64)  # [n]
         ntok = np.asarray(num_tokens[:n_rows], np.int64)  # [n]
         n_new = int(np.count_nonzero(slots < 0))
@@ -357,6 +363,7 @@ class BatchDrafter:
             r.seen[s] = r.gen[s] = r.fwd[s] = r.drafted[s] = r.accepted[s] = r.dlen[s] = 0
             tracked[rid] = slots[i] = s
             self._held = None
+        self._batch = (list(req_ids), slots.copy())  # every row tracked now
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
         rows = np.arange(n_rows) if every else np.flatnonzero(has)  # [R] batch rows that may draft

@@ -268,45 +268,6 @@ def test_ordered_bits_sort_as_the_floats():
     assert int(keys.min()) >= 0 and int(keys.max()) < 1 << 32
 
 
-def _kept_generic(logits, params):
-    """_kept() as the other devices run it (_Blocks, _top_p_floor, kept_mass: torch ops only), on the CPU."""
-    from dasrl.engine.sampling import _block_sums, _Blocks, _top_p_floor
-
-    blocks = _Blocks(logits)
-    lmax = blocks.lmax
-    floor = torch.full_like(lmax, float("-inf"))
-    if 0 < params.top_k < logits.shape[1]:
-        floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
-    w = logits.float() - lmax.float()
-    if params.temperature != 1.0:
-        w.div_(params.temperature)
-    w = w.masked_fill_(logits < floor, float("-inf")).exp_()
-    cut = _top_p_floor(blocks, w, _block_sums(w).sum(-1), top_p=params.top_p, temperature=params.temperature)
-    floor = torch.maximum(floor, cut)
-    return floor, blocks.kept_mass(w, floor)
-
-
-@pytest.mark.parametrize("vocab", [49_152, 6_000, 100])
-def test_cpu_top_p_equals_the_torch_path_bit_for_bit(vocab):
-    """The CPU's numpy top-p (sub-block candidates, windows summed on, kept blocks rebuilt from the kept
-    candidates) gives the very floor and block masses of the device-generic torch path: every window, the
-    sure superset, ties, top-k, short last blocks and bf16."""
-    g = torch.Generator().manual_seed(21)
-    rows = [torch.randn(vocab, generator=g) * 3, torch.randn(vocab, generator=g) * 0.3,
-            torch.cat([torch.tensor([14.0]), torch.randn(vocab - 1, generator=g) * 0.1]),
-            torch.cat([torch.tensor([9.5, 9.5]), torch.randn(vocab - 2, generator=g) * 0.05]),
-            torch.round(torch.randn(vocab, generator=g) * 2), torch.zeros(vocab)]
-    logits = torch.cat([torch.stack(rows), _lm_like(10, vocab, 22)])  # [16, V]
-    for x in (logits, logits.bfloat16()):
-        for t, k, p in [(1.0, 0, 0.95), (0.6, 0, 0.95), (1.3, 0, 0.999), (1.0, 0, 0.5), (0.7, 50, 0.9),
-                        (1.0, 3, 0.99), (2.0, 0, 0.95)]:
-            params = SamplingParams(temperature=t, top_k=k, top_p=p)
-            got = _kept(x, params, weights=False)
-            floor, mass = _kept_generic(x, params)
-            assert torch.equal(got.floor, floor) and got.floor.dtype == x.dtype, (t, k, p)
-            assert torch.equal(got.block_mass, mass), (t, k, p)
-
-
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_p=0.95),
                                     SamplingParams(temperature=0.8, top_k=20)])
 def test_race_over_kept_entries_equals_the_dense_race(params):

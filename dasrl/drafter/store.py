@@ -147,7 +147,7 @@ class DraftStore:
         self._pending: list[tuple[Hashable, np.ndarray]] = []  # "problem" mode: indexed at end_step
         self._live: dict[Hashable, _Live] = {}
         self._native: dict[Hashable, object] = {}  # req -> its cursor's native handle (the batch calls' fast path)
-        self._batch: tuple[list, list] | None = None  # the last batch call's (req ids, handles), until one comes or goes
+        self._batch: tuple[list, list] | None = None  # the last batch call's (ids, handles) until one comes or goes
         self._done: set[Hashable] = set()  # requests finished or aborted this step (for clear errors)
         self._next_seq = 0
         self.step = 0

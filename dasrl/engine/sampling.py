@@ -153,12 +153,8 @@ def _kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True)
     """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0); with
     weights=False the masked [n, V] weights are not built (_Kept.weights is None)."""
     n, vocab = logits.shape
-    top_p_cpu = params.top_p < 1.0 and logits.device.type == "cpu" and logits.dtype != torch.float64
-    blocks = _Blocks(logits) if params.top_p < 1.0 and not top_p_cpu else None
-    if top_p_cpu:
-        smax, lmax = _sub_max(logits)  # [n, V // SUB], [n, 1]
-    else:
-        lmax = logits.amax(dim=-1, keepdim=True) if blocks is None else blocks.lmax  # [n, 1]
+    blocks = _Blocks(logits) if params.top_p < 1.0 else None
+    lmax = logits.amax(dim=-1, keepdim=True) if blocks is None else blocks.lmax  # [n, 1]
     floor = torch.full_like(lmax, float("-inf"))  # [n, 1]
     if 0 < params.top_k < vocab:
         floor = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [n, 1]: ties at rank k kept
@@ -170,13 +166,14 @@ def _kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True)
     w = w.exp_()  # [n, V] float32 weights (docs/sampling.md, "Precision")
     mass = _block_sums(w)  # [n, nb]
     if params.top_p < 1.0:
-        if top_p_cpu:  # the same cut and masses as below, in numpy (a fraction of the time)
-            floor, mass = _top_p_cpu(logits, lmax, smax, w, mass.sum(-1), floor, top_p=params.top_p,
-                                     temperature=params.temperature)
-        else:
-            cut = _top_p_floor(blocks, w, mass.sum(-1), top_p=params.top_p, temperature=params.temperature)
-            floor = torch.maximum(floor, cut)
-            mass = blocks.kept_mass(w, floor)
+        bad = ~torch.isfinite(lmax[:, 0])  # [n] NaN or +inf: no distribution to cut (the cut would fail on an index)
+        if bad.any():
+            i = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(f"logits row {i} is not finite (largest logit {float(lmax[i, 0])}): top-p needs "
+                             "finite logits")
+        cut = _top_p_floor(blocks, w, mass.sum(-1), top_p=params.top_p, temperature=params.temperature)
+        floor = torch.maximum(floor, cut)
+        mass = blocks.kept_mass(w, floor)
         if weights:
             w = w.masked_fill_(logits < floor, 0.0)
     return _Kept(weights=w.double() if weights else None, lmax=lmax, floor=floor, block_mass=mass,
@@ -285,134 +282,6 @@ def _cut_among(lv: torch.Tensor, mv: torch.Tensor, r: torch.Tensor, m: int,
     ok = reached.any(dim=-1)  # [m]
     idx = torch.where(ok, reached.int().argmax(dim=-1), counts - 1)  # [m]
     return cand.gather(1, idx[:, None]), ok
-
-
-# ---------------------------------------------------------------------------------- top-p on the CPU
-_SUB = 64
-"""Token ids per sub-block of the CPU top-p candidate search (speed only: no draw depends on it)."""
-
-
-def _sub_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n, V // SUB] the largest logit of each SUB ids, [n, 1] the row's largest logit)."""
-    n, vocab = logits.shape
-    m = vocab // _SUB
-    smax = logits[:, : m * _SUB].unflatten(1, (m, _SUB)).amax(dim=-1)  # [n, m]
-    lmax = smax.amax(dim=-1, keepdim=True) if m and not vocab % _SUB else logits.amax(dim=-1, keepdim=True)
-    return smax, lmax
-
-
-def _ordered_bits_np(x: np.ndarray) -> np.ndarray:
-    """_ordered_bits of float32 x [N] in numpy."""
-    bits = x.view(np.uint32).astype(np.int64)
-    return np.where(bits >= 1 << 31, 0xFFFFFFFF - bits, bits + (1 << 31))
-
-
-def _top_p_cpu(logits: torch.Tensor, lmax: torch.Tensor, smax: torch.Tensor, w: torch.Tensor,
-               total: torch.Tensor, floor: torch.Tensor, *, top_p: float,
-               temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kept set's floor (max(floor, top-p cut), [n, 1], logits dtype) and its [n, nb] float64 block masses
-    on the CPU: bit for bit _top_p_floor then _Blocks.kept_mass (tested), in numpy.
-
-    The same windows (_TOP_P_NATS, then the sure superset), float64 masses and sequential prefix sums, with
-    less work: candidates are found by sub-blocks of SUB ids; a window adds to a row only its band
-    [thr, previous thr), sorted and summed on from the previous window's last prefix sum (a sequential sum
-    continued is the same sum); the kept blocks are rebuilt from the kept candidates (the kept set lies
-    among them) with zeros elsewhere, the very values kept_mass sums, and summed by torch's own reduction
-    (the same [K, BLOCK] contiguous sum as _block_sums); and the torch calls' fixed cost is gone."""
-    n, vocab = logits.shape
-    ms, full = smax.shape[1], vocab // _BLOCK
-    lg = logits.detach().float().numpy()  # [n, V] float32 (a view for float32 logits; bf16 values are exact)
-    wn = w.detach().numpy()  # [n, V] float32
-    tot = total.numpy()  # [n] float64
-    sm = smax.float().numpy()  # [n, ms]
-    top = lmax.detach().float().numpy()[:, 0]  # [n]
-    if not np.isfinite(top).all():  # NaN or +inf: no distribution to cut (the torch path fails on an index)
-        i = int(np.flatnonzero(~np.isfinite(top))[0])
-        raise ValueError(f"logits row {i} is not finite (largest logit {top[i]}): top-p needs finite logits")
-    ls = lg[:, : ms * _SUB].reshape(n, ms, _SUB)  # [n, ms, SUB] (a view)
-    cut = np.empty(n, np.float32)
-    rows = np.arange(n)  # the rows still looking for their cut
-    prefix = np.zeros(n)  # [n] float64: each row's prefix sum over its earlier windows
-    upper = np.full(n, np.inf, np.float32)  # [n] the previous window's threshold (exclusive bound)
-    found = []  # (row, col, logit, weight) [N] of every candidate
-    for stage, nats in enumerate(_TOP_P_NATS):
-        t = (lmax - nats * temperature).float().numpy()[rows, 0]  # [m] the window's threshold (logits dtype)
-        kr, b = np.nonzero((sm if len(rows) == n else sm[rows]) >= t[:, None])  # [K] sub-blocks reaching it
-        sub = ls[rows[kr], b]  # [K, SUB]
-        band = sub >= t[kr, None]  # [K, SUB]
-        if stage:
-            band &= sub < upper[rows][kr, None]
-        i = np.flatnonzero(band)  # [N]
-        k = i // _SUB
-        r, col, lv = kr[k], b[k] * _SUB + i % _SUB, sub.ravel()[i]  # [N] r indexes `rows`
-        if vocab % _SUB:  # the short last sub-block
-            tl = lg[rows, ms * _SUB :]  # [m, V % SUB]
-            tr, tj = np.nonzero((tl >= t[:, None]) & (tl < upper[rows, None]))
-            r, col, lv = (np.concatenate([r, tr]), np.concatenate([col, tj + ms * _SUB]),
-                          np.concatenate([lv, tl[tr, tj]]))
-        at = rows[r]
-        wv = wn[at, col]
-        found.append((at, col, lv, wv))
-        c, ok, s = _cut_among_np(lv, wv.astype(np.float64) / tot[at], r, len(rows), top_p, prefix[rows])
-        cut[rows[ok]] = c[ok]
-        prefix[rows], upper[rows] = s, t
-        rows = rows[~ok]
-        if len(rows) == 0:
-            break
-    sure_rows = rows
-    if len(rows):  # the sure superset w >= (1 - top_p) total / V, from scratch as in _top_p_floor
-        sure = ((1.0 - top_p) * tot / vocab)[rows, None]  # [m, 1]
-        r, col = np.nonzero(wn[rows] >= sure)  # [N] r indexes `rows`
-        at = rows[r]
-        c, _, _ = _cut_among_np(lg[at, col], wn[at, col].astype(np.float64) / tot[at], r, len(rows), top_p,
-                                np.zeros(len(rows)))
-        cut[rows] = c  # where not reached (rounding), the smallest sure candidate: all of them kept
-    floor = torch.maximum(floor, torch.from_numpy(cut)[:, None].to(logits.dtype))  # [n, 1] (cut: a logit)
-    fl = floor.float().numpy()[:, 0]  # [n]
-    if len(sure_rows):  # their kept sets, read off the logits (rare: a cut beyond the last window)
-        redo = np.zeros(n, bool)
-        redo[sure_rows] = True
-        r, col = np.nonzero(lg[sure_rows] >= fl[sure_rows, None])
-        at = sure_rows[r]
-        found = [tuple(a[~redo[f[0]]] for a in f) for f in found] + [(at, col, lg[at, col], wn[at, col])]
-    at, col, lv, wv = (np.concatenate(a) for a in zip(*found))
-    keep = (lv >= fl[at]) & (col < full * _BLOCK)  # the kept set (it lies among the candidates), whole blocks
-    at, col, wv = at[keep], col[keep], wv[keep]
-    mass = torch.zeros(n, -(-vocab // _BLOCK), dtype=torch.float64)  # [n, nb]
-    if full:
-        blk = at * full + col // _BLOCK  # [N] the flat block of each kept token
-        slot = np.zeros(n * full, np.int64)
-        slot[blk] = 1
-        flat = np.flatnonzero(slot)  # [K] the blocks holding a kept token, in row-major order
-        slot[flat] = np.arange(len(flat))
-        ws = np.zeros((len(flat), _BLOCK), np.float32)  # [K, BLOCK]
-        ws[slot[blk], col % _BLOCK] = wv
-        mass.numpy()[flat // full, flat % full] = torch.from_numpy(ws).sum(-1).double().numpy()
-    if vocab % _BLOCK:
-        tail = w[:, full * _BLOCK :].masked_fill(logits[:, full * _BLOCK :] < floor, 0.0)  # [n, V % BLOCK]
-        mass[:, full] = tail.sum(-1).double()
-    return floor, mass
-
-
-def _cut_among_np(lv: np.ndarray, mv: np.ndarray, r: np.ndarray, m: int, top_p: float,
-                  prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """_cut_among in numpy, each row's sum continued from prefix [m]: ([m] cut logit, [m] reached, [m] the
-    prefix sum over all the row's candidates)."""
-    order = np.argsort((r.astype(np.int64) << 32) - _ordered_bits_np(lv))  # by row, each by descending logit
-    r, lv, mv = r[order], lv[order], mv[order]
-    counts = np.bincount(r, minlength=m)  # [m]
-    at = np.arange(len(r)) - (np.cumsum(counts) - counts)[r] + 1  # 1 + rank within the row
-    width = int(counts.max(initial=0)) + 2  # the prefix, the candidates, one zero (no row is empty)
-    mass = np.zeros((m, width))  # [m, width]
-    mass[:, 0] = prefix
-    mass[r, at] = mv
-    cand = np.full((m, width), np.inf, np.float32)  # [m, width]
-    cand[r, at] = lv
-    sums = np.cumsum(mass, axis=1)  # sequential in each row, as torch.cumsum; 0 + x = x
-    reached = sums[:, 1:] >= top_p  # [m, width - 1]
-    ok = reached.any(axis=1)
-    idx = np.where(ok, reached.argmax(axis=1), counts - 1) + 1
-    return cand[np.arange(m), idx], ok, sums[:, -1]
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -224,7 +224,7 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
            "preemptions": sum(s.get("preemptions", 0) for s in every),
            # per repeat, per step: seconds, tokens, longest output, vLLM's drafted and accepted (why a ratio is what it is)
            "per_step": [[{"s": round(s["wall_s"], 3), "tokens": s["gen_tokens"], "longest": max(map(len, s["outputs"])),
-                          "drafted": s["draft_tokens"], "accepted": s["accepted"],
+                          "drafts": s["drafts"], "drafted": s["draft_tokens"], "accepted": s["accepted"],
                           # engine steps (stop-line presets only): how many, and the first one's seconds (the prefill)
                           "engine_steps": len(s.get("engine_steps_s", [])),
                           "first_engine_step_s": round(s["engine_steps_s"][0], 3) if s.get("engine_steps_s") else None,

@@ -52,3 +52,18 @@ def test_the_proposer_bench_times_real_drafting(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["policy"] for r in rows] == ["fixed", "das"] + suffix
     assert all(r["drafted"] > 0 for r in rows if r["policy"] == "suffix")
+
+
+def test_aggregate_keeps_each_steps_drafts():
+    """Each step's row carries vLLM's draft count beside its draft tokens, so tokens per draft can be read for the
+    first visit too (the row's `drafts` total covers the later steps only)."""
+    from dasrl_lab.bench.vllm_bench import aggregate
+
+    def step(drafts: int, tokens: int, accepted: int) -> dict:
+        return {"wall_s": 2.0, "gen_tokens": 10, "drafts": drafts, "draft_tokens": tokens, "accepted": accepted,
+                "outputs": [[1] * 10], "rewards": [None]}
+
+    run = {"method": "das", "temperature": 1.0, "steps": [step(4, 12, 3), step(5, 20, 9)]}
+    row = aggregate([run], None)
+    assert [(s["drafts"], s["drafted"], s["accepted"]) for s in row["per_step"][0]] == [(4, 12, 3), (5, 20, 9)]
+    assert (row["drafts"], row["draft_tokens"], row["accepted_tokens"]) == (5, 20, 9)  # later steps only

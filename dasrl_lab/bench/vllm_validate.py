@@ -7,7 +7,7 @@ BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --tra
 preset, so that the bench times every engine step).
 
 Each (method, temperature, repeat)'s recorded rollouts are replayed through whatif's code path
-(fastreplay.run_step: one prefill forward, then every live row in one packed forward, a draft accepted
+(simulator.replay_step: one prefill forward, then every live row in one packed forward, a draft accepted
 iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
 (arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
 priced policy within k, pricing with the StepClock fit its proposer measured in that row: vLLM's engine
@@ -40,9 +40,8 @@ from dasrl.drafter import DraftStore
 from dasrl.integrations.vllm import VLLMDrafterConfig, match_capped, proposer_policy
 from dasrl.policy import FixedBudget, LatencyModel, PolicyBase, nonnegative_lstsq
 from dasrl_lab.trace import read_trace
-from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
-from dasrl_lab.sim.simulator import group_steps
+from dasrl_lab.sim.simulator import group_steps, replay_step
 from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX
 
 TOLERANCE = 0.15
@@ -121,7 +120,7 @@ def replay(trace_dir: Path, method: str, cfg: dict, latency_path: Path, block_si
     cache, out = PrefixCache(block_size), []
     for step, rs in steps:
         computed = cache.step(r.prompt_ids for r in rs)  # requests are added in trace order (vllm_run.run)
-        st = fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new)
+        st = replay_step(drafter, policy, step, rs, max_new_tokens=max_new)
         out.append({"step": step, "shapes": np.asarray(st.shapes, np.float64).reshape(-1, 4),
                     "prefill_tokens_computed": computed, "forwards": st.forwards, "drafted": st.proposed,
                     "accepted": st.accepted, "tokens": st.tokens})

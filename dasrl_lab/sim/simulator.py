@@ -15,6 +15,7 @@ Batching: `static` runs waves of max_batch requests, each wave until its last re
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Sequence
@@ -138,7 +139,7 @@ class StepStats:
     """(time, live rows) at each forward, downsampled."""
     host_s: float = 0.0
     """Seconds this process spent proposing drafts (budgets, drafter, trim) and feeding the drafter the
-    emitted tokens: the CPU work a serving engine does between two forwards (fastreplay measures it)."""
+    emitted tokens: the CPU work a serving engine does between two forwards (replay_step measures it)."""
     shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
     """(rows, tokens, cached context tokens read, those of the drafting rows) of every forward, in order:
     what a latency model prices (LatencyModel.price)."""
@@ -202,18 +203,98 @@ def replay_targets(batch: DraftBatch, recorded: np.ndarray, start: np.ndarray, g
     return targets, starts
 
 
-def accepted_length(draft: Draft, target: np.ndarray) -> int:
-    """Draft tokens accepted against the recorded continuation `target` (the engine's rule)."""
-    one, batch = np.zeros(1, np.int64), DraftBatch.from_drafts([draft])
-    targets, starts = replay_targets(batch, np.asarray(target), one, one, np.array([len(target)]))
-    return int(accepted_counts(batch, targets, starts)[0])
-
-
 def _downsample(points: list[tuple[float, int]], n: int = 200) -> list[tuple[float, int]]:
     if len(points) <= n:
         return points
     idx = np.linspace(0, len(points) - 1, n).round().astype(int)
     return [points[i] for i in idx]
+
+
+def request_ids(step: int, n: int) -> list[tuple[int, int]]:
+    """The request ids replay_step gives a step's n responses, in order."""
+    return [(step, i) for i in range(n)]
+
+
+def replay_step(drafter, policy: BudgetPolicy, step: int, responses: Sequence[Response], *, max_new_tokens: int,
+                max_batch: int = 0, continuous: bool = False) -> StepStats:
+    """The one replay loop (the simulator prices it, `dasrl whatif` and the vLLM validation price its shapes):
+    the step's responses as requests `request_ids(step, n)`, at most `max_batch` live at once (0: all), a
+    finished row's slot refilled at the next forward when `continuous`, else waves. Each forward is the
+    engine's: a row's first is its prefill (its prompt, nothing cached, no draft; the engine asks no policy
+    when every row is there), the others draft by propose -> cap -> trim, a draft is accepted by the engine's
+    rule (dasrl.engine.accepted_counts) on the recorded tokens, finished rows swap-removed last first. Fills
+    every count, the forward shapes and host_s; pricing is the caller's. The per-row work runs on the flat
+    draft batch: CHAMP-sized replays hold millions of tokens per drafter."""
+    n = len(responses)
+    rids = request_ids(step, n)
+    targets = [np.asarray(r.response_ids, np.int32) for r in responses]
+    tlen = np.array([t.size for t in targets], np.int64)  # [n]
+    tstart = np.zeros(n, np.int64)  # [n] each response's offset in flat_tgt
+    np.cumsum(tlen[:-1], out=tstart[1:])
+    flat_tgt = np.concatenate(targets) if n else np.zeros(0, np.int32)
+    states = [RequestState(rid, r.problem_id, len(r.prompt_ids), max_new_tokens) for rid, r in zip(rids, responses)]
+    st = StepStats(step=step)
+    queue, live = deque(range(n)), []
+    while queue or live:
+        if continuous or not live:
+            while queue and len(live) < (max_batch or n):
+                i = queue.popleft()
+                if drafter is not None:
+                    drafter.start(rids[i], responses[i].problem_id, responses[i].prompt_ids)
+                live.append(i)
+        for i in [i for i in live if tlen[i] == 0]:  # empty responses finish without a forward
+            _finish(drafter, policy, states[i])
+            live.remove(i)
+        if not live:
+            continue
+        idx = np.asarray(live)  # [B]
+        lstates = [states[i] for i in live]
+        gen = np.array([s.generated for s in lstates], np.int64)  # [B]
+        if not gen.any():
+            batch = DraftBatch.empty(len(live))
+        else:
+            room = np.where(gen > 0, max_new_tokens - gen - 1, 0).tolist()  # a row's limit less the pending token
+            t0 = time.perf_counter()
+            batch = propose(drafter, policy, lstates, [s.req_id for s in lstates], room)
+            st.host_s += time.perf_counter() - t0
+        lens = np.diff(batch.offsets)  # [B]
+        acc = accepted_counts(batch, *replay_targets(batch, flat_tgt, tstart[idx], gen, tlen[idx]))  # [B]
+        emit_n = np.minimum(acc + 1, tlen[idx] - gen)  # [B]
+        plen = np.array([s.prompt_len for s in lstates], np.int64)  # [B]
+        cached = np.where(gen > 0, plen + gen - 1, 0)  # [B] all but the pending token, as the engine
+        n_tok = int(np.where(gen > 0, 1, plen).sum() + lens.sum())
+        emits = [flat_tgt[tstart[i] + g: tstart[i] + g + e] for i, g, e in zip(live, gen.tolist(), emit_n.tolist())]
+        for s, e, d, a in zip(lstates, emit_n.tolist(), lens.tolist(), acc.tolist()):
+            s.generated += e
+            s.forwards += 1
+            s.drafted += d
+            s.accepted += a
+        st.proposed += int(lens.sum())
+        st.accepted += int(acc.sum())
+        if drafter is not None:
+            t0 = time.perf_counter()
+            drafter.observe_batch([rids[i] for i in live], emits)
+            st.host_s += time.perf_counter() - t0
+        st.shapes.append((len(live), n_tok, int(cached.sum()), int(cached[lens > 0].sum())))
+        st.forwards += 1
+        st.row_forwards += len(live)
+        done = np.flatnonzero(gen + emit_n >= tlen[idx]).tolist()
+        for k in reversed(done):  # as the engine: swap-remove, last first
+            _finish(drafter, policy, states[live[k]])
+            last = live.pop()
+            if k < len(live):
+                live[k] = last
+    st.tokens = int(tlen.sum())
+    if drafter is not None:
+        drafter.end_step()
+    policy.end_step()
+    return st
+
+
+def _finish(drafter, policy: BudgetPolicy, state: RequestState) -> None:
+    if drafter is not None:
+        drafter.finish(state.req_id)
+    policy.finish(state)
 
 
 class Simulator:
@@ -250,74 +331,18 @@ class Simulator:
         return SimResult(self.drafter_name, self.policy_name, out, total)
 
     def run_step(self, step: int, responses: Sequence[Response], *, max_new_tokens: int) -> StepStats:
-        cfg, lat = self.config, self.config.latency
-        rids = [(step, i) for i in range(len(responses))]
-        targets = [np.asarray(r.response_ids, np.int32) for r in responses]
-        drafter = self.drafters.for_step(dict(zip(rids, targets)))
-        states = [RequestState(rid, r.problem_id, len(r.prompt_ids), max_new_tokens)
-                  for rid, r in zip(rids, responses)]
-        limit = cfg.max_batch or len(responses)
-        queue, live = deque(range(len(responses))), []
-        st = StepStats(step=step)
+        """replay_step under this simulator's batching, each forward priced by its latency model."""
+        cfg = self.config
+        targets = {rid: np.asarray(r.response_ids, np.int32) for rid, r in zip(request_ids(step, len(responses)), responses)}
+        st = replay_step(self.drafters.for_step(targets), self.policy, step, responses, max_new_tokens=max_new_tokens,
+                         max_batch=cfg.max_batch, continuous=cfg.batch_mode == "continuous")
         points = []
-        while queue or live:
-            if cfg.batch_mode == "continuous" or not live:
-                while queue and len(live) < limit:
-                    i = queue.popleft()
-                    if drafter is not None:
-                        drafter.start(rids[i], responses[i].problem_id, responses[i].prompt_ids)
-                    live.append(i)
-            # requests with an empty response finish without a forward
-            for i in [i for i in live if targets[i].size == 0]:
-                self._finish(drafter, states[i])
-                live.remove(i)
-            if not live:
-                continue
-            live_states = [states[i] for i in live]
-            drafts = self._drafts(drafter, live, live_states, max_new_tokens)
-            n_tok = kv = draft_kv = 0
-            done = []
-            for i, s, d in zip(live, live_states, drafts):
-                tgt = targets[i][s.generated:]
-                a = accepted_length(d, tgt)
-                emit = tgt[: min(a + 1, tgt.size)]
-                if s.generated == 0:  # the row's prefill: its prompt goes through the forward, nothing cached
-                    n_tok += s.prompt_len + len(d)
-                else:
-                    n_tok += 1 + len(d)
-                    cached = s.prompt_len + s.generated - 1  # all but the pending token, as the engine
-                    kv += cached
-                    draft_kv += cached if len(d) else 0
-                s.generated += emit.size
-                s.forwards += 1
-                s.drafted += len(d)
-                s.accepted += a
-                st.proposed += len(d)
-                st.accepted += a
-                if drafter is not None:
-                    drafter.observe(rids[i], emit)
-                if s.generated >= targets[i].size:
-                    done.append(i)
-            shape = (len(live), n_tok, kv, draft_kv)
-            dt = lat.price(shape)
-            st.shapes.append(shape)
-            points.append((st.makespan, len(live)))
-            st.batch_time += dt * len(live)
+        for shape in st.shapes:
+            dt = cfg.latency.price(shape)
+            points.append((st.makespan, shape[0]))
+            st.batch_time += dt * shape[0]
             st.makespan += dt
-            st.forwards += 1
-            st.row_forwards += len(live)
-            ended = set(done)
-            for k in reversed([k for k, i in enumerate(live) if i in ended]):  # as the engine: swap-remove, last first
-                self._finish(drafter, states[live[k]])
-                last = live.pop()
-                if k < len(live):
-                    live[k] = last
-        st.tokens = int(sum(t.size for t in targets))
         st.timeline = _downsample(points)
-        if drafter is not None:
-            drafter.end_step()
-        if hasattr(self.policy, "end_step"):
-            self.policy.end_step()
         return st
 
     def record(self, step: int, responses: Sequence[Response]) -> None:
@@ -336,21 +361,6 @@ class Simulator:
             drafter.end_step()
         if hasattr(self.policy, "end_step"):
             self.policy.end_step()
-
-    def _drafts(self, drafter, live: list[int], states: list[RequestState], max_new: int) -> list[Draft]:
-        """The engine's own propose -> cap -> trim path; a row's room is its length limit minus the
-        pending token, and 0 at its prefill (the engine drafts nothing in the prompt's forward)."""
-        if not any(s.generated for s in states):  # the prefill forward: the engine asks no policy there
-            return [Draft.empty()] * len(states)
-        room = [max_new - s.generated - 1 if s.generated else 0 for s in states]
-        return propose(drafter, self.policy, states, [s.req_id for s in states], room).drafts()
-
-    def _finish(self, drafter, state: RequestState) -> None:
-        if drafter is not None:
-            drafter.finish(state.req_id)
-        if hasattr(self.policy, "finish"):
-            self.policy.finish(state)
-
 
 def group_steps(responses: Sequence[Response]) -> list[tuple[int, list[Response]]]:
     out: dict[int, list[Response]] = {}

@@ -33,9 +33,8 @@ from dasrl.policy import make_policy
 from dasrl.rollout import SessionConfig, history_drafter
 from dasrl_lab.trace import Response
 from dasrl_lab.sim.profiles import Profile
-from dasrl_lab.sim import fastreplay
 from dasrl_lab.sim.oracle import HistoryOracle
-from dasrl_lab.sim.simulator import StepStats, group_steps
+from dasrl_lab.sim.simulator import StepStats, group_steps, replay_step, request_ids
 from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
 
 FORMAT = "dasrl.whatif/1"
@@ -118,16 +117,16 @@ class Replay:
 
 def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, cfg: WhatifConfig, tokenizer,
            label: str, progress: Callable[[int], None] | None = None) -> Replay:
-    """`method`'s drafter under `policy` over the steps in order (fastreplay: the simulator's run_step with
-    every row in one packed forward)."""
+    """`method`'s drafter under `policy` over the steps in order (simulator.replay_step, every row in one
+    packed forward)."""
     t0, c0 = time.perf_counter(), time.process_time()
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter = make_drafter(method, cfg, tokenizer)
     out = []
     for i, (step, rs) in enumerate(steps):
         if isinstance(drafter, HistoryOracle):
-            drafter.expect(dict(zip(fastreplay.request_ids(step, len(rs)), (r.response_ids for r in rs))))
-        out.append(fastreplay.run_step(drafter, policy, step, rs, max_new_tokens=max_new))
+            drafter.expect(dict(zip(request_ids(step, len(rs)), (r.response_ids for r in rs))))
+        out.append(replay_step(drafter, policy, step, rs, max_new_tokens=max_new))
         if progress:
             progress(i)
     return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps],

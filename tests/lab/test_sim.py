@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from dasrl.drafter import StoreConfig
-from dasrl.drafter.base import Draft
+from dasrl.drafter.base import Draft, DraftBatch
+from dasrl.engine import accepted_counts
 from dasrl.policy import LatencyModel, RequestState
 from dasrl_lab.trace import Response
 from dasrl_lab.sim import SimConfig, generate, get_workload, simulate
-from dasrl_lab.sim.simulator import DRAFTERS, accepted_length, compare
+from dasrl_lab.sim.simulator import DRAFTERS, compare, replay_targets
 from dasrl_lab.sim.workers import simulate_routed
 from dasrl_lab.sim.workloads import CPU_LATENCY, WorkloadConfig
 
@@ -71,6 +72,12 @@ def test_ngram_drafter_runs_and_is_not_worse_than_none(tiny):
     ng = simulate(tiny, drafter="ngram", policy="fixed", policy_kw={"k": 4}, config=cfg).total
     none = simulate(tiny, drafter="none", policy="none", config=cfg).total
     assert ng.accepted > 0 and ng.row_forwards < none.row_forwards
+
+
+def accepted_length(draft: Draft, target: np.ndarray) -> int:
+    """Draft tokens the replay accepts against the recorded continuation `target` (the engine's rule)."""
+    one, batch = np.zeros(1, np.int64), DraftBatch.from_drafts([draft])
+    return int(accepted_counts(batch, *replay_targets(batch, np.asarray(target), one, one, np.array([len(target)])))[0])
 
 
 def test_tree_verification_follows_matching_child():
@@ -150,15 +157,23 @@ def test_simulator_and_engine_share_the_path():
     import inspect
 
     from dasrl.engine.engine import SpecEngine
-    from dasrl_lab.sim.simulator import Simulator
+    from dasrl.policy.base import FixedBudget
+    from dasrl_lab.sim.simulator import replay_step
     from support.drafters import Fixed
 
-    for fn in (SpecEngine._propose, Simulator._drafts):
+    for fn in (SpecEngine._propose, replay_step):
         assert "propose(" in inspect.getsource(fn) and "budgets(" not in inspect.getsource(fn)
-    drafter = Fixed({0: [1, 2, 3]})
-    sim = Simulator(drafter=drafter, policy="fixed", policy_kw={"k": 8})
-    st = [RequestState(req_id=0, problem_id="p", prompt_len=3, max_new_tokens=100)]
-    assert [len(x) for x in sim._drafts(drafter, [0], st, max_new=4)] == [0]  # the prefill drafts nothing
-    st[0].generated = 1
-    drafts = sim._drafts(drafter, [0], st, max_new=4)  # room = 4 - 1 generated - 1 pending = 2
-    assert [np.asarray(x.tokens).tolist() for x in drafts] == [[1, 2]]
+    # prompt 9 9 9, response 1 1 2 7, limit 4: the prefill drafts nothing and emits 1; the next forward's room
+    # is 4 - 1 generated - 1 pending = 2, so the fixed chain 1 2 3 is cut to 1 2, both accepted, then 7
+    class Chain(Fixed):  # the fixed chain, through the whole drafter protocol
+        def start(self, req_id, problem_id, prompt_ids): pass
+        def observe(self, req_id, tokens): pass
+        def finish(self, req_id): pass
+        def end_step(self): pass
+
+    drafter = Chain({(0, 0): [1, 2, 3]})
+    r = Response(step=0, problem_id="p", sample=0, prompt_ids=np.array([9, 9, 9], np.int32),
+                 response_ids=np.array([1, 1, 2, 7], np.int32), reward=0.0, finish_reason="length")
+    st = replay_step(drafter, FixedBudget(8), 0, [r], max_new_tokens=4)
+    assert drafter.budgets == [[2]]
+    assert st.shapes == [(1, 3, 0, 0), (1, 3, 3, 3)] and (st.forwards, st.proposed, st.accepted) == (2, 2, 2)

@@ -1,4 +1,4 @@
-"""`dasrl whatif`: hand-worked replays, the fast replay against the simulator and against the engine's
+"""`dasrl whatif`: hand-worked replays, its replay against the simulator and against the engine's
 recorded counts (benchmarks/demo_math_t06_trace), the sources' parsing and errors, the profiles, and the CLI end to
 end on a CHAMP slice."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from dasrl.policy.base import FixedBudget
 from dasrl_lab.trace import Response, write_trace
-from dasrl_lab.sim import fastreplay, profiles, sources, whatif
-from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.sim import profiles, sources, whatif
+from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps, replay_step
 from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_ngram_replay_by_hand():
     20 21 10 ..., capped by the row's room (8 - 5 generated - 1 pending = 2): 20 and 21, both accepted,
     and 22 the target's own. 6 forwards for 8 tokens."""
     r = _resp(0, "p", [10, 11, 12, 13, 14, 20, 21], [10, 11, 12, 13, 14, 20, 21, 22])
-    st = fastreplay.run_step(VLLMNGramDrafter(), FixedBudget(16), 0, [r], max_new_tokens=8)
+    st = replay_step(VLLMNGramDrafter(), FixedBudget(16), 0, [r], max_new_tokens=8)
     assert (st.forwards, st.tokens, st.proposed, st.accepted) == (6, 8, 2, 2)
     assert [s[1] for s in st.shapes] == [7, 1, 1, 1, 1, 1 + 2]
     assert st.host_s > 0  # the seconds spent proposing and observing between the forwards are measured
@@ -50,7 +50,7 @@ def test_ngram_replay_by_hand():
 
 def test_none_is_one_token_per_forward_and_prices_by_hand():
     r = [_resp(0, "a", [1, 2], [5, 6, 7]), _resp(0, "b", [3], [8])]
-    st = fastreplay.run_step(None, FixedBudget(0), 0, r, max_new_tokens=3)
+    st = replay_step(None, FixedBudget(0), 0, r, max_new_tokens=3)
     # prefill: the 3 prompt tokens of both rows; b is done; a then reads its cached prompt + output less
     # the pending token: 2 + 1 - 1 = 2, then 3
     assert st.shapes == [(2, 3, 0, 0), (1, 1, 2, 0), (1, 1, 3, 0)]
@@ -122,12 +122,12 @@ def test_ngram_index_agrees_with_the_scan(seed):
             d.observe("r", [seq[i]])
 
 
-# --------------------------------------------------------------------------- fast replay == simulator
+# ----------------------------------------------------------------- whatif's replay == the simulator's
 
 
 @pytest.mark.parametrize("method,branching", [(m, 1) for m in whatif.METHODS if m != "oracle"]  # (the oracle: below)
                          + [("das", 3), ("das-suffix", 3)])  # trees: the one accept rule walks them in both
-def test_fast_replay_equals_the_simulator(method, branching, tok):
+def test_whatif_replay_equals_the_simulator(method, branching, tok):
     if method == "suffix":
         pytest.importorskip("arctic_inference.suffix_decoding")
     rng = np.random.default_rng(1)
@@ -167,8 +167,8 @@ def test_replay_matches_the_engine_on_the_demo_trace(tok):
     drafter, policy = history_drafter(config, tok), speculation_policy(config)
     policy.latency = LatencyModel(c_base=0.0732, c_tok=3.88e-3, c_other=1.04e-5, c_draft_kv=1.28e-5, c_draft=0.0263)
     for rec in doc["steps"]:
-        st = fastreplay.run_step(drafter, policy, rec["step"], steps[rec["step"]],
-                                 max_new_tokens=doc["config"]["max_new_tokens"])
+        st = replay_step(drafter, policy, rec["step"], steps[rec["step"]],
+                         max_new_tokens=doc["config"]["max_new_tokens"])
         assert (st.forwards, st.proposed, st.accepted) == (rec["das_forwards"], rec["drafted"], rec["accepted"])
 
 

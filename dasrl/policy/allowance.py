@@ -254,18 +254,16 @@ class ForwardAllowance:
         if states:
             self.lengths.set_max_len(max(s.max_new_tokens for s in states))
         uniform = self.caps.uniform()
-        if uniform is None:  # each row's class sets its cap
-            caps = np.array([getattr(self.caps, self.classify(s)) for s in states], np.int64).clip(min=0)
-        else:  # equal caps: a row's class sets nothing, so only the rows that draft are classified below
-            caps = np.full(len(states), max(uniform, 0), np.int64)
         if not states:
             return []
-
-        def classify(i: int) -> str:
-            s = states[i]
-            return self.classify(s) if uniform is not None else s.classes[-1]
-
-        return self._split(rows, slots, caps, classify).tolist()
+        if uniform is None:  # each row's class sets its cap
+            caps = np.array([getattr(self.caps, self.classify(s)) for s in states], np.int64).clip(min=0)
+            return self._split(rows, slots, caps, lambda i: states[i].classes[-1]).tolist()
+        # equal caps: a row's class sets nothing, so only the drafting rows are classified (cached per row)
+        out = self._split(rows, slots, np.full(len(states), max(uniform, 0), np.int64), None)
+        for i in np.flatnonzero(out).tolist():
+            states[i].classes.append(_CLASS_NAMES[self._rows.cls[slots[i]]])
+        return out.tolist()
 
     def classify(self, s: RequestState) -> str:
         """The row's length class now (appended to its classes)."""

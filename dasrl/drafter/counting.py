@@ -27,6 +27,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
+from dasrl import _core
 from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch
 
 _NUM = -1
@@ -81,53 +82,14 @@ def _digit_maps(key: bytes) -> tuple[np.ndarray, dict[int, str]]:
 
 
 def _periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
-    """[B] int64: for each tail, the shortest period P (with a number in it) such that its last three windows
-    of P items are alike; 0 if none (no pattern, no counting draft). The whole batch at once: most rows of a
-    proposal have no pattern, and this tells them apart without building their items' texts.
-    Each row's items are ranked from its end into [B, 3 * max_period]; P repeats three times iff each of
-    the last 2P items equals the item P before it and a number is among the last P."""
-    n_rows = len(tails)
-    width = max((t.size for t in tails), default=0)
-    if n_rows == 0 or width == 0:
-        return np.zeros(n_rows, np.int64)
-    table = _digit_maps(digits.astype(np.int64).tobytes())[0]
-    lens = np.array([t.size for t in tails], np.int64)  # [B]
-    if (lens == width).all():  # every tail fills the window (past its first 256 tokens)
-        tok = np.stack(tails).astype(np.int64, copy=False)  # [B, W]
-    else:
-        tok = np.full((n_rows, width), -1, np.int64)  # [B, W] left-aligned tails; -1 pads
-        tok[np.arange(width)[None, :] < lens[:, None]] = np.concatenate(tails)
-    isd = table[np.minimum(tok, table.size - 1)]  # [B, W] a digit token (a pad reads the last entry: False)
-    plain = (tok >= 0) ^ isd  # [B, W] a non-digit token
-    body = width - np.argmax(plain[:, ::-1], 1)  # [B] up to the last non-digit token
-    body[~plain[np.arange(n_rows), body - 1]] = 0  # none at all
-    start = plain.copy()  # [B, W] a non-digit token, or the first digit of a run
-    start[:, 1:] |= isd[:, 1:] & ~isd[:, :-1]
-    start &= np.arange(width)[None, :] < body[:, None]  # the trailing digits are the partial number, not an item
-    n_items = start.sum(1, dtype=np.int32)  # [B] (a leading number, which the window may have cut, never starts one)
-    k = 3 * max_period
-    rank = n_items[:, None] - np.cumsum(start, 1, dtype=np.int32) + 1  # [B, W] items at or after each column
-    b, c = np.nonzero(start & (rank <= k))
-    items = np.full((n_rows, k), -2, np.int64)  # [B, 3 max_period] keys, the last item first
-    items[b, rank[b, c] - 1] = np.where(isd[b, c], _NUM, tok[b, c])
-    m = int(min(max_period, n_items.max() // 3))
-    if m == 0:
-        return np.zeros(n_rows, np.int64)
-    isnum = items[:, :m] == _NUM  # [B, m]
-    first_num = np.where(isnum.any(1), np.argmax(isnum, 1), m)  # [B] the newest number item
-    ps = np.arange(1, m + 1)  # [m]
-    # candidates: the newest item recurs P and 2P items back, a number among the last P, 3P items in all
-    cand = ((items[:, :1] == items[:, ps]) & (items[:, :1] == items[:, 2 * ps])
-            & (first_num[:, None] < ps) & (n_items[:, None] >= 3 * ps))  # [B, m]
-    r, j = np.nonzero(cand)  # [J] (row, P - 1) pairs, by row then P
-    if r.size == 0:
-        return np.zeros(n_rows, np.int64)
-    p, ts = ps[j][:, None], np.arange(2 * m)[None, :]  # [J, 1], [1, 2m]
-    ok = np.all((items[r[:, None], ts] == items[r[:, None], ts + p]) | (ts >= 2 * p), axis=1)  # [J] ts + p < 3m <= k
-    rows, first = np.unique(r[ok], return_index=True)  # pairs run by row then P: a row's first is its smallest
-    out = np.zeros(n_rows, np.int64)
-    out[rows] = p[ok, 0][first]
-    return out
+    """[B] int64: for each tail, the shortest period P (with a number in it) such that its last three windows of P
+    items are alike; 0 if none (no pattern, no counting draft). The whole batch in one native call (dasrl/_core
+    count_periods): most rows of a proposal have no pattern, and this tells them apart without building their
+    items' texts, at every forward of every row."""
+    offsets = np.zeros(len(tails) + 1, np.int64)  # [B + 1]
+    np.cumsum([t.size for t in tails], out=offsets[1:])
+    flat = np.concatenate(tails).astype(np.int64, copy=False) if len(tails) else np.zeros(0, np.int64)
+    return _core.count_periods(flat, offsets, np.ascontiguousarray(digits, np.int64), int(max_period))
 
 
 def _format(value: int, seen: Sequence[str]) -> str | None:

@@ -313,6 +313,21 @@ NB_MODULE(_core, m) {
       }, nb::arg("probs"), nb::arg("offsets"), nb::arg("match_len"), nb::arg("factor"), nb::arg("priced").none(),
       nb::arg("share"), nb::arg("row"), nb::arg("extra"), nb::arg("c_tok"), nb::arg("calib"));
 
+  // CountingDrafter's periods of the tails tokens[offsets[b]..offsets[b+1]) (rows.hpp count_periods).
+  m.def("count_periods", [](I64Array tokens, I64Array offsets, I64Array digits, int64_t max_period) {
+        size_t n = offsets.shape(0) ? offsets.shape(0) - 1 : 0;
+        const int64_t* o = offsets.data();
+        if (offsets.shape(0) == 0 || o[0] != 0 || o[n] != int64_t(tokens.shape(0)))
+          throw nb::value_error("count_periods: offsets must run from 0 to len(tokens), one per tail plus one");
+        for (size_t i = 0; i < n; ++i)
+          if (o[i + 1] < o[i]) throw nb::value_error("count_periods: offsets must not decrease");
+        if (digits.shape(0) != 10 || max_period < 1)
+          throw nb::value_error("count_periods: needs the 10 digit token ids and max_period >= 1");
+        std::vector<int64_t> out(n);
+        count_periods(tokens.data(), o, int64_t(n), digits.data(), max_period, out.data());
+        return to_numpy(std::move(out));
+      }, nb::arg("tokens"), nb::arg("offsets"), nb::arg("digits"), nb::arg("max_period"));
+
   // numpy's float64 sum of a contiguous array, computed here (tests: it must equal a.sum()).
   m.def("numpy_sum", [](F64Array a) { return numpy_sum(a.data(), int64_t(a.shape(0))); }, nb::arg("values"));
 

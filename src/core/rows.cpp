@@ -233,4 +233,38 @@ template void extend_rows<int32_t>(Cursor* const*, const int32_t*, int64_t, cons
 template void extend_rows<int64_t>(Cursor* const*, const int64_t*, int64_t, const int64_t*, const int64_t*,
                                    const int64_t*, int64_t);
 
+void count_periods(const int64_t* tokens, const int64_t* offsets, int64_t n, const int64_t* digits, int64_t max_period,
+                   int64_t* out) {
+  constexpr int64_t kNum = -1;
+  auto is_digit = [digits](int64_t t) { return std::find(digits, digits + 10, t) != digits + 10; };
+  std::vector<int64_t> items;  // the newest item first, at most 3 max_period
+  for (int64_t b = 0; b < n; ++b) {
+    out[b] = 0;
+    const int64_t* t = tokens + offsets[b];
+    int64_t end = offsets[b + 1] - offsets[b];
+    while (end > 0 && is_digit(t[end - 1])) --end;  // the partial number is not an item
+    items.clear();
+    for (int64_t c = end - 1; c >= 0 && int64_t(items.size()) < 3 * max_period; --c) {
+      if (!is_digit(t[c])) {
+        items.push_back(t[c]);
+        continue;
+      }
+      while (c > 0 && is_digit(t[c - 1])) --c;  // back to the run's first digit
+      if (c == 0) break;                        // a leading number: the window may have cut it
+      items.push_back(kNum);
+    }
+    const int64_t k = int64_t(items.size());
+    int64_t first_num = 0;  // the newest number item
+    while (first_num < k && items[first_num] != kNum) ++first_num;
+    for (int64_t p = first_num + 1; p <= max_period && 3 * p <= k; ++p) {
+      bool ok = true;
+      for (int64_t j = 0; j < 2 * p && ok; ++j) ok = items[j] == items[j + p];
+      if (ok) {
+        out[b] = p;
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace dasrl

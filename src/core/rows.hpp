@@ -42,6 +42,14 @@ void cut_chains(const double* probs, const int64_t* offsets, const int64_t* matc
                 const uint8_t* priced, const double* share, const double* row, const double* extra, double c_tok,
                 double calib, int64_t* keep, double* expected);
 
+// CountingDrafter's pattern test (dasrl/drafter/counting.py): for each tail tokens[offsets[b]..offsets[b+1]), the
+// shortest period P <= max_period (with a number item among its last P items) whose last three windows of P items
+// are alike, 0 if none. Items: a non-digit token (keyed by its id) or a number (a run of digit tokens, keyed -1);
+// the digits after the last non-digit token are the partial number, not an item, and a leading digit run (the
+// window may have cut it) is none. digits: the 10 digit token ids.
+void count_periods(const int64_t* tokens, const int64_t* offsets, int64_t n, const int64_t* digits, int64_t max_period,
+                   int64_t* out);
+
 // Leading draft tokens (drafts[j, :dlen[j]], rows of width k) equal to the tokens emitted after them
 // (tokens[rows[j], start[j] : start[j] + count[j]], the last compared with nothing).
 template <class T>

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft, DraftBatch, Drafter, DraftStore, StoreConfig
+from dasrl.drafter import DraftBatch, Drafter, DraftStore, StoreConfig
 from dasrl.engine import accepted_counts, depths
 from dasrl.policy import GPU_LATENCY, BudgetPolicy, LatencyModel, RequestState, propose
 from dasrl_lab.trace import Response

@@ -242,9 +242,9 @@ def replay_step(drafter, policy: BudgetPolicy, step: int, responses: Sequence[Re
                 if drafter is not None:
                     drafter.start(rids[i], responses[i].problem_id, responses[i].prompt_ids)
                 live.append(i)
-        for i in [i for i in live if tlen[i] == 0]:  # empty responses finish without a forward
-            _finish(drafter, policy, states[i])
-            live.remove(i)
+            for i in [i for i in live if tlen[i] == 0]:  # empty responses (only just added) finish without a forward
+                _finish(drafter, policy, states[i])
+                live.remove(i)
         if not live:
             continue
         idx = np.asarray(live)  # [B]

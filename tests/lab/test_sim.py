@@ -7,7 +7,7 @@ import pytest
 from dasrl.drafter import StoreConfig
 from dasrl.drafter.base import Draft, DraftBatch
 from dasrl.engine import accepted_counts
-from dasrl.policy import LatencyModel, RequestState
+from dasrl.policy import LatencyModel
 from dasrl_lab.trace import Response
 from dasrl_lab.sim import SimConfig, generate, get_workload, simulate
 from dasrl_lab.sim.simulator import DRAFTERS, compare, replay_targets

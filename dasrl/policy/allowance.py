@@ -1,37 +1,12 @@
-"""The session's speculation policy: each row's draft priced so that drafting never costs more than it
-saves, the fixed cost of a forward carried where the makespan is (docs/policy.md "Never slower").
+"""The session's speculation policy (`make_policy("das")`): each row's draft priced so that drafting never costs
+more than it saves, the fixed cost of a forward carried where the makespan is (docs/policy.md "Never slower").
 
-The packed forward costs c_base + sum over rows of (c_tok * tokens_i + c_other * ctx_i), plus, for each row
-that feeds more than one token, c_draft_kv * ctx_i (its cache is attended in a second group) and, once per
-forward in which any row does, c_draft. A row drafting d tokens at per-token acceptance p emits
-E(d, p) = 1 + p + ... + p^d tokens per forward, so its seconds per emitted token are
-
-    (share_i + c_tok * (1 + d) + c_other * ctx_i + [d > 0] * (c_draft_kv * ctx_i + fixed_i)) / E(d, p).
-
-c_base is paid once per forward and the step lasts as long as its longest rows (the critical path). The m
-rows predicted to make that path together carry c_base / m and c_draft / m each (all of them must speed up
-to shorten it, and they draft together); every other row carries c_base / B (length predictions are rough:
-any of the B live rows may turn out to be the last) and the whole c_draft. Each row drafts the d with the
-lowest price (`_priced`): at low acceptance, or while many rows are alike early in a step, that is 0 —
-speculation stops by itself where drafts stop paying — and in the collapsed tail one row carries the
-whole forward and drafts long.
-
-The critical group: rows whose predicted remaining length (the length history conditioned on the partial
-length) exceeds the critical path H = max_i remaining_i / E(d_i, p_i) when they draft only
-for themselves; its size m is raised from 1 until the group no longer grows. A group row drafts only what
-keeps it within H (`_pace_draft`), at most its priced d. With `max_tokens` (None by default) the drafts of a
-forward are capped and spent critical row first. `trim` then cuts each draft to the prefix with the lowest
-expected price, node i accepted with probability its path probability times a calibration (accepted /
-expected over the verified drafts).
-
-The acceptance rate p is `AcceptanceRate`'s (dasrl/policy/acceptance.py). The spending is logged per length
-class (`spent`: drafted tokens per class since the last `take_spent`).
-
-The per-row state lives in arrays (a slot per request), a batch is read as arrays (`RowBatch`), and the split
-and the trim run row by row in the native core (dasrl/_core price_split, cut_chains: numpy's arithmetic, in
-numpy's order; the expected-token tables stay numpy's), so a step costs no Python per row. A step in which no
-row can pay at its batch size and price is told by a cheap bound (`nothing_pays`) before any draft is priced.
-tests/test_policy_rows.py holds the batched policy to the row-by-row one it replaced.
+A row drafting d tokens at per-token acceptance p emits E(d, p) = 1 + p + ... + p^d tokens per forward and
+drafts the d with the fewest seconds per emitted token (`_priced`); the m rows predicted to make the critical
+path carry c_base / m and c_draft / m, every other row c_base / B and the whole c_draft. The per-row state lives
+in arrays (a slot per request) and the split and the trim run in the native core (dasrl/_core price_split,
+cut_chains: numpy's arithmetic, in numpy's order), so a step costs no Python per row.
+tests/test_policy_rows.py holds it to the row-by-row policy it replaced.
 """
 
 from __future__ import annotations
@@ -53,14 +28,18 @@ from dasrl.policy.length import LengthClassifier, LengthConfig
 
 _MAX_PRICED = 256
 """Longest draft priced (the engine's widest draft is far below; p near 1 would otherwise price 1024)."""
+_CALIB_PRIOR = 4.0
+"""Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
+_CLASS_NAMES = ("none", "short", "medium", "long")
+"""The length classes spending is logged under (a row's class is kept as an index into this tuple)."""
+_CLASS_CODE = {c: i for i, c in enumerate(_CLASS_NAMES)}
+_NONE = np.zeros(0)
+_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _unit(p: np.ndarray) -> np.ndarray:
     """np.clip(p, 0, 1) (the same values), without clip's overhead."""
     return np.minimum(np.maximum(p, 0.0), 1.0)
-
-
-_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _lengths(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,16 +53,10 @@ def _lengths(n: int) -> tuple[np.ndarray, np.ndarray]:
     return out
 
 
-def _tokens_per_forward(k, p) -> np.ndarray:
-    """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p:
-    1 + p + ... + p^k (the accepted prefix plus the recovered or bonus token)."""
-    return _tokens_unit(k, _unit(np.asarray(p, np.float64)))
-
-
-def _tokens_unit(k, p: np.ndarray, k1: np.ndarray | None = None) -> np.ndarray:
-    """_tokens_per_forward of a p already in [0, 1] (the per-step path clips it once; k1: k + 1 as float64,
-    when at hand)."""
-    k = np.asarray(k, np.float64)
+def _tokens_per_forward(k, p, k1: np.ndarray | None = None) -> np.ndarray:
+    """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p: 1 + p + ... + p^k
+    (the accepted prefix plus the recovered or bonus token). k1: k + 1 as float64, when at hand."""
+    k, p = np.asarray(k, np.float64), _unit(np.asarray(p, np.float64))
     one = p >= 1.0
     if not one.any():  # the usual case: the formula alone
         return (1.0 - p ** (k + 1 if k1 is None else k1)) / (1.0 - p)
@@ -108,18 +81,6 @@ def _pace_draft(remaining, p, *, horizon: float, most) -> np.ndarray:
             k = math.ceil(math.log(1.0 - (1.0 - q) * n) / math.log(q) - 1.0 - 1e-9)
         out[i] = min(max(k, 0), m)
     return out
-
-
-_NONE = np.zeros(0)
-
-_CALIB_PRIOR = 4.0
-"""Pseudo-tokens holding the path-probability calibration at 1 until drafts are verified."""
-
-
-_CLASS_NAMES = ("none", "short", "medium", "long")
-"""The length classes a drafting row's spending is logged under (ForwardAllowance keeps each row's as a code,
-an index into this list)."""
-_CLASS_CODE = {c: i for i, c in enumerate(_CLASS_NAMES)}
 
 
 @dataclass(frozen=True)
@@ -172,11 +133,9 @@ class RowBatch:
 
 
 class _RowSlots(_Slots):
-    """The allowance's per-row state in arrays, a slot per request key: what the row drafted and had accepted
-    when last folded in (`drafted`, `accepted`) and the class it last drafted under (`cls`, a _CLASS_NAMES
-    code); and its expected length, cached while the length history stays and its length stays within the
-    span over which the expectation is constant (`e`, valid up to `e_last` generated tokens at history
-    version `e_version`). A key without a slot has (0, 0, "none") and nothing cached."""
+    """Per request: the drafted and accepted counts last folded in, the class it last drafted under (`cls`), and
+    two caches while the length history's version stays and the row stays within their span: its expected
+    length (`e`, valid up to `e_last` generated tokens) and its length class (`c_code`, up to `c_last`)."""
 
     def __init__(self) -> None:
         super().__init__(0, drafted=np.int64, accepted=np.int64, cls=np.int32, e=np.float64, e_last=np.int64,
@@ -184,17 +143,16 @@ class _RowSlots(_Slots):
         self._cache: tuple[object, int, np.ndarray] | None = None  # (keys, version, slots)
 
     def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
-        """[B] the slot of each key, made for the keys without one. The same keys list object as the last
-        call (unchanged: the caller's promise) with no slot made or freed since returns the same array."""
+        """[B] the slot of each key, made where missing; the same keys list object as the last call (the caller
+        promises it unchanged) with no slot made or freed since returns the same array."""
         c = self._cache
         if c is not None and c[0] is keys and c[1] == self.version:
             return c[2]
         out = super().slots(keys)
-        if (out < 0).any():
-            for i in np.flatnonzero(out < 0).tolist():
-                out[i] = self.of.get(keys[i], -1)
-                if out[i] < 0:  # a key twice in one batch takes one slot
-                    out[i] = self.add(keys[i])
+        for i in np.flatnonzero(out < 0).tolist():
+            out[i] = self.of.get(keys[i], -1)
+            if out[i] < 0:  # a key twice in one batch takes one slot
+                out[i] = self.add(keys[i])
         self._cache = (keys, self.version, out)
         return out
 
@@ -205,16 +163,11 @@ class _RowSlots(_Slots):
 
 
 class ForwardAllowance:
-    """The das policy (`make_policy("das")`): each row's cap that of its length class (`caps`), the class
-    re-estimated every step from its problem's length history (`lengths`) and its partial length; each row's
-    draft under its cap priced (module docstring); with `max_tokens`, the drafts of a forward capped and
-    spent critical row first. A request is finished (its length learnt) by `finish(state)`, by `end_step()`,
-    or when it disappears from the states passed to `budgets`.
-
-    `budgets(states)` serves any caller; `budgets_rows(rows)` is the same split for a caller that keeps its
-    rows as arrays (the vLLM proposer), finishes or aborts every request itself and whose class caps are
-    equal: no per-row Python on the way, and a step in which no row can pay at its batch size and price
-    (`nothing_pays`) is told before any draft is priced."""
+    """The das policy: each row's cap that of its length class, re-estimated every step from its problem's length
+    history and its partial length; each row's draft under its cap priced (module docstring); with `max_tokens`,
+    the drafts of a forward capped and spent critical row first. A request is finished (its length learnt) by
+    `finish(state)`, by `end_step()`, or when it disappears from the states passed to `budgets`.
+    `budgets_rows(rows)` is the same split for a caller that keeps its rows as arrays (the vLLM proposer)."""
 
     def __init__(self, caps: ClassCaps = ClassCaps(), max_tokens: int | None = None, *,
                  latency: LatencyModel | None = None, lengths: LengthClassifier | None = None,
@@ -223,22 +176,18 @@ class ForwardAllowance:
             raise ValueError(f"draft allowance must be >= 0, got {max_tokens}")
         self.caps, self.max_tokens, self.latency = caps, max_tokens, latency
         self.acceptance = acceptance if acceptance is not None else AcceptanceRate()
-        """The per-token acceptance estimate of rows and problems (the policy's only one)."""
         self.lengths = lengths if lengths is not None else LengthClassifier(length_config)
-        """The length history: each row's class and its predicted remaining length."""
         self._live: dict[Hashable, RequestState] = {}  # requests seen by budgets and not finished
         self._done: set[Hashable] = set()  # requests whose length was learnt this step
+        # the last priced batch: (its keys, [B] each row's share, own cost and extra cost of drafting)
         self._prices: tuple[Sequence[Hashable], np.ndarray, np.ndarray, np.ndarray] | None = None
-        """The last priced batch: (its keys, [B] each row's share, own cost and extra cost of drafting)."""
         self._expected: dict[Hashable, float] = {}  # req -> expected accepted tokens of its pending draft
         self._calib = [0.0, 0.0]  # accepted tokens, expected ones (path probabilities) of verified drafts
-        self.spent: Counter = Counter()
-        """Drafted tokens per length class since the last take_spent()."""
-        self._rows = _RowSlots()  # req -> (drafted, accepted, last class) folded in, its expected length
+        self.spent: Counter = Counter()  # drafted tokens per length class since the last take_spent()
+        self._rows = _RowSlots()
         self._batch: tuple[RowBatch, np.ndarray] | None = None  # the last budgets_rows batch and its slots
         self._acc_cache: list = [None, -1, None, None, -1, None]  # keys, version, slots; problems, version, slots
-        self.skipped = 0
-        """budgets calls that `nothing_pays` settled before pricing a draft."""
+        self.skipped = 0  # budgets calls that `nothing_pays` settled before pricing a draft
         self._caps: dict[tuple[int, int], np.ndarray] = {}  # (rows, cap) -> [rows] that cap (read only)
 
     # ------------------------------------------------------------------ the split
@@ -251,11 +200,10 @@ class ForwardAllowance:
             self._learn(self._live[rid])
         for s in states:
             self._live[s.req_id] = s
-        if states:
-            self.lengths.set_max_len(max(s.max_new_tokens for s in states))
-        uniform = self.caps.uniform()
         if not states:
             return []
+        self.lengths.set_max_len(max(s.max_new_tokens for s in states))
+        uniform = self.caps.uniform()
         if uniform is None:  # each row's class sets its cap
             caps = np.array([getattr(self.caps, self.classify(s)) for s in states], np.int64).clip(min=0)
             return self._split(rows, slots, caps, lambda i: states[i].classes[-1]).tolist()
@@ -273,9 +221,8 @@ class ForwardAllowance:
 
     def budgets_rows(self, rows: RowBatch) -> np.ndarray:
         """[B] int64: `budgets` of these rows, for a caller that finishes or aborts each request itself (none is
-        finished by its absence from a batch) and whose class caps are equal (`ClassCaps.uniform`).
-        `rows.keys` and `rows.problems` are read only: the same list objects as the last call promise the
-        same rows. `trim_rows` trims their drafts."""
+        finished by its absence from a batch) and whose class caps are equal. The same `rows.keys` and
+        `rows.problems` list objects as the last call promise the same rows. `trim_rows` trims their drafts."""
         cap = self.caps.uniform()
         if cap is None:
             raise TypeError(f"budgets_rows needs equal class caps (ClassCaps.uniform), got {self.caps}: "
@@ -293,11 +240,11 @@ class ForwardAllowance:
                 self._caps.clear()
             caps = self._caps[(n, cap)] = np.full(n, max(int(cap), 0), np.int64)
             caps.flags.writeable = False
-        return self._split(rows, slots, caps, None)  # a drafting row's class: its length class, cached
+        return self._split(rows, slots, caps, None)
 
     def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
-        """[B] what each row drafts (the module docstring), given its class cap; `classify(i)` names the class
-        row i drafts under (asked for the drafting rows only; None: its length class, cached per row)."""
+        """[B] what each row drafts under its class cap; `classify(i)` names the class drafting row i drafts
+        under (None: its length class, cached per row)."""
         p = self.acceptance.rates(*self._acc_slots(rows))  # [B] per-token acceptance
         remaining = np.maximum(self._remaining(rows, slots), 1.0)  # [B] predicted tokens still to come
         if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
@@ -322,40 +269,33 @@ class ForwardAllowance:
         drafting = out > 0
         acc_rows = self._acc_slots(rows)[0]
         n_drafting = int(np.count_nonzero(drafting))
-        if n_drafting:
-            if n_drafting < len(out):
-                self.acceptance.idle_slots(acc_rows[~drafting])
-            idx = np.flatnonzero(drafting)  # the class each drafting row drafts under this step
-            if classify is None:
-                self._length_classes(rows, slots, idx)
-            else:
-                for i in idx.tolist():
-                    self._rows.cls[slots[i]] = _CLASS_CODE[classify(i)]
-        else:
+        if not n_drafting:
             self.acceptance.idle_slots(acc_rows)
+            return out
+        if n_drafting < len(out):
+            self.acceptance.idle_slots(acc_rows[~drafting])
+        idx = np.flatnonzero(drafting)  # the class each drafting row drafts under this step
+        if classify is None:
+            self._length_classes(rows, slots, idx)
+        else:
+            for i in idx.tolist():
+                self._rows.cls[slots[i]] = _CLASS_CODE[classify(i)]
         return out
 
     def _length_classes(self, rows: RowBatch, slots: np.ndarray, idx: np.ndarray) -> None:
-        """Rows idx draft under their length class now (LengthClassifier.classify), cached per row while it
-        stays the same (LengthClassifier.classify_span)."""
+        """Rows idx draft under their length class now, cached per row (LengthClassifier.classify_span)."""
         r, lengths = self._rows, self.lengths
         ver, ss, g = lengths.version, slots[idx], rows.generated[idx]
-        stale = (r.c_version[ss] != ver) | (g > r.c_last[ss])
-        for j in np.flatnonzero(stale).tolist():
+        for j in np.flatnonzero((r.c_version[ss] != ver) | (g > r.c_last[ss])).tolist():
             cls, last = lengths.classify_span(rows.problems[idx[j]], int(g[j]))
-            s = ss[j]
-            r.c_code[s], r.c_last[s], r.c_version[s] = _CLASS_CODE[cls], last, ver
+            r.c_code[ss[j]], r.c_last[ss[j]], r.c_version[ss[j]] = _CLASS_CODE[cls], last, ver
         r.cls[ss] = r.c_code[ss]
 
     def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:
-        """True only if `_priced` would give every row 0 (then it need not run): a bound from the batch size,
-        the price and each row's acceptance and remaining length. Draft d costs at least c_tok * d more per
-        forward and gains at most (share + own cost) * d * p (E(d) - 1 <= d p), so a row with p * (share +
-        row) < c_tok drafts nothing at any length. Its share is c_base / B off the critical group and
-        c_base / m in it, m the group's size, which only grows from its size at m = 1; that group holds every
-        row whose remaining length exceeds an upper bound of the critical path at m = 1 (each row whose first
-        draft token pays even alone cuts its forwards by 1 + p at least). So every row with p * (c_base / m0
-        + row) < c_tok, m0 that bound of the group, drafts nothing. Margins keep it true in floating point."""
+        """True only if `_priced` would give every row 0 (then it need not run). Draft d costs at least c_tok * d
+        more per forward and gains at most (share + own cost) * d * p, so a row with p * (share + row) < c_tok
+        drafts nothing; its share is c_base / B, or c_base / m in the critical group, whose size at m = 1 bounds
+        m from below (m0, from an upper bound of the critical path). Margins keep it true in floating point."""
         lat = self.latency
         ctx = rows.prompt_len + rows.generated  # [B]
         every = bool(caps.all())
@@ -396,28 +336,25 @@ class ForwardAllowance:
         return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
 
     def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
-        """([B] each row's priced draft, [B] what it drafts): the critical group's split (module docstring)."""
+        """([B] each row's priced draft, [B] what it drafts): the critical group's split, row by row in the
+        native core (numpy's arithmetic): solo = the cheapest draft at share c_base / n (and the whole c_draft);
+        m = 1, then crit = the cheapest at c_base / m, c_draft / m, horizon = max(remaining / E(crit)), group =
+        the rows with remaining / E(solo) > horizon (1 + 1e-9), m = its size until it stops growing; the group
+        drafts _pace_draft(remaining, p, horizon, crit), the rest solo."""
         lat = self.latency
         ctx = (rows.prompt_len + rows.generated).astype(np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
-        # E(d) by numpy (its power), the costs in the native split
         pu, most = _unit(p), np.maximum(caps, 0)
         top = min(int(most.max()), _MAX_PRICED)
         d, d1 = _lengths(top + 1)
-        e = _tokens_unit(d[None, :], pu[:, None], d1)  # [B, D] expected tokens per forward
-        # The split, row by row in the native core (dasrl/_core price_split, numpy's arithmetic):
-        #   solo = the cheapest draft at share c_base / n (and the whole c_draft); at_solo = remaining / E(solo);
-        #   m = 1, then: crit = the cheapest at c_base / m, c_draft / m; horizon = max(remaining / E(crit));
-        #   group = at_solo > horizon (1 + 1e-9); until the group's size is at most m, m = that size;
-        #   the group drafts _pace_draft(remaining, p, horizon, crit) at share c_base / m, the rest solo.
-        # E(d) is read from the table (_tokens_per_forward of the same p and d).
+        e = _tokens_per_forward(d[None, :], pu[:, None], d1)  # [B, D] E(d) by numpy (its power), read by the core
         best, need, share, extra, _, _, _ = _core.price_split(
             row, lat.c_tok, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base, lat.c_draft)
         self._prices = (rows.keys, share, row, extra)
         return best, need
 
     def acceptance_rate(self, state: RequestState) -> float:
-        """The per-token acceptance rate the row's drafts are expected to have (see the module docstring)."""
+        """The per-token acceptance rate the row's drafts are expected to have."""
         return self.acceptance.rate(state.req_id, state.problem_id)
 
     def _acc_slots(self, rows: RowBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -432,15 +369,12 @@ class ForwardAllowance:
 
     def _remaining(self, rows: RowBatch, slots: np.ndarray) -> np.ndarray:
         """[B] each row's predicted tokens still to come: min(E[L | L >= generated], max_new_tokens) -
-        generated, the expectation cached per row while it stays the same (LengthClassifier.expected_span)."""
-        lengths, g = self.lengths, rows.generated
-        r, ver = self._rows, lengths.version
-        stale = (r.e_version[slots] != ver) | (g > r.e_last[slots])  # [B]
-        if stale.any():
-            for i in np.flatnonzero(stale).tolist():
-                e, last = lengths.expected_span(rows.problems[i], int(g[i]))
-                s = slots[i]
-                r.e[s], r.e_last[s], r.e_version[s] = e, last, ver
+        generated, the expectation cached per row (LengthClassifier.expected_span)."""
+        r, ver, g = self._rows, self.lengths.version, rows.generated
+        for i in np.flatnonzero((r.e_version[slots] != ver) | (g > r.e_last[slots])).tolist():
+            s = slots[i]
+            r.e[s], r.e_last[s] = self.lengths.expected_span(rows.problems[i], int(g[i]))
+            r.e_version[s] = ver
         return np.minimum(r.e[slots], rows.max_new_tokens) - g
 
     # ------------------------------------------------------------------ bookkeeping
@@ -453,16 +387,15 @@ class ForwardAllowance:
             di, ai = d[idx], (rows.accepted - r.accepted[slots])[idx]
             every = len(idx) == len(d)
             keys = rows.keys if every else [rows.keys[i] for i in idx.tolist()]
-            names, spent = _CLASS_NAMES, self.spent
+            problems = rows.problems if every else [rows.problems[i] for i in idx.tolist()]
             for c, x in zip(r.cls[slots[idx]].tolist(), di.tolist()):
-                spent[names[c]] += x
-            expected, calib = self._expected, self._calib
+                self.spent[_CLASS_NAMES[c]] += x
             for key, a in zip(keys, ai.tolist()):
-                x = expected.pop(key, None)
+                x = self._expected.pop(key, None)
                 if x is not None:
-                    calib[0] += a
-                    calib[1] += x
-            self.acceptance.record_batch(keys, rows.problems if every else [rows.problems[i] for i in idx.tolist()], di, ai)
+                    self._calib[0] += a
+                    self._calib[1] += x
+            self.acceptance.record_batch(keys, problems, di, ai)
         r.drafted[slots] = rows.drafted
         r.accepted[slots] = rows.accepted
 
@@ -470,7 +403,7 @@ class ForwardAllowance:
         """The request left the batch: count its last step's drafts and learn its length."""
         self._account(RowBatch.of([state]), self._rows.slots([state.req_id]))
         self._rows.drop(state.req_id)
-        self.acceptance.forget_row(state.req_id)
+        self.acceptance.rows.drop(state.req_id)
         self._learn(state)
 
     def _learn(self, state: RequestState) -> None:
@@ -482,11 +415,11 @@ class ForwardAllowance:
         self.lengths.record(state.problem_id, state.generated)
 
     def abort(self, state: RequestState) -> None:
-        """The request's generation failed: forget it (its partial drafts count nowhere, its length is not
-        learnt, and its id may run again this step)."""
+        """Forget a failed request: its partial drafts count nowhere, its length is not learnt, and its id may
+        run again this step."""
         self._rows.drop(state.req_id)
         self._expected.pop(state.req_id, None)
-        self.acceptance.forget_row(state.req_id)
+        self.acceptance.rows.drop(state.req_id)
         self._live.pop(state.req_id, None)
 
     def take_spent(self) -> dict[str, int]:
@@ -531,8 +464,8 @@ class ForwardAllowance:
 
     def _cut(self, keys: Sequence[Hashable], where: np.ndarray, drafts: DraftBatch, match_factor: float) -> np.ndarray:
         """[B] the nodes each draft keeps: at most match_factor x its match length (0: no such cap), then, where
-        priced (where[b] >= 0, the row's place in the priced batch), cut by `trim`'s rule in the native core
-        (dasrl/_core cut_chains). Records each cut draft's expected accepted tokens (its raw path probabilities)."""
+        priced (where[b] >= 0, the row's place in the priced batch), by `trim`'s rule (dasrl/_core cut_chains).
+        Records each cut draft's expected accepted tokens (its raw path probabilities)."""
         a, x = self._calib
         calib = (a + _CALIB_PRIOR) / (x + _CALIB_PRIOR)
         priced = where >= 0  # [B]
@@ -542,13 +475,10 @@ class ForwardAllowance:
                                           drafts.match_len, float(match_factor), priced.view(np.uint8), share, row, kv,
                                           self.latency.c_tok, calib)
         cut = np.flatnonzero(priced & (keep > 0))
-        if len(cut):
-            store = self._expected
-            for b, e in zip(cut.tolist(), expected[cut].tolist()):
-                store[keys[b]] = e
+        for b, e in zip(cut.tolist(), expected[cut].tolist()):
+            self._expected[keys[b]] = e
         return keep
 
     def parts(self) -> dict[str, object]:
-        """The learnt state a session saves, by name (each with state_dict / load_state_dict): the acceptance
-        estimate and the length history."""
+        """The learnt state a session saves, by name (each with state_dict / load_state_dict)."""
         return {"acceptance_rate": self.acceptance, "lengths": self.lengths}

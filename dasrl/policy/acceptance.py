@@ -1,21 +1,12 @@
 """The one acceptance estimate of the speculation policy: a per-token acceptance rate per row and problem.
 
-A verified chain gives its accepted tokens and, unless it was accepted whole, one rejection, so the rate
-is p = accepted / (accepted + rejections), a geometric rate (accepted / drafted would understate it badly
-for long drafts: 0.39 for p = 0.9 at 20 tokens). A row's own counts are pulled to its problem's, the
-problem's to the run's (every problem's counts pooled), and the run's to a prior, by `prior_tokens`
-pseudo-tokens each: a problem never drafted starts from what drafting has been worth in this run (at
-temperature 1.0 on real text that is low within a few drafts, and speculation stops there too). A problem's counts are multiplied by `decay`
-at every step end, so a problem whose drafts stopped paying (and so stopped drafting) drifts back to the
-prior and is probed again a few steps later: the policy being trained changes what it writes. Within a
-step, a row's own counts shrink by `row_decay` at every forward it does not draft in, so a row that
-stopped drafting drifts back to its problem's rate and probes again (text turns repetitive late in a
-long sample: on the math preset at T = 0.6 the row that set a step stopped at p = 0.34 after 155 tokens
-and never drafted again, though a zero-waste replay drafts it 16 at a time).
-
-The counts live in arrays, a slot per row and per problem (slot 0: none, all zeros), so that the policy
-reads and ages a whole batch's at once (`rates`, `idle_slots`, `record_batch`); the per-request methods are
-those on one row.
+A verified chain gives its accepted tokens and, unless accepted whole, one rejection: p = accepted / (accepted +
+rejections), a geometric rate (accepted / drafted would say 0.39 for p = 0.9 at 20 tokens). A row's counts are
+pulled to its problem's, the problem's to the run's and the run's to a prior, by `prior_tokens` pseudo-tokens
+each. A problem's counts decay at every step end and a row's at every forward it does not draft in, so a
+problem or row that stopped drafting drifts back and probes again: the policy being trained changes what it
+writes, and text turns repetitive late in a long sample. The counts live in arrays, a slot per row and per
+problem (slot 0: none, all zeros), so the policy reads and ages a whole batch's at once.
 """
 
 from __future__ import annotations
@@ -27,10 +18,9 @@ import numpy as np
 
 
 class _Slots:
-    """Keys -> slots of per-key arrays (one per name in `fields`: `_Slots(first, a=np.float64)` has `.a`), a
-    freed slot reused and zeroed when next taken. Slots below `first` belong to no key (the acceptance's slot 0:
-    "no counts", all zeros). `version` changes whenever a key gains or loses its slot (a cached key -> slot
-    map is stale)."""
+    """Keys -> slots of per-key arrays (`_Slots(first, a=np.float64)` has `.a`), a freed slot reused and zeroed
+    when next taken; slots below `first` belong to no key. `version` changes whenever a key gains or loses its
+    slot (a cached key -> slot map is stale)."""
 
     def __init__(self, first: int, **fields: type) -> None:
         self.of: dict[Hashable, int] = {}
@@ -75,6 +65,14 @@ class _Slots:
         return np.fromiter((get(k, none) for k in keys), np.int64, len(keys))
 
 
+def _pulled(a: np.ndarray, r: np.ndarray, toward, w: float) -> np.ndarray:
+    """(a + toward * w) / (a + r + w): counts pulled to the rate `toward` by w pseudo-tokens (`toward` if none)."""
+    den = a + r + w
+    if w > 0:  # den > 0 everywhere
+        return (a + toward * w) / den
+    return np.where(den > 0, (a + toward * w) / np.where(den > 0, den, 1.0), toward)
+
+
 class AcceptanceRate:
     """Per-token acceptance rates of live rows and of problems (at most `max_problems`, the most recently
     updated kept)."""
@@ -89,11 +87,9 @@ class AcceptanceRate:
             raise ValueError(f"max_problems must be >= 1, got {max_problems}")
         self.prior_p, self.prior_tokens, self.decay, self.max_problems = prior_p, prior_tokens, decay, max_problems
         self.row_decay = row_decay
-        self.rows = _Slots(1, a=np.float64, r=np.float64)
-        """req -> (accepted, rejections), decayed while idle."""
+        self.rows = _Slots(1, a=np.float64, r=np.float64)  # req -> (accepted, rejections), decayed while idle
+        # problem -> (accepted, rejections), decayed; in order of last update (the first forgotten past max_problems)
         self.problems = _Slots(1, a=np.float64, r=np.float64)
-        """problem -> (accepted, rejections), decayed; in order of last update (the first is forgotten past
-        max_problems)."""
         self._run = [0.0, 0.0]  # every problem's (accepted, rejections), decayed alike
 
     def rate(self, req_id: Hashable, problem_id: Hashable) -> float:
@@ -105,17 +101,8 @@ class AcceptanceRate:
         w = self.prior_tokens
         a, r = self._run
         run = (a + self.prior_p * w) / (a + r + w) if a + r + w > 0 else self.prior_p
-        a, r = self.problems.a[problem_slots], self.problems.r[problem_slots]
-        den = a + r + w
-        if w > 0:  # den > 0 everywhere
-            problem = (a + run * w) / den
-        else:
-            problem = np.where(den > 0, (a + run * w) / np.where(den > 0, den, 1.0), run)
-        a, r = self.rows.a[row_slots], self.rows.r[row_slots]
-        den = a + r + w
-        if w > 0:
-            return (a + problem * w) / den
-        return np.where(den > 0, (a + problem * w) / np.where(den > 0, den, 1.0), problem)
+        problem = _pulled(self.problems.a[problem_slots], self.problems.r[problem_slots], run, w)
+        return _pulled(self.rows.a[row_slots], self.rows.r[row_slots], problem, w)
 
     def record(self, req_id: Hashable, problem_id: Hashable, *, drafted: int, accepted: int) -> None:
         """A verified draft of `drafted` tokens of which the first `accepted` were kept."""
@@ -172,9 +159,6 @@ class AcceptanceRate:
         self.rows.a[row_slots] *= self.row_decay
         self.rows.r[row_slots] *= self.row_decay
 
-    def forget_row(self, req_id: Hashable) -> None:
-        self.rows.drop(req_id)
-
     def end_step(self) -> None:
         """Rows are gone; every problem's counts decay."""
         self.rows.clear()
@@ -184,7 +168,8 @@ class AcceptanceRate:
 
     def state_dict(self) -> dict:
         p = self.problems
-        return {"problems": [[pid, [float(p.a[s]), float(p.r[s])]] for pid, s in p.of.items()], "run": list(self._run)}
+        return {"problems": [[pid, [float(p.a[s]), float(p.r[s])]] for pid, s in p.of.items()],
+                "run": list(self._run)}
 
     def load_state_dict(self, state: dict) -> None:
         problems = {}
@@ -193,7 +178,8 @@ class AcceptanceRate:
                 pid, (a, r) = entry
                 a, r = float(a), float(r)
             except (TypeError, ValueError):
-                raise ValueError(f"acceptance state: problems[{i}] must be [problem_id, [accepted, rejections]]") from None
+                raise ValueError(f"acceptance state: problems[{i}] must be "
+                                 f"[problem_id, [accepted, rejections]]") from None
             if isinstance(pid, bool) or not isinstance(pid, (int, str)):
                 raise ValueError(f"acceptance state: problems[{i}] problem id must be an int or a string, got {pid!r}")
             if not (math.isfinite(a) and math.isfinite(r) and a >= 0 and r >= 0):

@@ -1,12 +1,6 @@
-"""The cost model of one verification forward:
-`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens + c_draft * [any row drafts]`.
-
-`n_tokens` counts every token in the forward (one per live row plus its draft tokens); `kv_tokens` is the
-sum over rows of their context length (the KV-read term that matters on a CPU); `draft_kv_tokens` the same
-sum over the rows that feed more than one token (the engine attends their extra tokens in a second group
-that gathers and masks those rows' caches); `c_draft` is paid once by a forward in which any row drafts
-(that group's per-layer calls, the larger GEMMs). The budget policy and the simulator stand on this model;
-`dasrl calibrate` fits it from measured forwards and saves JSON.
+"""The cost model of one verification forward (docs/policy.md "Latency model"):
+`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens + c_draft * [any row drafts]`,
+fitted from measured forwards (`dasrl calibrate`, or online by a session) and saved as JSON.
 """
 
 from __future__ import annotations
@@ -54,12 +48,9 @@ class LatencyModel:
                 raise ValueError(f"LatencyModel.{f.name} must be >= 0, got {v!r}")
             object.__setattr__(self, f.name, float(v))
 
-    # --- prediction -------------------------------------------------------------------------------
     def predict(self, n_tokens, kv_tokens=0, draft_kv_tokens=0):
         """Predicted seconds of a forward with n_tokens tokens (scalars or arrays broadcast)."""
-        n = np.asarray(n_tokens, dtype=np.float64)
-        kv = np.asarray(kv_tokens, dtype=np.float64)
-        dkv = np.asarray(draft_kv_tokens, dtype=np.float64)
+        n, kv, dkv = (np.asarray(x, dtype=np.float64) for x in (n_tokens, kv_tokens, draft_kv_tokens))
         out = self.c_base + self.c_tok * n + self.c_other * kv + self.c_draft_kv * dkv + self.c_draft * (dkv > 0)
         return float(out) if out.ndim == 0 else out
 
@@ -76,7 +67,6 @@ class LatencyModel:
         pred = self.predict(n, 0 if kv is None else kv, 0 if dkv is None else dkv)
         return float(np.mean(np.abs(pred - s) / s))
 
-    # --- fitting ----------------------------------------------------------------------------------
     @classmethod
     def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float], kv_tokens: Sequence[float] | None = None,
             draft_kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
@@ -94,7 +84,6 @@ class LatencyModel:
         c_draft_kv, c_draft = (next(coef), next(coef)) if dkv is not None else (0.0, 0.0)
         return cls(c_base, c_tok, c_other, c_draft_kv, c_draft)
 
-    # --- persistence ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"format": _FORMAT, **asdict(self)}
 
@@ -104,14 +93,11 @@ class LatencyModel:
             raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
         if d.get("format", _FORMAT) != _FORMAT:
             raise ValueError(f"{source}: field 'format' is {d.get('format')!r}, expected {_FORMAT!r}")
-        names = [f.name for f in fields(cls)]
         missing = [k for k in ("c_base", "c_tok") if k not in d]
         if missing:
             raise ValueError(f"{source}: missing field(s) {', '.join(missing)}")
         kw = {}
-        for k in names:
-            if k not in d:
-                continue
+        for k in (f.name for f in fields(cls) if f.name in d):
             v = d[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{source}: field {k!r} must be a finite number >= 0, got {v!r}")
@@ -120,8 +106,7 @@ class LatencyModel:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically (temporary file in the same folder, then rename)."""
-        path = Path(path)
-        write_json(path, dict(self.to_dict()))
+        write_json(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyModel":
@@ -140,16 +125,15 @@ class LatencyModel:
 
 
 CPU_LATENCY = LatencyModel(c_base=0.0469, c_tok=2.43e-3, c_other=2.10e-5, c_draft_kv=0.0, c_draft=0.0084)
-"""The prior of a session on a CPU: SmolLM2-135M fp32 packed-engine forwards, as the session's online fit
-measured them on this project's machine (docs/benchmarks.md, "Engine: the kernel per row count"). Only a
-prior: a session refits it from its own forwards (OnlineLatency); a prior whose drafting terms were too dear
+"""The prior of a session on a CPU: SmolLM2-135M fp32 packed-engine forwards as the session's online fit measured
+them here (docs/benchmarks.md, "Engine: the kernel per row count"). A prior whose drafting terms were too dear
 would never let the session draft, so never let it measure them."""
 
 
 GPU_LATENCY = LatencyModel(c_base=6.28e-3, c_tok=2.38e-5, c_other=2.14e-8)
 """The prior of a session on a CUDA device: the assumed Qwen2.5-7B bf16 / H100 profile (`dasrl_lab.sim.profiles`
 derive("qwen2.5-7b", "h100"): weights streamed at 80% of HBM bandwidth + 1 ms per step, matmuls at 60% of
-dense bf16 peak). Only a prior: the session's OnlineLatency replaces it after its first forwards."""
+dense bf16 peak), replaced by the session's OnlineLatency after its first forwards."""
 
 
 def prior_for(device: str) -> LatencyModel:
@@ -158,20 +142,15 @@ def prior_for(device: str) -> LatencyModel:
 
 
 class OnlineLatency:
-    """The latency model fitted from the forwards actually run (tokens, context, drafting rows' context,
-    seconds), on the machine, model and device at hand; `prior` prices until the fit is trusted.
+    """The latency model fitted from the forwards actually run, on the machine, model and device at hand; `prior`
+    prices until the fit is trusted (docs/policy.md "Latency model").
 
-    Robust to a shared, noisy machine: a sliding window of the last `window` forwards; each fit drops the
-    forwards whose seconds are over 1.5x or under 0.67x the first fit's prediction (another process took the
-    core) and refits; it is redone every `refit_every` new forwards (between refits the policy prices with one
-    model). The token term is fitted only once `min_samples` // 2 forwards fed more tokens than rows (drafted):
-    a draft's price is the cost of tokens on top of a batch's rows, which forwards of rows alone measure only
-    across batch sizes, on a CPU a staircase in the rows (docs/benchmarks.md "Engine: the kernel per row
-    count") -- on the 1.5B model such a fit put a token at 49 ms against the 21-27 ms its drafting forwards
-    measure, and a session that never drafted never learned otherwise. Until then, or when the forwards all
-    fed the same number of tokens, or a fit leaves c_base or c_tok at 0 (noise), the model is the prior at the
-    measured speed. The drafting terms (c_draft_kv, c_draft) are fitted only once `min_samples` // 2 forwards
-    had a drafting row; until then they are the prior's, scaled by fitted c_base / the prior's."""
+    A sliding window of the last `window` forwards, refitted every `refit_every` new ones; each fit drops the
+    forwards over 1.5x or under 0.67x its first prediction (another process took the core) and refits. The token
+    term is fitted only once `min_samples` // 2 forwards verified drafts (plain forwards price a token only
+    across batch sizes, a staircase on a CPU); until then, or when a fit leaves c_base or c_tok at 0, the model
+    is the prior at the measured speed. The drafting terms are fitted once `min_samples` // 2 forwards had a
+    drafting row; until then they are the prior's, scaled by fitted c_base / the prior's."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 512, min_samples: int = 24,
                  refit_every: int = 32) -> None:
@@ -183,16 +162,14 @@ class OnlineLatency:
         self.prior = prior
         self._samples: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)  # (n, kv, dkv, s, rows)
         self._min, self._every, self._new = min_samples, refit_every, 0
-        self.fitted: LatencyModel | None = None
-        """The last trusted fit (None: the prior prices)."""
-        self.kept = 0
-        """Forwards the last fit kept (the rest were outliers)."""
+        self.fitted: LatencyModel | None = None  # the last trusted fit (None: the prior prices)
+        self.kept = 0  # forwards the last fit kept (the rest were outliers)
 
     def record(self, tokens: int, kv_tokens: int, draft_kv_tokens: int, seconds: float, *, rows: int) -> None:
         """One forward: `tokens` in it fed by `rows` rows (tokens > rows: it verified drafts), `kv_tokens` context
         read by its rows, `draft_kv_tokens` by its drafting rows, and its wall seconds."""
-        for name, v, low in (("tokens", tokens, 1), ("kv_tokens", kv_tokens, 0), ("draft_kv_tokens", draft_kv_tokens, 0),
-                             ("rows", rows, 1)):
+        for name, v, low in (("tokens", tokens, 1), ("kv_tokens", kv_tokens, 0),
+                             ("draft_kv_tokens", draft_kv_tokens, 0), ("rows", rows, 1)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
                 raise ValueError(f"OnlineLatency.record: {name} must be an int >= {low}, got {v!r}")
         if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds > 0):
@@ -283,10 +260,8 @@ class OnlineLatency:
 
 
 def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):
-    n = np.asarray(n_tokens, dtype=np.float64).ravel()
-    s = np.asarray(seconds, dtype=np.float64).ravel()
-    kv = None if kv_tokens is None else np.asarray(kv_tokens, dtype=np.float64).ravel()
-    dkv = None if draft_kv_tokens is None else np.asarray(draft_kv_tokens, dtype=np.float64).ravel()
+    n, s = (np.asarray(x, dtype=np.float64).ravel() for x in (n_tokens, seconds))
+    kv, dkv = (None if x is None else np.asarray(x, dtype=np.float64).ravel() for x in (kv_tokens, draft_kv_tokens))
     if len(n) != len(s) or any(a is not None and len(a) != len(s) for a in (kv, dkv)):
         raise ValueError(f"sample arrays differ in length: n_tokens={len(n)}, seconds={len(s)}"
                          + ("" if kv is None else f", kv_tokens={len(kv)}")

@@ -1,13 +1,6 @@
-"""Length classes from rollout history: long / medium / short, updated from the partial length at run time.
-
-A request's initial class is the argmax of the class counts of its problem's past lengths (a problem
-never seen falls back to the pooled history of every problem). While it generates, the class is
-`argmax_c P(c | L >= l, problem)`, estimated from the past lengths that reach at least l: the problem's own
-plus `prior_weight` pseudo-counts of the pooled distribution (conditioned the same way). Once l passes
-the short threshold the class cannot be short, and once it passes the long threshold it is long.
-
-Class thresholds are quantiles of the pooled history (`q_short`, `q_long`); with too little history they
-are fractions of the length limit.
+"""Length classes from rollout history: long / medium / short, updated from the partial length at run time
+(docs/policy.md "Length classes"): argmax_c P(c | L >= generated, problem), the problem's past lengths plus
+`prior_weight` pseudo-counts of the pooled ones, the thresholds quantiles of the pooled history.
 """
 
 from __future__ import annotations
@@ -20,8 +13,8 @@ from typing import Hashable
 import numpy as np
 
 _MAX_LENGTH = 2**20
-"""Longest length a saved history may hold (1M tokens, past any model's context here). The pooled table's
-size follows the longest length it has seen, so a crafted save's 2**40 would allocate without bound."""
+"""Longest length a saved history may hold (1M tokens): the pooled table's size follows the longest length, so a
+crafted save's 2**40 would allocate without bound."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +68,8 @@ class _Table:
 
 
 class _Pooled:
-    """Every kept length, as two Fenwick trees over the length value (counts and sums): counts, sums and
-    order statistics in O(log of the longest length), whatever the number of problems (recomputing the
-    pooled table from every problem on each record grows with the problems seen)."""
+    """Every kept length, as two Fenwick trees over the length value (counts and sums): counts, sums and order
+    statistics in O(log of the longest length), whatever the number of problems."""
 
     def __init__(self) -> None:
         self.size, self.n = 1, 0
@@ -146,8 +138,8 @@ class _Pooled:
 
 
 class LengthClassifier:
-    """Records response lengths per problem and classifies requests (see the module docstring). Keeps the
-    `config.max_problems` problems recorded most recently (their lengths leave the pooled history too)."""
+    """Records response lengths per problem (of the `config.max_problems` recorded most recently) and classifies
+    requests."""
 
     def __init__(self, config: LengthConfig = LengthConfig(), *, max_len: int = 16384) -> None:
         if max_len < 1:
@@ -159,8 +151,7 @@ class LengthClassifier:
         self._pooled = _Pooled()
         self._tables: dict[Hashable, _Table] = {}
         self._thr: tuple[int, int] | None = None
-        self.version = 0
-        """Changes whenever the history or max_len does (what `expected_span` returned may be stale)."""
+        self.version = 0  # changes whenever the history or max_len does (a cached span may be stale)
 
     # ---------------------------------------------------------------- history
     def set_max_len(self, max_len: int) -> None:

@@ -1,5 +1,4 @@
-"""The budget-policy protocol (what the engine and a RolloutSession ask of a policy, per step and per request:
-docs/policy.md) and the state of a live request it reads."""
+"""The budget-policy protocol (docs/policy.md) and the state of a live request it reads."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class RequestState:
-    """What a policy may know about a live request at the start of a step (mutable: the engine updates
-    it in place after every step)."""
+    """What a policy may know about a live request at the start of a step (the engine updates it in place)."""
 
     req_id: Hashable
     problem_id: Hashable
@@ -36,21 +34,17 @@ class RequestState:
 
 @runtime_checkable
 class BudgetPolicy(Protocol):
-    """What the engine and a RolloutSession ask of a policy (ForwardAllowance, the das policy, is one;
-    PolicyBase gives every other policy the unpriced defaults)."""
+    """What the engine and a RolloutSession ask of a policy (PolicyBase gives the unpriced defaults)."""
 
-    trims: bool
-    """Whether trim() may change drafts (the engine skips it when False)."""
-    latency: "LatencyModel | None"
-    """The model drafts are priced with (the session refits it online); None: unpriced."""
-    lengths: "LengthClassifier | None"
-    """The length history the session feeds with recorded rollouts; None: the policy keeps none."""
+    trims: bool  # whether trim() may change drafts (the engine skips it when False)
+    latency: LatencyModel | None  # what drafts are priced with (the session refits it online); None: unpriced
+    lengths: LengthClassifier | None  # the length history the session feeds with recorded rollouts, if any
 
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         """The draft cap of each live request this step (0 = plain decoding for that row)."""
 
     def trim(self, states: Sequence[RequestState], drafts: DraftBatch) -> DraftBatch:
-        """Cut proposed drafts further, on the flat batch (identity for most policies)."""
+        """Cut proposed drafts further, on the flat batch."""
 
     def finish(self, state: RequestState) -> None:
         """The request completed (its final state)."""
@@ -69,15 +63,11 @@ class BudgetPolicy(Protocol):
 
 
 class PolicyBase:
-    """Defaults: keep drafts as proposed; nothing learnt from finished requests, nothing kept per request,
-    nothing priced (a BudgetPolicy with no latency model, no length history and no saved parts)."""
+    """Defaults: drafts kept as proposed, nothing priced, learnt, kept per request or saved."""
 
     trims = False
-    """Whether trim() may change drafts (the engine skips it when False)."""
     latency = None
-    """No latency model: drafts are not priced."""
     lengths = None
-    """No length history."""
 
     def take_spent(self) -> dict[str, int]:
         return {}

@@ -1,11 +1,5 @@
 """The one place a speculation policy is assembled, for the session, the vLLM proposer, the bench and the
-lab's replays: "das" is always the priced session policy.
-
-    das    DAS's class caps (ClassCaps) under the per-row pricing of ForwardAllowance: what each row drafts
-           below its cap costs no more than it saves at `latency` (docs/policy.md)
-    fixed  the same cap k for every row, every step, unpriced (vLLM's suffix method drafts so)
-    none   plain decoding (FixedBudget(0))
-"""
+lab's replays (the names: docs/policy.md "Policies")."""
 
 from __future__ import annotations
 
@@ -17,16 +11,15 @@ from dasrl.policy.latency import LatencyModel
 from dasrl.policy.length import LengthConfig
 
 POLICIES = ("das", "fixed", "none")
-"""The library's policy names."""
 
 
 def make_policy(name: str = "das", *, latency: LatencyModel | None = None, caps: ClassCaps | None = None,
                 k: int | None = None, max_tokens: int | None = None, length_config: LengthConfig | None = None
                 ) -> ForwardAllowance | FixedBudget:
-    """The policy `name` (module docstring). das: `caps` per class (default ClassCaps()), priced by `latency`
-    (None: unpriced, each row its cap leveled to the critical path), at most `max_tokens` draft tokens per
-    forward (None: no cap); fixed: `k` per row (default 8). A setting the named policy does not take is
-    refused, not ignored (but `latency`, which callers pass whatever the policy: only das prices with it)."""
+    """das: `caps` per class (default ClassCaps()), priced by `latency` (None: unpriced, each row its cap leveled
+    to the critical path), at most `max_tokens` draft tokens per forward (None: no cap); fixed: `k` per row
+    (default 8); none: plain decoding. A setting the named policy does not take is refused, not ignored (but
+    `latency`, which callers pass whatever the policy)."""
     given = {n for n, v in (("caps", caps), ("k", k), ("max_tokens", max_tokens),
                             ("length_config", length_config)) if v is not None}
     takes = {"das": {"caps", "max_tokens", "length_config"}, "fixed": {"k"}, "none": set()}

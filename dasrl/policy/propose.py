@@ -1,16 +1,5 @@
-"""The one `propose -> cap -> trim` path, shared by the engine and the simulator.
-
-Per step, for the live rows::
-
-    caps   = min(policy.budgets(states), room)     # [B] draft cap per row (0 = plain decode)
-    drafts = drafter's proposals within caps       # flat DraftBatch
-    drafts = policy.trim(states, drafts)           # only when the policy trims
-    drafts = drafts.capped(caps)                   # a drafter or a trim may not exceed its cap
-    check: every draft token id in [0, vocab_size)
-
-Both callers get the same drafts for the same drafter, policy and states, so a replay prices exactly
-the drafts a real run verifies.
-"""
+"""The one `propose -> cap -> trim` path, shared by the engine and the simulator, so that a replay prices
+exactly the drafts a real run verifies."""
 
 from __future__ import annotations
 
@@ -24,10 +13,9 @@ from dasrl.policy.base import BudgetPolicy, RequestState
 
 def propose(drafter: Drafter | None, policy: BudgetPolicy, states: Sequence[RequestState],
             req_ids: Sequence[Hashable], room: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> DraftBatch:
-    """The batch's drafts: the policy's budgets capped by `room` ([B] most draft tokens each row may take:
-    its context or length limit minus the pending token), proposed, trimmed, capped and checked.
-
-    `vocab_size` None skips the token-id check (a replay of recorded tokens has no model vocabulary)."""
+    """The batch's drafts: the policy's budgets capped by `room` ([B] most draft tokens each row may take: its
+    context or length limit minus the pending token), proposed, trimmed (a drafter or a trim may not exceed its
+    cap) and checked to lie in [0, vocab_size) (None: not checked; a replay of recorded tokens has no vocabulary)."""
     n = len(states)
     if len(req_ids) != n or len(room) != n:
         raise ValueError(f"propose needs one req_id and one room per state: {n} states, {len(req_ids)} req_ids, "

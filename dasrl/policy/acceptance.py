@@ -22,12 +22,16 @@ class _Slots:
     when next taken; slots below `first` belong to no key. `version` changes whenever a key gains or loses its
     slot (a cached key -> slot map is stale)."""
 
+    makes = False
+    """Whether `slots` gives a key without one a new slot."""
+
     def __init__(self, first: int, **fields: type) -> None:
         self.of: dict[Hashable, int] = {}
         self._fields, self._first = fields, first
         self._free: list[int] = []
         self._next = first
         self.version = 0
+        self._last: tuple[object, int, np.ndarray] | None = None  # the last slots() call: (keys, version, slots)
         for name, dt in fields.items():
             setattr(self, name, np.zeros(16, dt))
 
@@ -60,9 +64,21 @@ class _Slots:
         self.version += 1
 
     def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
-        """[B] the slot of each key (`first` - 1 where it has none)."""
+        """[B] the slot of each key (`first` - 1 where it has none, unless the class `makes` one). The same keys
+        list object as the last call (the caller promises it unchanged) with no slot made or freed since gets the
+        same array: a batch's slots cost no Python per row."""
+        c = self._last
+        if c is not None and c[0] is keys and c[1] == self.version:
+            return c[2]
         get, none = self.of.get, self._first - 1
-        return np.fromiter((get(k, none) for k in keys), np.int64, len(keys))
+        out = np.fromiter((get(k, none) for k in keys), np.int64, len(keys))
+        if self.makes:
+            for i in np.flatnonzero(out < 0).tolist():
+                out[i] = self.of.get(keys[i], -1)
+                if out[i] < 0:  # a key twice in one batch takes one slot
+                    out[i] = self.add(keys[i])
+        self._last = (keys, self.version, out)
+        return out
 
 
 def _pulled(a: np.ndarray, r: np.ndarray, toward, w: float) -> np.ndarray:

@@ -125,24 +125,11 @@ class _RowSlots(_Slots):
     two caches while the length history's version stays and the row stays within their span: its expected
     length (`e`, valid up to `e_last` generated tokens) and its length class (`c_code`, up to `c_last`)."""
 
+    makes = True
+
     def __init__(self) -> None:
         super().__init__(0, drafted=np.int64, accepted=np.int64, cls=np.int32, e=np.float64, e_last=np.int64,
                          e_version=np.int64, c_code=np.int32, c_last=np.int64, c_version=np.int64)
-        self._cache: tuple[object, int, np.ndarray] | None = None  # (keys, version, slots)
-
-    def slots(self, keys: Sequence[Hashable]) -> np.ndarray:
-        """[B] the slot of each key, made where missing; the same keys list object as the last call (the caller
-        promises it unchanged) with no slot made or freed since returns the same array."""
-        c = self._cache
-        if c is not None and c[0] is keys and c[1] == self.version:
-            return c[2]
-        out = super().slots(keys)
-        for i in np.flatnonzero(out < 0).tolist():
-            out[i] = self.of.get(keys[i], -1)
-            if out[i] < 0:  # a key twice in one batch takes one slot
-                out[i] = self.add(keys[i])
-        self._cache = (keys, self.version, out)
-        return out
 
     def add(self, key: Hashable) -> int:
         s = super().add(key)
@@ -174,7 +161,6 @@ class ForwardAllowance:
         self.spent: Counter = Counter()  # drafted tokens per length class since the last take_spent()
         self._rows = _RowSlots()
         self._batch: tuple[RowBatch, np.ndarray] | None = None  # the last budgets_rows batch and its slots
-        self._acc_cache: list = [None, -1, None, None, -1, None]  # keys, version, slots; problems, version, slots
         self.skipped = 0  # budgets calls that `nothing_pays` settled before pricing a draft
 
     # ------------------------------------------------------------------ the split
@@ -226,7 +212,8 @@ class ForwardAllowance:
     def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
         """[B] what each row drafts under its class cap; `classify(i)` names the class drafting row i drafts
         under (None: its length class, cached per row)."""
-        p = self.acceptance.rates(*self._acc_slots(rows))  # [B] per-token acceptance
+        acc = self.acceptance
+        p = acc.rates(acc.rows.slots(rows.keys), acc.problems.slots(rows.problems))  # [B] per-token acceptance
         remaining = np.maximum(self._remaining(rows, slots), 1.0)  # [B] predicted tokens still to come
         if self.latency is None:  # unpriced: every row its cap, leveled to the critical path
             best = caps
@@ -249,7 +236,7 @@ class ForwardAllowance:
                 left -= out[i]
         drafting = out > 0
         if not drafting.all():  # a row that does not draft ages its own acceptance evidence
-            self.acceptance.idle_slots(self._acc_slots(rows)[0][~drafting])
+            acc.idle_slots(acc.rows.slots(rows.keys)[~drafting])
         idx = np.flatnonzero(drafting)  # the class each drafting row drafts under this step
         if classify is None:
             self._length_classes(rows, slots, idx)
@@ -317,16 +304,6 @@ class ForwardAllowance:
     def acceptance_rate(self, state: RequestState) -> float:
         """The per-token acceptance rate the row's drafts are expected to have."""
         return self.acceptance.rate(state.req_id, state.problem_id)
-
-    def _acc_slots(self, rows: RowBatch) -> tuple[np.ndarray, np.ndarray]:
-        """([B] the acceptance estimate's row slots, [B] its problem slots), kept while the same keys and
-        problems lists come with no slot made or freed there."""
-        c, acc = self._acc_cache, self.acceptance
-        if c[0] is not rows.keys or c[1] != acc.rows.version:
-            c[0:3] = rows.keys, acc.rows.version, acc.rows.slots(rows.keys)
-        if c[3] is not rows.problems or c[4] != acc.problems.version:
-            c[3:6] = rows.problems, acc.problems.version, acc.problems.slots(rows.problems)
-        return c[2], c[5]
 
     def _remaining(self, rows: RowBatch, slots: np.ndarray) -> np.ndarray:
         """[B] each row's predicted tokens still to come: min(E[L | L >= generated], max_new_tokens) -

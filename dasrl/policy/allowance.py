@@ -163,7 +163,6 @@ class ForwardAllowance:
         self._batch: tuple[RowBatch, np.ndarray] | None = None  # the last budgets_rows batch and its slots
         self.skipped = 0  # budgets calls that `nothing_pays` settled before pricing a draft
 
-    # ------------------------------------------------------------------ the split
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         rows = RowBatch.of(states)
         slots = self._rows.slots(rows.keys)
@@ -315,7 +314,6 @@ class ForwardAllowance:
             r.e_version[s] = ver
         return np.minimum(r.e[slots], rows.max_new_tokens) - g
 
-    # ------------------------------------------------------------------ bookkeeping
     def _account(self, rows: RowBatch, slots: np.ndarray) -> None:
         """Fold in what each row's last step drafted and accepted (budgets runs once per engine step)."""
         r = self._rows

@@ -90,16 +90,11 @@ class _Pooled:
             i += i & -i
 
     def _grow(self, value: int) -> None:
-        size = 1 << max(int(value).bit_length(), 10)
-        self.hist += [0] * (size - self.size)
-        self.size, self.cnt, self.tot = size, [0] * (size + 1), [0] * (size + 1)
-        for v, c in enumerate(self.hist):  # linear Fenwick build
-            self.cnt[v + 1] += c
-            self.tot[v + 1] += c * v
-            j = (v + 1) + ((v + 1) & -(v + 1))
-            if j <= size:
-                self.cnt[j] += self.cnt[v + 1]
-                self.tot[j] += self.tot[v + 1]
+        old, self.size = self.hist, 1 << max(int(value).bit_length(), 10)
+        self.hist, self.cnt, self.tot, self.n = [0] * self.size, [0] * (self.size + 1), [0] * (self.size + 1), 0
+        for v, c in enumerate(old):
+            if c:
+                self.add(v, c)
 
     def _below(self, x: int) -> tuple[int, int]:
         """(count, sum) of the values < x."""
@@ -153,7 +148,6 @@ class LengthClassifier:
         self._thr: tuple[int, int] | None = None
         self.version = 0  # changes whenever the history or max_len does (a cached span may be stale)
 
-    # ---------------------------------------------------------------- history
     def set_max_len(self, max_len: int) -> None:
         if int(max_len) != self.max_len:
             self.max_len = int(max_len)
@@ -225,7 +219,6 @@ class LengthClassifier:
         ge_hi = table.count_from(hi) if hi > at_least else ge
         return ge - ge_lo, ge_lo - ge_hi, ge_hi
 
-    # --------------------------------------------------------------- classify
     def probabilities(self, problem_id: Hashable, generated: int = 0) -> np.ndarray:
         """P(class | L >= generated, problem) as [short, medium, long]."""
         return np.array(self._probabilities(problem_id, generated))
@@ -272,10 +265,8 @@ class LengthClassifier:
         return self.expected_span(problem_id, generated)[0]
 
     def expected_span(self, problem_id: Hashable, generated: int = 0) -> tuple[float, int]:
-        """(expected_length(problem_id, generated), last): the same value for every generated' in
-        [generated, last] while `version` stays (the lengths >= generated' are those >= generated: `last` is
-        the smallest of them; with no history at all, `last` = generated). tests/test_length.py holds the
-        value at generated' to the one at generated."""
+        """(expected_length(problem_id, generated), last): the same value for every generated' in [generated, last]
+        while `version` stays (`last`: the smallest length >= generated; with no history at all, generated)."""
         t = self._table(problem_id)
         k = bisect.bisect_left(t.sorted, generated)
         if k < t.n:
@@ -286,7 +277,6 @@ class LengthClassifier:
             return float(min(p.sum_from(generated) / n, self.max_len)), p.kth(p.n - n)
         return float(generated + self.max_len) / 2.0, int(generated)
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         """JSON-able: problem ids must be ints or strings."""
         return {"max_len": self.max_len,

@@ -250,7 +250,8 @@ class ForwardAllowance:
         ver, ss, g = lengths.version, slots[idx], rows.generated[idx]
         for j in np.flatnonzero((r.c_version[ss] != ver) | (g > r.c_last[ss])).tolist():
             cls, last = lengths.classify_span(rows.problems[idx[j]], int(g[j]))
-            r.c_code[ss[j]], r.c_last[ss[j]], r.c_version[ss[j]] = _CLASS_CODE[cls], last, ver
+            s = ss[j]
+            r.c_code[s], r.c_last[s], r.c_version[s] = _CLASS_CODE[cls], last, ver
         r.cls[ss] = r.c_code[ss]
 
     def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:

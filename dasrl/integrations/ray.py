@@ -9,16 +9,11 @@
         session.set_weights(model.state_dict())             # the new policy, to every worker
         session.end_step()
 
-Each actor holds an engine and the drafter shards of the problems routed to it; all samples of a problem
-go to one worker (dasrl.rollout.routing), so there is no shared draft server. The driver draws every
-sample's seed from (run seed, step, problem, sample index), so a request gives the same tokens on any
-worker: when a worker dies mid-step, its requests are re-run on the survivors and the step completes
-with the outputs it would have had, each request exactly once. A replacement actor takes the dead one's
-place for the next step (with the latest weights; the history of its problems is rebuilt as they run).
-
-A local Ray started here (`init_local`, or by DistributedRolloutSession when Ray is not running) listens
-on 127.0.0.1 only: GCS, raylet, driver and worker gRPC servers, runtime-env and dashboard agents, metrics
-export (docs/distributed.md, "Network exposure"; tests/test_ray.py checks every listening socket).
+All samples of a problem go to one worker (dasrl.rollout.routing), which holds its drafter shard: no shared
+draft server. Seeds come from (run seed, step, problem, sample index), so a request gives the same tokens on
+any worker: a dead worker's requests re-run on the survivors with the outputs they would have had, each
+exactly once, and a replacement takes its place for the next step. A local Ray started here listens on
+127.0.0.1 only (docs/distributed.md, "Network exposure").
 """
 
 from __future__ import annotations
@@ -57,27 +52,18 @@ _LOOPBACK = "127.0.0.1"
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address (::ffff:127.0.0.1, what a dual-stack socket
-    bound to 127.0.0.1 reports)."""
+    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address (what a dual-stack socket on 127.0.0.1 reports)."""
     try:
         ip = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 def init_local(**kwargs) -> None:
-    """Start a local Ray whose every service listens on 127.0.0.1 only (kwargs go to ray.init: num_cpus,
-    log_to_driver, ...). Refuses to run when Ray is already initialised or an address is given.
-
-    Why not just `ray.init(_node_ip_address="127.0.0.1")`: Ray 2.60 resolves that to the machine's
-    routable address (services.resolve_ip_for_localhost) unless ray_constants.ENABLE_RAY_CLUSTER is False,
-    its Windows/macOS default (env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read once at import). So that flag
-    is held False for the duration of ray.init; every component then gets --node-ip-address=127.0.0.1, and
-    each binds its servers to loopback when its node IP is loopback. The node IP is checked afterwards:
-    if a Ray version resolves it otherwise, Ray is shut down and RuntimeError raised rather than left
-    listening on every interface."""
+    """Start a local Ray whose every service listens on 127.0.0.1 only (kwargs go to ray.init). Ray 2.60 turns
+    a loopback `_node_ip_address` into the routable address unless ray_constants.ENABLE_RAY_CLUSTER is False,
+    so the flag is held False during ray.init, and the node IP is checked after (docs/distributed.md)."""
     ray = _ray()
     for key in ("address", "_node_ip_address"):
         if kwargs.get(key) is not None:
@@ -87,8 +73,7 @@ def init_local(**kwargs) -> None:
     kwargs.setdefault("include_dashboard", False)  # the dashboard is a web server nobody here needs
     from ray._private import ray_constants
 
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    saved, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     try:
         ray.init(_node_ip_address=_LOOPBACK, **kwargs)
     finally:
@@ -113,8 +98,7 @@ class DistributedConfig:
     gpus_per_worker: float = 0.0
     """Ray GPUs each actor reserves."""
     affinity_slack: float = 1.0
-    """A problem stays on the worker holding its history unless that worker's predicted time exceeds the
-    best placement's by more than this fraction (history locality beats fine balance: docs/distributed.md)."""
+    """A problem stays on its history's worker unless its predicted time exceeds the best by this fraction."""
     replace_dead: bool = True
     """Start a fresh actor in a dead one's place after the step."""
     session: SessionConfig = SessionConfig()
@@ -136,8 +120,7 @@ class RolloutWorker:
     """The actor body: one RolloutSession on its own model copy (wrapped with ray.remote at runtime)."""
 
     def __init__(self, model: str, config: SessionConfig, dtype: str = "float32") -> None:
-        """`model`: what transformers' from_pretrained takes (a local folder, or a hub id); loaded in eval mode
-        on CUDA when the actor sees a device, else on the CPU."""
+        """`model`: a folder or hub id for from_pretrained; on CUDA when the actor sees a device."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,18 +131,14 @@ class RolloutWorker:
         m.to("cuda" if torch.cuda.is_available() else "cpu").eval()
         self.session = RolloutSession(m, self.tokenizer, config)
 
-    def generate(self, prompts, *, problem_ids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines):
-        rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, samples=samples,
-                                         sampling=sampling, max_new_tokens=max_new_tokens,
-                                         stop_token_ids=stop_token_ids, stop_lines=stop_lines)
-        return rollouts, self.session.history[-1]
+    def generate(self, prompts, **kw):
+        return self.session.generate(prompts, **kw), self.session.history[-1]
 
     def end_step(self) -> None:
         self.session.end_step()
 
     def set_weights(self, state_dict) -> None:
-        # strict: a missing or unknown key raises (the driver checks keys and shapes first, since torch
-        # copies the matching tensors before it raises)
+        # strict; the driver checks keys and shapes first, since torch copies the matching tensors before it raises
         self.session.engine.model.load_state_dict(state_dict, strict=True)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -172,8 +151,7 @@ class RolloutWorker:
         self.session.save(folder)
 
     def check_load(self, folder: str) -> None:
-        """Raise what load(folder) would, changing nothing: the save is loaded into a throwaway session on
-        this worker's model."""
+        """Raise what load(folder) would, changing nothing (loaded into a throwaway session on this model)."""
         from dasrl.rollout.session import RolloutSession
 
         RolloutSession(self.session.engine.model, self.tokenizer, self.session.config).load(folder)
@@ -208,25 +186,23 @@ def _check_weights(weights: dict, shapes: dict[str, tuple[int, ...]]) -> None:
 
 
 class DistributedRolloutSession:
-    """The Session protocol (dasrl.rollout.Session: generate / end_step / stats / save / load / close, with
-    RolloutSession's arguments) over Ray actors."""
+    """The Session protocol (generate / end_step / stats / save / load / close, with RolloutSession's
+    arguments) over Ray actors."""
 
     def __init__(self, model: str, config: DistributedConfig = DistributedConfig(), *,
                  dtype: str = "float32") -> None:
-        ray = _ray()
+        self._ray = ray = _ray()
         if not ray.is_initialized():
-            init_local()  # local: every Ray service on loopback only
+            init_local()
         self.model, self.config, self.dtype = str(model), config, dtype
         threads = max(1, int(config.cpus_per_worker))
         self._worker_session = replace(config.session, engine=replace(config.session.engine, num_threads=threads))
         self._actor_cls = ray.remote(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
                                      max_restarts=0)(RolloutWorker)
-        self.workers: dict[int, object] = {}
         self._dead: set[int] = set()
         self._weights = None
         self._shapes: dict[str, tuple[int, ...]] | None = None  # the model's parameter shapes, asked once
-        for w in range(config.workers):
-            self.workers[w] = self._spawn()
+        self.workers: dict[int, object] = {w: self._spawn() for w in range(config.workers)}
         ray.get([a.pid.remote() for a in self.workers.values()])  # fail here, not mid-step, if they can't start
         self.router = make_router(config.router, latency=config.latency, max_len=4096, seed=config.session.seed,
                                   affinity_slack=config.affinity_slack)
@@ -240,30 +216,29 @@ class DistributedRolloutSession:
             actor.set_weights.remote(self._weights)
         return actor
 
+    def _each(self, method: str, *args) -> list:
+        """Call `method` on every live worker and wait for all."""
+        return self._ray.get([getattr(self.workers[w], method).remote(*args) for w in self.live_workers])
+
     @property
     def live_workers(self) -> list[int]:
         return [w for w in self.workers if w not in self._dead]
 
-    # ------------------------------------------------------------------ the step
     def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
                  seeds: Sequence[int] | None = None, samples: Sequence[int] | None = None,
                  sampling: SamplingParams = SamplingParams(), max_new_tokens: int = 256,
                  stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = (),
                  on_dispatch: Callable[[dict[int, list[int]]], None] | None = None) -> list[Rollout]:
-        """Generate one step's batch across the workers (RolloutSession.generate's arguments: `samples` each
-        request's sample index in its problem this step, None = the next unused ones; `seeds` overrides the
-        derived seeds); rollouts come back in the order of `prompts`. `on_dispatch(worker -> request
-        indices)` is called each time shares are sent out."""
-        ray = _ray()
+        """One step's batch across the workers, with RolloutSession.generate's arguments; rollouts in the order
+        of `prompts`. `on_dispatch(worker -> request indices)` is called each time shares are sent out."""
+        ray = self._ray
         if len(prompts) == 0:
             raise ValueError("generate() needs at least one prompt")
         prompts = [list(map(int, p)) for p in prompts]
         pids = list(problem_ids) if problem_ids is not None else [problem_key(p) for p in prompts]
         if len(pids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pids)} problem ids")
-        if seeds is None:
-            # counted per problem over the step's calls, as a session counts them: a prompt seen again in
-            # the same step gets fresh seeds; given indices are checked as a session checks them
+        if seeds is None:  # counted per problem over the step's calls and checked, as a session does
             samples = sample_indices(self._drawn, pids, samples, self.step)
             for pid, k in zip(pids, samples):
                 self._drawn.setdefault(pid, set()).add(k)
@@ -287,10 +262,9 @@ class DistributedRolloutSession:
             for i in todo:
                 shares.setdefault(where[pids[i]], []).append(i)
             for w, idx in shares.items():
+                share = None if samples is None else [int(samples[i]) for i in idx]
                 ref = self.workers[w].generate.remote([prompts[i] for i in idx], problem_ids=[pids[i] for i in idx],
-                                                      seeds=[int(seeds[i]) for i in idx],
-                                                      samples=None if samples is None else [int(samples[i]) for i in idx],
-                                                      **kw)
+                                                      seeds=[int(seeds[i]) for i in idx], samples=share, **kw)
                 pending[ref] = (w, idx)
             if on_dispatch is not None:
                 on_dispatch({w: list(idx) for w, idx in shares.items()})
@@ -322,24 +296,21 @@ class DistributedRolloutSession:
         return results  # type: ignore[return-value]
 
     def set_weights(self, state_dict) -> None:
-        """Load new policy weights into every worker (also kept for replacement workers). The keys and
-        shapes must be the model's own (ValueError naming the missing, unexpected and mis-shaped ones,
-        raised before any worker changes)."""
-        ray = _ray()
+        """Load new policy weights into every worker (and later replacements). A state dict whose keys or shapes
+        are not the model's is refused before any worker changes."""
         weights = {k: v.detach().cpu() for k, v in state_dict.items()}
         if self._shapes is None:
-            self._shapes = ray.get(self.workers[self.live_workers[0]].weight_shapes.remote())
+            self._shapes = self._ray.get(self.workers[self.live_workers[0]].weight_shapes.remote())
         _check_weights(weights, self._shapes)
-        self._weights = ray.put(weights)
-        ray.get([self.workers[w].set_weights.remote(self._weights) for w in self.live_workers])
+        self._weights = self._ray.put(weights)
+        self._each("set_weights", self._weights)
 
     def end_step(self) -> None:
         """The step's rollouts are final: every worker rolls its window; dead workers are replaced."""
-        ray = _ray()
         for w in self.live_workers:
             try:
-                ray.get(self.workers[w].end_step.remote())
-            except ray.exceptions.RayActorError:
+                self._ray.get(self.workers[w].end_step.remote())
+            except self._ray.exceptions.RayActorError:
                 self._dead.add(w)
         if self.config.replace_dead:
             for w in sorted(self._dead):
@@ -348,36 +319,31 @@ class DistributedRolloutSession:
         self.step += 1
         self._drawn = {}
 
-    # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
-        ray = _ray()
-        per = ray.get([self.workers[w].stats.remote() for w in self.live_workers])
+        per = self._each("stats")
         keys = ("forwards", "new_tokens", "drafted", "accepted", "store_tokens", "store_bytes")
         out = {k: sum(p[k] for p in per) for k in keys}
         out.update(steps=len(self.history), rollout_s=sum(h.rollout_s for h in self.history),
                    rerun=sum(h.rerun for h in self.history), workers=len(self.live_workers))
         return out
 
-    # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Each worker's session under worker-<i>/ (the folder must be visible to the workers: one node
-        or a shared filesystem) and the driver's step and routing state in distributed.json."""
-        ray = _ray()
+        """Each worker's session under worker-<i>/ (the folder must be visible to the workers: one node or a
+        shared filesystem), the driver's step and routing state in distributed.json."""
         folder = Path(folder).resolve()
         folder.mkdir(parents=True, exist_ok=True)
-        ray.get([self.workers[w].save.remote(str(folder / f"worker-{w}")) for w in self.live_workers])
+        self._ray.get([self.workers[w].save.remote(str(folder / f"worker-{w}")) for w in self.live_workers])
         write_json(folder / "distributed.json", {"format": "dasrl-distributed/1", "step": self.step,
                                                   "workers": len(self.workers), "router": self.config.router,
                                                   "routing": self.router.state_dict()})
 
     def load(self, folder: str | os.PathLike) -> None:
-        ray = _ray()
         folder = Path(folder).resolve()
+        src = folder / "distributed.json"
         try:
-            state = read_json(folder / "distributed.json", MAX_JSON_BYTES)
+            state = read_json(src, MAX_JSON_BYTES)
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read a distributed session from {folder}: {e}") from None
-        src = folder / "distributed.json"
         if not isinstance(state, dict) or state.get("format") != "dasrl-distributed/1":
             raise ValueError(f"{src}: not a dasrl distributed session "
                              f"(format {state.get('format') if isinstance(state, dict) else state!r})")
@@ -392,17 +358,15 @@ class DistributedRolloutSession:
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{src}: field 'routing': {type(e).__name__}: {e}") from None
         parts = {w: str(folder / f"worker-{w}") for w in self.live_workers if (folder / f"worker-{w}").is_dir()}
-        # All or nothing across workers: every part is first loaded into a throwaway session on its worker;
-        # only when all of them load does any worker switch (each worker's own load is all or nothing).
-        _gather(ray, {w: self.workers[w].check_load.remote(p) for w, p in parts.items()}, f"{folder}: not loaded")
-        _gather(ray, {w: self.workers[w].load.remote(p) for w, p in parts.items()}, f"{folder}: loaded in part")
+        # all or nothing: every part is first loaded into a throwaway session on its worker
+        _gather(self._ray, {w: self.workers[w].check_load.remote(p) for w, p in parts.items()}, f"{folder}: not loaded")
+        _gather(self._ray, {w: self.workers[w].load.remote(p) for w, p in parts.items()}, f"{folder}: loaded in part")
         self.step, self.router, self._drawn = step, router, {}
 
     def close(self) -> None:
         """Stop the actors (the Ray runtime stays up)."""
-        ray = _ray()
         for a in self.workers.values():
-            ray.kill(a)
+            self._ray.kill(a)
         self.workers.clear()
 
     shutdown = close

@@ -1,20 +1,14 @@
-"""Routing one step's problems to rollout workers.
+"""Routing one step's problems to rollout workers (docs/distributed.md, "Routing").
 
-All samples of a problem go to one worker, so its drafter history stays local (no shared draft
-server). A step's time on a worker is close to `c_base * longest + c_tok * tokens`: the forward count is
-set by its longest request (the long tail), the per-token term by everything it generates. The
-length-aware router predicts both from each problem's length history and places problems
-longest-first on the worker whose predicted time grows least (LPT), so predicted-long problems are
-interleaved across workers, as DAS does across GPUs. A problem stays on the worker that holds its
-history unless that worker's predicted time exceeds the best placement's by more than `affinity_slack`
-(default 1.0: losing a problem's drafter history costs more than a fine balance gains, measured in
-the simulator, docs/distributed.md).
-
-Round-robin and random routing (also problem-grouped) are the baselines.
+All samples of a problem go to one worker, so its drafter history stays local (no shared draft server). The
+length-aware router predicts each worker's step time from the problems' length histories and places problems
+longest-first where the predicted time grows least (LPT), so predicted-long problems are interleaved across
+workers; round-robin and random routing (also problem-grouped) are the baselines.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Hashable, Protocol, Sequence
 
@@ -29,9 +23,7 @@ class _Group:
     """The samples of one problem in this step."""
 
     problem_id: Hashable
-    """Problem key (all samples share it)."""
-    samples: int
-    """How many requests of this problem the step holds."""
+    samples: int  # requests of this problem in the step
 
 
 class _Router(Protocol):
@@ -70,11 +62,8 @@ class _RoundRobinRouter:
 
     def assign(self, groups: Sequence[_Group], workers: Sequence[int]) -> dict[Hashable, int]:
         _check(groups, workers)
-        out = {}
-        for g in groups:
-            out[g.problem_id] = workers[self._turn % len(workers)]
-            self._turn += 1
-        return out
+        first, self._turn = self._turn, self._turn + len(groups)
+        return {g.problem_id: workers[(first + i) % len(workers)] for i, g in enumerate(groups)}
 
     def observe(self, problem_id: Hashable, lengths: Sequence[int]) -> None:
         pass
@@ -111,14 +100,12 @@ class _RandomRouter:
 
 
 class _LengthAwareRouter:
-    """Longest-predicted-first onto the worker whose predicted step time grows least (see module doc).
-
-    A worker's predicted time is `c_base * E[longest of its samples] + c_tok * E[its tokens]`. Each
-    problem's length distribution is its own history mixed with `prior` pseudo-samples of the pooled
-    history (so a problem seen a few times still carries the pool's runaway tail); the longest of a
-    worker's samples has CDF prod_p F_p(x)^n_p, so piling many short problems onto one worker raises its
-    expected longest too, as it does in reality.
-    """
+    """Longest-predicted-first onto the worker whose predicted step time, `c_base * E[longest of its samples] +
+    c_tok * E[its tokens]`, grows least. A problem's length distribution is its history mixed with `prior`
+    pseudo-samples of the pooled one (a problem seen a few times still carries the pool's runaway tail); a
+    worker's longest has CDF prod_p F_p(x)^n_p, so piling many short problems on one worker raises it too. A
+    problem stays on the worker holding its history unless that costs more than `affinity_slack` (default 1.0:
+    losing the history costs more than a fine balance gains, measured in the simulator)."""
 
     name = "length"
 
@@ -216,7 +203,4 @@ def make_router(name: str, *, latency: LatencyModel, max_len: int, seed: int = 0
 
 def groups_of(problem_ids: Sequence[Hashable]) -> list[_Group]:
     """One Group per distinct problem, in order of first appearance."""
-    counts: dict[Hashable, int] = {}
-    for pid in problem_ids:
-        counts[pid] = counts.get(pid, 0) + 1
-    return [_Group(pid, n) for pid, n in counts.items()]
+    return [_Group(pid, n) for pid, n in Counter(problem_ids).items()]

@@ -2,9 +2,8 @@
 
     python -m verl.trainer.main_ppo $(python -m dasrl.integrations.verl.recipe) data.train_files=...
 
-Two pieces, each optional: the drafter (vLLM's `custom_class` method with DASProposer, through
-`actor_rollout_ref.rollout.engine_kwargs.vllm`; vLLM's worker imports it by name, so nothing goes into the Ray
-runtime env) and the router (DASLoadBalancer, via `rollout.router_config_path`).
+The drafter (vLLM's `custom_class` with DASProposer, through `actor_rollout_ref.rollout.engine_kwargs.vllm`;
+vLLM's worker imports it by name) and the router (DASLoadBalancer, via `rollout.router_config_path`).
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_ROUTER_YAML = Path(__file__).with_name("router.yaml")
-"""The router plugin config shipped with the package."""
+_ROUTER_YAML = Path(__file__).with_name("router.yaml")  # the router plugin config shipped with the package
 
 
 @dataclass(frozen=True)
@@ -48,23 +46,15 @@ class Recipe:
 # 16K responses, on the DSR-sub prompts (a parquet of your own conversion; VeRL's data format).
 _PAPER_MATH_7B = [
     "algorithm.adv_estimator=grpo",
-    "data.train_files=$HOME/data/dsr_sub/train.parquet",
-    "data.val_files=$HOME/data/dsr_sub/test.parquet",
-    "data.train_batch_size=128",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=16384",
+    "data.train_files=$HOME/data/dsr_sub/train.parquet", "data.val_files=$HOME/data/dsr_sub/test.parquet",
+    "data.train_batch_size=128", "data.max_prompt_length=1024", "data.max_response_length=16384",
     "actor_rollout_ref.model.path=deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
     "actor_rollout_ref.actor.use_kl_loss=False",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.n=16",
-    "actor_rollout_ref.rollout.temperature=1.0",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=16",
+    "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
-    "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=1",
-    "trainer.project_name=dasrl",
+    "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.project_name=dasrl",
     "trainer.experiment_name=das-math-7b",
 ]
 

@@ -1,9 +1,8 @@
 """`DASLoadBalancer`: VeRL 0.9's `GlobalRequestLoadBalancer`, routing by problem and predicted length
-(docs/verl.md): every sample of a problem (the hash of its prompt token ids; VeRL's uid is re-drawn every
-step) goes to one server for the phase, where its history and in-flight siblings are; a new problem goes to
-the server with the least predicted outstanding work (its own past service seconds, pooled while it has
-none), or back to the server that ran it before unless that one's work exceeds the least by `affinity_slack`.
-Turned on by `actor_rollout_ref.rollout.router_config_path` (router.yaml; RouterConfig's fields optional).
+(docs/verl.md). Every sample of a problem (the hash of its prompt: VeRL's uid is re-drawn every step) goes to
+one server for the phase, where its history and siblings are; a new problem goes to the server with the least
+predicted outstanding work, or back to its previous server unless that one's work exceeds the least by
+`affinity_slack`. Turned on by `actor_rollout_ref.rollout.router_config_path` (router.yaml).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ class RouterConfig:
     """The YAML fields DASLoadBalancer reads (besides router_class)."""
 
     affinity_slack: float = 0.25
-    """Keep a problem on its previous server unless that server's predicted work exceeds the least
-    loaded server's by more than this fraction."""
+    """Keep a problem on its last server unless that one's predicted work exceeds the least by this fraction."""
     history: int = 64
     """Service times kept per problem."""
     default_seconds: float = 1.0

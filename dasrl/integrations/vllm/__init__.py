@@ -1,4 +1,4 @@
-"""vLLM integration: the DAS drafter serving vLLM's V1 speculative decoding (vLLM 0.24-0.33).
+"""vLLM integration: the DAS drafter serving vLLM's V1 speculative decoding (vLLM 0.24-0.33; docs/vllm.md).
 
     from vllm import LLM
     llm = LLM(model, speculative_config={"method": "custom_class",
@@ -6,10 +6,8 @@
                                          "num_speculative_tokens": 8},
               additional_config={"dasrl": {"window": 8, "policy": "das"}})   # optional
 
-See docs/vllm.md. Importing this package does not import vLLM, but it refuses an installed vLLM outside
-0.24-0.33 with an error naming both (check_supported, from the distribution's metadata): vLLM 0.34 removed
-`custom_class` and Model Runner V1, and a config naming it fails inside vLLM with "Unknown speculative
-method 'custom_class'", which tells a user nothing about dasrl.
+Importing this package does not import vLLM, but refuses an installed vLLM outside 0.24-0.33 by name
+(check_supported): in 0.34, which removed `custom_class`, vLLM's own error says nothing about dasrl.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-_SUPPORTED = ((0, 24), (0, 34))
-"""[lowest, first unsupported) (major, minor) of vLLM."""
+_SUPPORTED = ((0, 24), (0, 34))  # [lowest, first unsupported) (major, minor) of vLLM
 
 
 class UnsupportedVLLM(RuntimeError):
@@ -36,8 +33,7 @@ def _installed_version() -> str | None:
 
 
 def check_supported(version: str | None = None) -> None:
-    """Raise UnsupportedVLLM naming the supported range and `version` (default: the installed one) when
-    it is outside it; nothing when it is inside, or when vLLM is not installed."""
+    """Raise UnsupportedVLLM naming the range and `version` (default: the installed one, if any) outside it."""
     version = _installed_version() if version is None else version
     if version is None:
         return

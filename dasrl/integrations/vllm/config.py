@@ -1,9 +1,7 @@
-"""Settings of the vLLM proposer, read from `LLM(..., additional_config={"dasrl": {...}})`.
+"""Settings of the vLLM proposer, read from `LLM(..., additional_config={"dasrl": {...}})` (docs/vllm.md).
 
-vLLM hands a custom proposer nothing but its VllmConfig; `additional_config` is the free-form dict that
-travels with it into every engine and worker process, so the proposer's settings live there under the key
-"dasrl" (docs/vllm.md has the table). An unknown key is refused by name (a typo must not silently fall back
-to a default); the flat keys of the history drafter fill in its StoreConfig and DraftParams.
+`additional_config` is the free-form part of the VllmConfig, the only thing vLLM hands a custom proposer. An
+unknown key is refused by name: a typo must not silently fall back to a default.
 """
 
 from __future__ import annotations
@@ -17,10 +15,8 @@ from dasrl.policy.allowance import ClassCaps
 
 _POLICIES = ("das", "fixed")
 _ON_SEEDED = ("warn", "error", "ignore")
-_STORE_KEYS = ("mode", "window", "decay", "cross_problem")
-"""Flat keys of additional_config["dasrl"] that set StoreConfig's fields of the same name."""
-_PARAM_KEYS = ("max_match", "min_prob")
-"""Flat keys that set the store's DraftParams."""
+_STORE_KEYS = ("mode", "window", "decay", "cross_problem")  # flat keys that set the StoreConfig's fields
+_PARAM_KEYS = ("max_match", "min_prob")  # and its DraftParams
 
 
 @dataclass(frozen=True)

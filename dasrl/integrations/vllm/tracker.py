@@ -1,25 +1,13 @@
-"""BatchDrafter: the DAS drafter driven by what vLLM's model runner knows, one call per engine step.
+"""BatchDrafter: the DAS drafter driven by what vLLM's model runner shows a proposer, one call per engine step.
 
-vLLM shows a proposer only this step's input batch (request ids, prompt lengths, token rows, the tokens just
-sampled) and never says that a request finished; the tracker turns that view into the Drafter protocol of a
-DraftStore (docs/vllm.md, "Finished requests and RL steps inside vLLM"). A new id is `start`ed (problem key:
-the hash of its prompt), a row's tokens past what was fed are `observe`d. An absent request that vLLM still
-holds (`live`: the runner's `requests`) is paused; any other absent one has departed and is `finish`ed at
-once, so the requests tracked are those vLLM holds. A known id whose row no longer fits its request is a
-reused id: the old request departs, the new one starts. The window rolls (DraftStore.end_step) at the next
-call after the caller's `end_step()`; until its first one (or never, with `explicit_steps`) a boundary is
-inferred: after every `step_requests` finished requests, or when the batch has drained or
-`max_step_requests` requests finished. Requests in flight across a boundary re-start from their rows.
-
-Draft caps: the policy's budget within num_speculative_tokens, max_model_len and max_tokens; each draft is cut
-to max_spec_factor x its match length, then trimmed by the policy (the session's, `dasrl.policy.make_policy`,
-priced by vLLM's own step cost: StepClock). The policy reads a RequestState per request, kept as the engine
-keeps its own, keyed (request id, serial): a reused id is another request; in-flight requests cross a
-boundary under a fresh state, their partial length no finished length.
-
-The per-step host work is in arrays (a slot per request) and native calls over vLLM's token buffer
-(dasrl/_core extend_rows, accepted_rows, cut_chains); tests/test_vllm_rows.py holds it to the row-by-row
-tracker it replaced, draft for draft. Numpy and the native core: no vLLM import.
+vLLM shows only this step's batch (ids, prompt lengths, token rows, the tokens just sampled) and never says
+that a request finished; the tracker turns that view into a DraftStore's start / observe / finish: paused,
+departed and reused ids, and when the window rolls, as docs/vllm.md ("Finished requests and RL steps inside
+vLLM") tells. Draft caps: the policy's budget (dasrl.policy.make_policy, priced by vLLM's own step cost:
+StepClock) within num_speculative_tokens, max_model_len and max_tokens; each draft is cut to max_spec_factor x
+its match length, then trimmed by the policy. State is kept in arrays, a slot per request, and the host work is
+native calls over vLLM's token buffer; tests/test_vllm_rows.py holds it to the row-by-row tracker it replaced,
+draft for draft. Numpy and the native core: no vLLM import.
 """
 
 from __future__ import annotations
@@ -53,49 +41,32 @@ class DrafterStats:
     proposals: int = 0
     drafted: int = 0
     accepted: int = 0
-    resolved: int = 0
-    """Drafted tokens whose verification was seen (drafted minus drafts still in flight or lost)."""
-    paused: int = 0
-    """Times a request vLLM still held (preempted or unscheduled) was absent from the batch."""
-    calls: int = 0
-    """Calls to propose (one per vLLM step that reached the proposer)."""
-    reused: int = 0
-    """Known request ids that came back as another request (the old one departed, the new one started)."""
-    errors: int = 0
-    """Steps in which drafting failed and was skipped (DASProposer.propose_batch)."""
-    propose_s: float = 0.0
-    """Wall seconds inside propose: the drafter's own cost, on the forward's core when vLLM runs on a CPU."""
+    resolved: int = 0  # drafted tokens whose verification was seen (not still in flight, nor lost)
+    paused: int = 0  # times a request vLLM still held (preempted or unscheduled) was absent from the batch
+    calls: int = 0  # one per vLLM step that reached the proposer
+    reused: int = 0  # known request ids that came back as another request
+    errors: int = 0  # steps whose drafting failed and was skipped (DASProposer.propose_batch)
+    propose_s: float = 0.0  # the drafter's own cost: on the forward's core when vLLM runs on a CPU
 
     def as_dict(self) -> dict:
-        d = dict(vars(self))
-        d["acceptance"] = self.accepted / self.resolved if self.resolved else 0.0
-        return d
+        return dict(vars(self), acceptance=self.accepted / self.resolved if self.resolved else 0.0)
 
 
 class StepClock:
-    """vLLM's step cost as a LatencyModel, fitted from inside the proposer (docs/vllm.md, `latency_floor`).
-
-    vLLM calls the proposer once per engine step, right after its forward, so the time between two calls is
-    one step, whose tokens (one per drafting row plus its draft) and context tokens (`kv`) the tracker knows.
-    Steps that prefilled new requests (their prompt tokens may come from vLLM's prefix cache) and steps
-    across an RL step boundary are not recorded. The fit is the session's OnlineLatency: windowed, refitted
-    every `refit_every` steps, so between refits the policy prices with one model."""
+    """vLLM's step cost as a LatencyModel fitted inside the proposer (docs/vllm.md, `latency_floor`): vLLM calls
+    the proposer right after each forward, so the time between two calls is one step, whose tokens and context
+    the tracker knows. Prefill steps and steps across an RL step boundary are not recorded."""
 
     def __init__(self, prior: LatencyModel, *, window: int = 256, min_samples: int = 32, refit_every: int = 32,
                  now: Callable[[], float] = time.perf_counter) -> None:
-        # vLLM's drafting rows cost their tokens only: no second KV group, no per-forward drafting term (those
-        # are the dasrl engine's). The prior's drafting terms would otherwise be scaled into every fit.
+        # vLLM's rows cost their tokens only: the dasrl engine's drafting terms would be scaled into every fit
         prior = replace(prior, c_draft_kv=0.0, c_draft=0.0)
         self.fit = OnlineLatency(prior, window=window, min_samples=min_samples, refit_every=refit_every)
-        """The fit of vLLM's step cost (its report() is the proposer's latency statistics)."""
         self._now = now
-        self._pending: tuple[float, int, int, int] | None = None
-        """(time of the last call, rows, draft tokens and kv of the step after it), or None: not recorded."""
+        self._pending: tuple[float, int, int, int] | None = None  # (t, rows, drafted, kv) of the open step
 
     def tick(self, rows_next: int | None, drafted_next: int = 0, kv_next: int = 0) -> None:
-        """A proposer call: records the step since the last call and opens the next, whose forward computes
-        `rows_next` rows' tokens plus `drafted_next` draft tokens over `kv_next` context tokens (rows_next
-        None = unknown: not recorded)."""
+        """A proposer call: record the step since the last call, open the next (`rows_next` None: unrecorded)."""
         t = self._now()
         if self._pending is not None:
             t0, rows, drafted, kv = self._pending
@@ -103,7 +74,7 @@ class StepClock:
         self._pending = None if rows_next is None else (t, int(rows_next), int(drafted_next), int(kv_next))
 
     def skip(self) -> None:
-        """The step since the last call is not to be recorded (prefill, step boundary)."""
+        """Leave the step since the last call unrecorded (prefill, step boundary)."""
         self._pending = None
 
     @property
@@ -111,7 +82,6 @@ class StepClock:
         return self.fit.num_samples
 
     def model(self) -> LatencyModel:
-        """The model to price with: the prior until the fit is trusted, then the fit (OnlineLatency.model)."""
         return self.fit.model()
 
 
@@ -124,8 +94,7 @@ def match_capped(batch: DraftBatch, factor: float) -> DraftBatch:
 
 
 def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> ForwardAllowance | FixedBudget:
-    """The session's policy (dasrl.policy.make_policy): das with these caps, priced by the latency file (or the
-    prior of vLLM's device type, as the session prices with its model's device), or fixed: k for every request."""
+    """The session's policy: das priced by the latency file or the prior of vLLM's device type, or fixed k."""
     if config.policy == "das":
         latency = LatencyModel.load(config.latency) if config.latency else prior_for(device)
         return make_policy("das", latency=latency, caps=config.caps)
@@ -133,18 +102,16 @@ def proposer_policy(config: VLLMDrafterConfig, k: int, device: str) -> ForwardAl
 
 
 class _Rows:
-    """What the tracker keeps of each request vLLM holds, a slot per request. int64 arrays: its prompt length,
-    tokens fed to the store (`seen`, 0 = not started there yet), generated tokens, verification forwards,
-    drafted and accepted tokens (what the policy reads), its length limit, its pending draft's length and the
-    id of vLLM's state object; the pending draft (`draft[s, :dlen[s]]`, proposed at the last call, verified in
-    the next row); object arrays: its id, its RequestState (synced when handed out), vLLM's state object."""
+    """Per-request state, a slot per request. int64: prompt length, tokens fed to the store (`seen`, 0: not
+    started there), generated tokens, forwards, drafted and accepted tokens, max_tokens, the pending draft's
+    length and id() of vLLM's state object; the pending drafts `draft[s, :dlen[s]]`; objects: the id, its
+    RequestState (synced when handed out), vLLM's state object."""
 
     INTS = ("plen", "seen", "gen", "fwd", "drafted", "accepted", "max_new", "dlen", "hid")
     OBJECTS = ("rids", "state", "handle")
 
     def __init__(self, k: int) -> None:
-        self.cap = 0
-        """Slots handed out so far (free ones included)."""
+        self.cap = 0  # slots handed out so far, free ones included
         self.draft = np.zeros((0, k), np.int32)
         for f in self.INTS:
             setattr(self, f, np.zeros(0, np.int64))
@@ -170,7 +137,6 @@ class _Rows:
         self._free.append(s)
 
     def synced(self, s: int) -> RequestState:
-        """The request's RequestState, its counters brought up to date."""
         st = self.state[s]
         st.generated, st.forwards = int(self.gen[s]), int(self.fwd[s])
         st.drafted, st.accepted = int(self.drafted[s]), int(self.accepted[s])
@@ -186,30 +152,20 @@ class BatchDrafter:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-        self.config = config
-        self.k = int(num_speculative_tokens)
-        self.max_model_len = int(max_model_len)
+        self.config, self.k, self.max_model_len = config, int(num_speculative_tokens), int(max_model_len)
         self.store = DraftStore(config.store_config(vocab_size))
-        self.device = device
-        """vLLM's device type (DeviceConfig.device_type: "cuda", "cpu", ...): whose latency prior prices drafts."""
+        self.device = device  # vLLM's DeviceConfig.device_type: whose latency prior prices drafts
         self.policy = proposer_policy(config, self.k, device)
         self.stats = DrafterStats()
         self.clock = StepClock(self.policy.latency or prior_for(device), window=config.latency_window)
         self._rows = _Rows(self.k)
-        self._slot: dict[str, int] = {}
-        """Requests vLLM holds (in the batch, or paused: absent from it but still in `live`) -> their slot, in
-        the order they came (the order the policy sees them)."""
-        self._held: tuple | None = None
-        """(slots, request keys, problems, each slot's place) of the held requests in order; None: changed."""
-        self._batch: tuple[list, np.ndarray] | None = None
-        """(request ids, their slots) of the last call, all tracked; None: a request came or went since."""
-        self._serial = 0
-        """States made so far: the policy's request key is (vLLM's id, serial)."""
+        self._slot: dict[str, int] = {}  # requests vLLM holds (in the batch, or paused) -> slot, in arrival order
+        self._held: tuple | None = None  # _held_rows() cached; None: changed
+        self._batch: tuple[list, np.ndarray] | None = None  # (ids, slots) of the last call; None: one came or went
+        self._serial = 0  # the policy's request key is (vLLM's id, serial): a reused id is another request
         self._finished_since_step = 0
-        self.explicit = config.explicit_steps
-        """True once the caller ended a step itself (end_step): from then on no boundary is inferred."""
-        self._signalled = False
-        """end_step() was called: the window rolls at the next call, after that call's departures."""
+        self.explicit = config.explicit_steps  # True once the caller ended a step: no boundary is inferred
+        self._signalled = False  # end_step() was called: the window rolls at the next call, after its departures
 
     @property
     def latency(self) -> LatencyModel | None:
@@ -221,16 +177,14 @@ class BatchDrafter:
         """The tracked requests' states (synced), by id: for inspection."""
         return {rid: self._rows.synced(s) for rid, s in self._slot.items()}
 
-    def _state(self, rid: str, problem: object, prompt_len: int, max_new_tokens: int, generated: int = 0) -> RequestState:
+    def _state(self, rid: str, problem: object, prompt_len: int, max_new: int, generated: int = 0) -> RequestState:
         self._serial += 1
-        return RequestState((rid, self._serial), problem, prompt_len, max_new_tokens, generated=generated)
+        return RequestState((rid, self._serial), problem, prompt_len, max_new, generated=generated)
 
     # ---------------------------------------------------------------- steps
     def end_step(self) -> None:
-        """The caller closes the RL step: rollouts finished so far are the step's, the window rolls at the
-        next call -- vLLM's runner drops a request finished in its last step only when the next step
-        begins, so only then can such a request be told from one in flight. From now on the caller owns
-        the boundaries: none is inferred from the batch any more."""
+        """The caller closes the RL step: the window rolls at the next call (vLLM's runner drops a request
+        finished in its last step only when the next step begins), and no boundary is inferred from now on."""
         self.explicit = self._signalled = True
 
     def _roll(self) -> None:
@@ -260,13 +214,11 @@ class BatchDrafter:
         return drained or 0 < self.config.max_step_requests <= n
 
     def _depart(self, rid: str, learn: bool = True) -> None:
-        """vLLM no longer holds the request (finished or aborted): its rollout joins the history now (`learn`),
-        or is dropped."""
+        """vLLM no longer holds the request: its rollout joins the history (`learn`), or is dropped."""
         s = self._slot.pop(rid)
         self._held = self._batch = None
         r = self._rows
-        state = r.synced(s)
-        seen = r.seen[s]
+        state, seen = r.synced(s), r.seen[s]
         r.free(s)
         if not (seen and learn):  # dropped, or left before its first token: nothing to learn from
             if seen:
@@ -279,8 +231,8 @@ class BatchDrafter:
         self._finished_since_step += 1
 
     def forget(self) -> None:
-        """Drop every tracked request without learning from it (after a failed call: whatever it left half
-        done cannot leak into later steps); vLLM's requests are re-started from their rows next call."""
+        """Drop every tracked request unlearned (after a failed call, so that nothing half done leaks into later
+        steps); vLLM's requests re-start from their rows at the next call."""
         for rid in list(self._slot):
             self._depart(rid, learn=False)
 
@@ -289,33 +241,26 @@ class BatchDrafter:
                 num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
                 max_new_tokens: Sequence[int] | Callable[[str], int] | None = None,
                 live: Collection[str] | None = None) -> list[list[int]]:
-        """Drafts for the batch: row i is request req_ids[i], whose tokens are token_rows[i, :num_tokens[i]]
-        (the first prompt_lens[i] are its prompt); sampled[i] are the tokens it just got (empty while
-        its prompt is still being prefilled: no draft). `max_new_tokens`: each row's max_tokens, or a
-        function of the request id asked once per new request (None: the context limit). `live`: every
-        request id vLLM still holds state for (the runner's `requests`), so that an absent one is known to
-        be paused, not finished; as a mapping, its values tell a reused id from the same request; None =
-        unknown (every absent request counts as departed). Returns one list of draft ids per row."""
+        """Drafts for the batch, one list per row: row i is request req_ids[i], whose tokens are
+        token_rows[i, :num_tokens[i]] (the first prompt_lens[i] its prompt); sampled[i] are the tokens it just
+        got (empty while its prompt is prefilled: no draft). `max_new_tokens`: each row's max_tokens, or a
+        function of the id asked once per new request (None: the context limit). `live`: every id vLLM still
+        holds (the runner's `requests`: an absent one is paused, not finished); as a mapping, its values tell a
+        reused id from the same request; None: every absent request has departed."""
         start = time.perf_counter()
         try:
-            return self._propose(req_ids=req_ids, prompt_lens=prompt_lens, token_rows=token_rows,
-                                 num_tokens=num_tokens, sampled=sampled, max_new_tokens=max_new_tokens, live=live)
+            return self._propose(req_ids, prompt_lens, token_rows, num_tokens, sampled, max_new_tokens, live)
         finally:
             self.stats.calls += 1
             self.stats.propose_s += time.perf_counter() - start
 
-    def _propose(self, *, req_ids: Sequence[str], prompt_lens: Sequence[int], token_rows: np.ndarray,
-                 num_tokens: Sequence[int], sampled: Sequence[Sequence[int]],
-                 max_new_tokens: Sequence[int] | Callable[[str], int] | None,
-                 live: Collection[str] | None) -> list[list[int]]:
+    def _propose(self, req_ids, prompt_lens, token_rows, num_tokens, sampled, max_new_tokens, live) -> list[list[int]]:
         n_rows = len(req_ids)
         for name, seq in (("prompt_lens", prompt_lens), ("num_tokens", num_tokens), ("sampled", sampled)):
             if len(seq) < n_rows:
                 raise ValueError(f"{name} has {len(seq)} entries for {n_rows} requests")
-        if not isinstance(req_ids, list):
-            req_ids = list(req_ids)
-        tracked, r = self._slot, self._rows
-        last = self._batch
+        req_ids = list(req_ids)
+        tracked, r, last = self._slot, self._rows, self._batch
         if last is not None and last[0] == req_ids:  # the last call's rows (vLLM's usual step): checked then
             slots = last[1].copy()  # [n]
         else:
@@ -325,7 +270,7 @@ class BatchDrafter:
         plens = np.asarray(prompt_lens[:n_rows], np.int64)  # [n]
         ntok = np.asarray(num_tokens[:n_rows], np.int64)  # [n]
         n_new = int(np.count_nonzero(slots < 0))
-        if len(tracked) != n_rows - n_new:  # some tracked request is absent from the batch
+        if len(tracked) != n_rows - n_new:  # some tracked request is absent: departed unless vLLM holds it
             present = set(req_ids)
             held = live if live is None or isinstance(live, (Mapping, set, frozenset)) else set(live)
             for rid in [t for t in tracked if t not in present and (held is None or t not in held)]:
@@ -336,12 +281,11 @@ class BatchDrafter:
                 other |= np.fromiter(map(id, map(live.get, req_ids)), np.int64, n_rows) != r.hid[slots]
             if n_new:
                 other &= slots >= 0
-            if other.any():
-                for i in np.flatnonzero(other).tolist():
-                    self.stats.reused += 1
-                    self._depart(req_ids[i])
-                    slots[i] = -1
-                n_new = int(np.count_nonzero(slots < 0))
+            for i in np.flatnonzero(other).tolist():
+                self.stats.reused += 1
+                self._depart(req_ids[i])
+                slots[i] = -1
+            n_new = int(np.count_nonzero(slots < 0))
         self.stats.paused += len(tracked) - (n_rows - n_new)
         if n_new:  # the step just computed prefilled them: its token count is unknown
             self.clock.skip()
@@ -363,7 +307,7 @@ class BatchDrafter:
             r.seen[s] = r.gen[s] = r.fwd[s] = r.drafted[s] = r.accepted[s] = r.dlen[s] = 0
             tracked[rid] = slots[i] = s
             self._held = None
-        self._batch = (list(req_ids), slots.copy())  # every row tracked now
+        self._batch = (req_ids, slots.copy())  # every row tracked now
 
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
         rows = np.arange(n_rows) if every else np.flatnonzero(has)  # [R] batch rows that may draft
@@ -372,49 +316,44 @@ class BatchDrafter:
             return drafts
         rs, n = (slots, ntok) if every else (slots[rows], ntok[rows])  # [R] their slots and tokens
         old = r.seen[rs]  # [R] tokens fed so far
-        if not old.all():
-            for j in np.flatnonzero(old == 0).tolist():  # first call with tokens: start in the store
-                s, i = rs[j], rows[j]
-                self.store.start(r.rids[s], r.state[s].problem_id, token_rows[i, :r.plen[s]])
-                r.seen[s] = old[j] = r.plen[s]
-                self.stats.started += 1
+        for j in (np.flatnonzero(old == 0).tolist() if not old.all() else ()):  # first tokens: start in the store
+            s, i = rs[j], rows[j]
+            self.store.start(r.rids[s], r.state[s].problem_id, token_rows[i, :r.plen[s]])
+            r.seen[s] = old[j] = r.plen[s]
+            self.stats.started += 1
         self._feed(req_ids, rows, rs, old, n, token_rows)
         drafted = self._draft(rows, rs, self._caps(rs, n), drafts)
-        # rows in prefill: the next step's tokens are unknown
-        self.clock.tick(len(rows) if every else None, drafted, int(n.sum()))
+        self.clock.tick(len(rows) if every else None, drafted, int(n.sum()))  # rows in prefill: next step unknown
         return drafts
 
     def _check(self, req_ids, slots, plens, ntok, has, token_rows, n_new: int) -> None:
-        """The first bad row, in row order, raises what the row-by-row path raised there: a new request with
-        no prompt token, more tokens than its row holds or than it was fed already (a negative token id among
-        its new ones: _feed)."""
-        r, width = self._rows, token_rows.shape[1]
+        """Raise at the first bad row what the row-by-row tracker raised there: a new request with no prompt
+        token, more tokens than its row holds or fewer than were fed (a negative token id: _feed)."""
+        width = token_rows.shape[1]
         if not n_new and (not len(ntok) or int(ntok.max()) <= width):  # known rows, reuse checked: n >= seen
             return
         new = slots < 0
-        seen = plens.copy()  # [n] tokens fed once the row is started (the prompt, if not yet)
         known = np.flatnonzero(~new)
-        seen[known] = np.maximum(r.seen[slots[known]], plens[known])
-        bad_plen = new & (plens < 1)
-        if has is None:
-            has = np.ones(len(ntok), bool)
-        bad_width = has & (ntok > width)
-        short = has & ~bad_width & (ntok < seen)
-        bad = np.flatnonzero(bad_plen | bad_width | short)
-        if len(bad):
-            i = int(bad[0])
-            rid = req_ids[i]
-            if bad_plen[i]:
-                raise ValueError(f"request {rid!r}: prompt length {int(plens[i])} (vLLM gave no prompt tokens)")
-            if bad_width[i]:
-                raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens but the token row holds {width}")
-            raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens, fewer than the {int(seen[i])} already fed")
+        seen = plens.copy()  # [n] tokens fed once the row is started (the prompt, if not yet)
+        seen[known] = np.maximum(self._rows.seen[slots[known]], plens[known])
+        has = np.ones(len(ntok), bool) if has is None else has
+        bad_plen, bad_width = new & (plens < 1), has & (ntok > width)
+        bad = np.flatnonzero(bad_plen | bad_width | (has & (ntok < seen)))
+        if not len(bad):
+            return
+        i = int(bad[0])
+        rid = req_ids[i]
+        if bad_plen[i]:
+            raise ValueError(f"request {rid!r}: prompt length {int(plens[i])} (vLLM gave no prompt tokens)")
+        if bad_width[i]:
+            raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens but the token row holds {width}")
+        raise ValueError(f"request {rid!r}: {int(ntok[i])} tokens, fewer than the {int(seen[i])} already fed")
 
     def _feed(self, req_ids, rows: np.ndarray, rs: np.ndarray, old: np.ndarray, n: np.ndarray,
               token_rows: np.ndarray) -> None:
-        """Advance the rows (batch rows `rows`, slots `rs`, `old` tokens fed so far) to `n` tokens: index every
-        row's new tokens in one native call, and count what the step just run kept of each verified draft
-        (one accept-rule call for the batch): drafted and accepted move together, as in the engine."""
+        """Advance the rows (batch rows `rows`, slots `rs`, `old` tokens fed) to `n` tokens: index their new
+        tokens in one native call and count what the step kept of each verified draft in another (drafted and
+        accepted move together, as in the engine)."""
         r = self._rows
         count = n - old  # [R] new tokens
         if int(count.min()) > 0:  # every row got tokens (the usual step)
@@ -438,28 +377,28 @@ class BatchDrafter:
         r.seen[fs] = fn
         pending = r.dlen[fs]
         n_pending = int(np.count_nonzero(pending))  # rows whose last draft the step just run verified
-        if n_pending:
-            if n_pending == len(fs):  # all of them (every row drafted)
-                vs, dl, vr, vo, vc = fs, pending, fr, fo, fc
-            else:
-                v = np.flatnonzero(pending)
-                vs, dl, vr, vo, vc = fs[v], pending[v], fr[v], fo[v], fc[v]
-            try:
-                acc = _core.accepted_rows(r.draft[vs], dl, token_rows, vr, vo, vc)
-            except TypeError:  # a token table of another dtype (the store reads any): its rows' k + 1 tokens, copied
-                cols = np.minimum(vo[:, None] + np.arange(self.k + 1), token_rows.shape[1] - 1)  # [V, k + 1]
-                table = np.asarray(token_rows)[vr[:, None], cols].astype(np.int64)  # [V, k + 1]
-                acc = _core.accepted_rows(r.draft[vs], dl, table, np.arange(len(vs)), np.zeros(len(vs), np.int64),
-                                          np.minimum(vc, self.k + 1))
-            r.drafted[vs] += dl
-            r.accepted[vs] += acc
-            self.stats.accepted += int(acc.sum())
-            self.stats.resolved += int(dl.sum())
-            r.dlen[vs] = 0
+        if not n_pending:
+            return
+        if n_pending == len(fs):  # every row drafted
+            vs, dl, vr, vo, vc = fs, pending, fr, fo, fc
+        else:
+            v = np.flatnonzero(pending)
+            vs, dl, vr, vo, vc = fs[v], pending[v], fr[v], fo[v], fc[v]
+        try:
+            acc = _core.accepted_rows(r.draft[vs], dl, token_rows, vr, vo, vc)
+        except TypeError:  # a token table of another dtype (the store reads any): its rows' k + 1 tokens, copied
+            cols = np.minimum(vo[:, None] + np.arange(self.k + 1), token_rows.shape[1] - 1)  # [V, k + 1]
+            table = np.asarray(token_rows)[vr[:, None], cols].astype(np.int64)  # [V, k + 1]
+            acc = _core.accepted_rows(r.draft[vs], dl, table, np.arange(len(vs)), np.zeros(len(vs), np.int64),
+                                      np.minimum(vc, self.k + 1))
+        r.drafted[vs] += dl
+        r.accepted[vs] += acc
+        self.stats.accepted += int(acc.sum())
+        self.stats.resolved += int(dl.sum())
+        r.dlen[vs] = 0
 
     def _held_rows(self) -> tuple[np.ndarray | slice, list, list, np.ndarray]:
-        """(slots (or the slice of them), request keys, problems, each slot's place among them) of the held requests,
-        in order."""
+        """(slots, or the slice of them, request keys, problems, each slot's place) of the held requests."""
         if self._held is None:
             r = self._rows
             slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
@@ -472,8 +411,7 @@ class BatchDrafter:
         return self._held
 
     def _caps(self, rs: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """[R] each row's draft cap (slots `rs`, `n` tokens each): the policy's budget within k, the context limit
-        and its max_tokens."""
+        """[R] each row's draft cap: the policy's budget within k, the context limit and its max_tokens."""
         lat = self.clock.model() if self.config.latency_floor and self.latency is not None else None
         if lat is not None and lat is not self.policy.latency:  # a refit (bounded cadence: OnlineLatency)
             self.policy.latency = lat  # the draft allowance stays the session's (None: priced per row)
@@ -495,8 +433,8 @@ class BatchDrafter:
         return np.maximum(np.minimum(np.minimum(room, budget), self.k), 0)
 
     def _draft(self, rows: np.ndarray, rs: np.ndarray, caps: np.ndarray, drafts: list[list[int]]) -> int:
-        """Propose for the rows with a cap, cut to max_spec_factor x the match and trimmed by the policy; each
-        row's draft goes to `drafts` and is kept until its verification shows. Returns the tokens drafted."""
+        """Propose for the rows with a cap, cut to max_spec_factor x the match and trimmed by the policy, into
+        `drafts` (kept until their verification shows). Returns the tokens drafted."""
         n_on = int(np.count_nonzero(caps))
         if not n_on:
             return 0
@@ -509,9 +447,9 @@ class BatchDrafter:
         out = self.store.propose_flat(r.rids[ds].tolist(), caps_on)
         factor = self.config.max_spec_factor
         if not pol.trims:  # cut to max_spec_factor x the match (0: not cut)
-            keep = out.lengths if factor <= 0 else \
-                _core.cut_chains(out.probs, out.offsets, out.match_len, float(factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
-        elif pol._batch is not None and pol._batch[0].keys is self._held_rows()[1]:  # the batch the policy just priced: trimmed by row
+            keep = out.lengths if factor <= 0 else _core.cut_chains(
+                out.probs, out.offsets, out.match_len, float(factor), None, _NONE, _NONE, _NONE, 0.0, 1.0)[0]
+        elif pol._batch is not None and pol._batch[0].keys is self._held_rows()[1]:  # the batch it just priced
             keep = pol.trim_rows(self._held_rows()[3][ds], out, factor)
         else:
             out = pol.trim([r.synced(s) for s in ds.tolist()], match_capped(out, factor))

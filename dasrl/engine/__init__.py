@@ -1,8 +1,7 @@
 """The generation engine: batched, lossless speculative decoding over a Hugging Face causal LM.
 
 Needs `dasrl[engine]` (torch, transformers). Names load on first use (PEP 562), so the numpy-only modules
-(verify, rows) serve the vLLM tracker without torch; a name whose extra is not installed raises ImportError
-naming it.
+(verify, rows) serve the vLLM tracker without torch.
 """
 
 from __future__ import annotations

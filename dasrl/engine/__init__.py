@@ -21,9 +21,7 @@ _EXPORTS = {
     **dict.fromkeys(["Verdict", "accepted_counts", "depths", "verify"], "dasrl.engine.verify"),
 }
 
-__all__ = ["RowCache", "Completion", "EngineConfig", "EngineStepError", "SpecEngine", "StepInfo",
-           "default_threads", "model_lock", "UnsupportedModel", "pack_drafts", "SamplingParams", "draw",
-           "filtered_probs", "LineStop", "Verdict", "accepted_counts", "depths", "verify"]
+__all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from dasrl.engine.cache import RowCache

@@ -59,8 +59,7 @@ class RowCache(Cache):
         super().__init__(layers=layers)
         self.lengths = np.zeros(rows, dtype=np.int64)  # [rows] committed tokens (valid K/V in slots [0, length))
         self.live = rows  # live rows: always the prefix [0, live)
-        self.write_rows = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
-        self.write_slots = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
+        self.write_rows = self.write_slots = torch.zeros(1, 0, dtype=torch.long)  # [1, N] each, set per forward
         self.view_len = 0
 
     @classmethod

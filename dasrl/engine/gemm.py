@@ -81,17 +81,16 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [M, K] -> [M, N]
 
 
-def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+def _seconds(f: Callable[[], object]) -> float:
     t0 = time.perf_counter()
-    f()  # warm-up: first-touch allocations, oneDNN primitive creation
-    if time.perf_counter() - t0 > 0.05:  # a large weight (a 1.5B model's vocabulary head): one timing will do
-        repeats = 1
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    f()
+    return time.perf_counter() - t0
+
+
+def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+    warm_up = _seconds(f)  # first-touch allocations, oneDNN primitive creation
+    # A large weight (a 1.5B model's vocabulary head): one timing will do.
+    return statistics.median([_seconds(f) for _ in range(1 if warm_up > 0.05 else repeats)])
 
 
 class LinearKernels:
@@ -101,8 +100,8 @@ class LinearKernels:
     does), so no reordered copy outlives one forward context: `refresh(model)` starts a new epoch and a weight
     is reordered again at its first oneDNN product in it (docs/engine.md "Weights the trainer changed")."""
 
-    def __init__(self, *, repeats: int = 3, buckets: tuple[int, ...] = _ROW_BUCKETS) -> None:
-        self.buckets = np.asarray(buckets, np.int64)  # [K] ascending
+    def __init__(self, *, repeats: int = 3) -> None:
+        self.buckets = np.asarray(_ROW_BUCKETS, np.int64)  # [K] ascending
         self.repeats = repeats
         self.choice: dict[int, np.ndarray] = {}  # id(module) -> [K] bool (True = oneDNN), this epoch's modules
         self._epoch = 0

@@ -9,7 +9,7 @@ that token alone: its own view (slot + 1) rounded up to a multiple of W (docs/sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -64,9 +64,8 @@ class PackedInputs:
     def to(self, device: torch.device | str) -> "PackedInputs":
         if self.ids.device == torch.device(device):
             return self
-        return PackedInputs(ids=self.ids.to(device, non_blocking=True),
-                            positions=self.positions.to(device, non_blocking=True), layout=self.layout.to(device),
-                            starts=self.starts, depth=self.depth, view=self.view)
+        return replace(self, ids=self.ids.to(device, non_blocking=True),  # starts and depth stay on the host
+                       positions=self.positions.to(device, non_blocking=True), layout=self.layout.to(device))
 
 
 def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

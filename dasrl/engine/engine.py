@@ -33,7 +33,7 @@ from dasrl.engine.verify import Verdict, verify_batch
 from dasrl.engine.rows import Completion, Job, Row, validate_job  # Completion: re-exported
 from dasrl.policy.base import BudgetPolicy, FixedBudget
 
-_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4D mask transformers passes on untouched: attention masks itself
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # passed on untouched: packed attention masks itself
 
 
 @dataclass(frozen=True)

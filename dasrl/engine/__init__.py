@@ -1,8 +1,7 @@
 """The generation engine: batched, lossless speculative decoding over a Hugging Face causal LM.
 
 Needs `dasrl[engine]` (torch, transformers). Names load on first use (PEP 562), so the numpy-only modules
-(verify, rows) serve the vLLM tracker without torch; a name whose extra is not installed raises ImportError
-naming it.
+(verify, rows) serve the vLLM tracker without torch.
 """
 
 from __future__ import annotations
@@ -22,9 +21,7 @@ _EXPORTS = {
     **dict.fromkeys(["Verdict", "accepted_counts", "depths", "verify"], "dasrl.engine.verify"),
 }
 
-__all__ = ["RowCache", "Completion", "EngineConfig", "EngineStepError", "SpecEngine", "StepInfo",
-           "default_threads", "model_lock", "UnsupportedModel", "pack_drafts", "SamplingParams", "draw",
-           "filtered_probs", "LineStop", "Verdict", "accepted_counts", "depths", "verify"]
+__all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from dasrl.engine.cache import RowCache

@@ -1,15 +1,9 @@
-"""The engine's attention, registered with transformers for its forwards: packed rows (packing.py), each
-over its own cache, as grouped-query SDPA without repeating K/V.
+"""The engine's attention, registered with transformers: packed rows (packing.py), each over its own cache.
 
-transformers' stock SDPA attention repeats K/V for grouped-query heads whenever a custom 4D mask is
-given with more than one query token per row, a slow path on CPU. Here the query heads of each K/V
-group are folded into the query-length axis instead: q [B, H, q, D] -> [B, Hkv, G*q, D], the mask is
-tiled G times along its query axis, and one SDPA call attends over the un-repeated K/V. The result is
-the same attention, computed without materialising [B, H, S, D] keys and values.
-
-It computes nothing else: a forward without the packed layout, or a layer asking for something it does
-not implement (a sliding window, a softcap), raises. SpecEngine's construction probe turns that into an
-error naming the model type.
+Grouped-query heads are folded into the query axis (q [B, H, q, D] -> [B, Hkv, G*q, D], the mask tiled G
+times) so one SDPA call attends over un-repeated K/V: transformers' stock SDPA repeats K/V whenever a 4D mask
+has several queries per row, a slow path on CPU. It computes nothing else: a forward without the packed
+layout, or a layer asking for a sliding window or softcap, raises (SpecEngine's probe names the model type).
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-_ATTN_NAME = "dasrl_gqa"
-"""Name the attention function is registered under in transformers' AttentionInterface."""
+_ATTN_NAME = "dasrl_gqa"  # its name in transformers' AttentionInterface
 
 
 def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -33,8 +26,8 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 def _packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
                      scaling: float | None) -> torch.Tensor:
-    """Attention of packed queries [1, H, N, D] over per-row caches key/value [rows, Hkv, cap, D] (the new
-    tokens' K/V already written), as `layout` (a packing._PackedLayout) says; returns [1, N, H, D]."""
+    """Packed queries [1, H, N, D] over per-row caches key/value [rows, Hkv, cap, D] (the new tokens' K/V
+    written), as `layout` (a packing._PackedLayout) says: [1, N, H, D]."""
     _, heads, n, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -59,7 +52,6 @@ def _packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         q2 = _grouped(q[idx.reshape(-1)].reshape(r, qn, heads, dim).transpose(1, 2), kv_heads)  # [R, Hkv, G*Q, D]
         mask = m2.repeat(1, 1, groups, 1) if groups > 1 else m2  # [R, 1, G*Q, S2]
         if key.device.type == "cpu":  # each row's cache as a view: one call per row beats copying their K/V
-            # at every row count measured (docs/benchmarks.md, "Engine: the kernel per row count")
             o2 = torch.cat([F.scaled_dot_product_attention(q2[i : i + 1], key[b : b + 1, :, :s],
                                                            value[b : b + 1, :, :s],
                                                            attn_mask=mask[i : i + 1, :, :, :s], scale=scaling)
@@ -76,8 +68,7 @@ def _packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 def _first_invariant(q1: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout,
                      scaling: float | None) -> torch.Tensor:
-    """First tokens q1 [B, Hkv, G, D] by view group: each row over its own L + 1 slots rounded up to the
-    bucket, so no shape depends on the other rows (a view where the group's rows are consecutive)."""
+    """First tokens q1 [B, Hkv, G, D] by view group (layout.first_groups): no shape depends on other rows."""
     o1 = torch.empty_like(q1)  # [B, Hkv, G, D]
     for a, b, s, row0 in layout.first_groups:
         if row0 >= 0:
@@ -95,7 +86,7 @@ def _first_invariant(q1: torch.Tensor, key: torch.Tensor, value: torch.Tensor, l
 def _more_invariant(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout, scaling: float | None,
                     out: torch.Tensor) -> None:
     """Tokens 1.. of each multi-token row (q [N, H, D]), each one query over its own view (layout.more_views),
-    as a first token there would be attended; written into out [N, H, D]."""
+    written into out [N, H, D]."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = key.shape[1]
     for i, ((b, _), views) in enumerate(zip(layout.more_spans, layout.more_views)):
@@ -110,10 +101,9 @@ def _more_invariant(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
             out[idx] = oi.reshape(n, heads, dim)
 
 
+# Keywords a layer passes to attention that change nothing here; any other one with a value (a sliding window,
+# a softcap, sinks, ...) would be ignored, so it is refused.
 _CARRIED = frozenset({"dasrl_packed", "position_ids", "use_cache", "output_attentions"})
-"""Keyword arguments a decoder layer passes on to attention that do not change what attention computes
-(transformers 5.x Llama / Qwen2 / Mistral layers pass the first three). Any other one with a value (a
-sliding window, a softcap, attention sinks, ...) would be ignored here, so it is refused instead."""
 
 
 class PackedLayoutMissing(RuntimeError):
@@ -121,17 +111,14 @@ class PackedLayoutMissing(RuntimeError):
 
 
 class ModelInRollout(RuntimeError):
-    """A forward of the model from another thread while a SpecEngine forward context holds it: its
-    attention and linear layers are the engine's until the context closes."""
+    """A forward of the model from another thread while a SpecEngine forward context holds it."""
 
 
-_ENGINE = threading.local()
-"""`active`: this thread is inside an engine forward context (SpecEngine.forward_context)."""
+_ENGINE = threading.local()  # .active: this thread is inside an engine forward context
 
 
 @contextlib.contextmanager
 def engine_thread() -> Iterator[None]:
-    """Mark the block as this thread's engine forwards (the swapped layers serve this thread only)."""
     outer = getattr(_ENGINE, "active", False)
     _ENGINE.active = True
     try:
@@ -141,7 +128,6 @@ def engine_thread() -> Iterator[None]:
 
 
 def require_engine_thread(module: torch.nn.Module) -> None:
-    """Raise ModelInRollout unless the calling thread is inside an engine forward context."""
     if not getattr(_ENGINE, "active", False):
         raise ModelInRollout(
             f"{type(module).__name__} was called from a thread that is not the rollout's while a dasrl rollout "
@@ -153,10 +139,8 @@ def require_engine_thread(module: torch.nn.Module) -> None:
 def _engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs) -> tuple[torch.Tensor, None]:
-    """The engine's attention: every forward is packed (`dasrl_packed=` a packing._PackedLayout). There is
-    no fallback: without the layout the cache holds every row's slots and no mask says which a query may
-    see, so any attention computed here would be wrong -- and equally wrong in plain and speculative runs,
-    which no equality test would notice."""
+    """The engine's attention: every forward is packed (`dasrl_packed=`). No fallback: without the layout any
+    attention computed here would be wrong, equally in plain and speculative runs, which no test would see."""
     layout = kwargs.get("dasrl_packed")
     if layout is None:
         require_engine_thread(module)
@@ -171,7 +155,6 @@ def _engine_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def register() -> str:
-    """Register the engine's attention with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(_ATTN_NAME, _engine_attention)
@@ -180,7 +163,6 @@ def register() -> str:
 
 @contextlib.contextmanager
 def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Use attention `name` for the model's forwards inside the block; restore the previous one after."""
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = name
@@ -192,8 +174,7 @@ def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """The model in eval mode inside the block (no dropout in a rollout); each module's training flag as it
-    was after (the trainer's mode is the trainer's)."""
+    """The model in eval mode inside the block; each module's training flag restored after."""
     training = [m for m in model.modules() if m.training]
     model.eval()
     try:

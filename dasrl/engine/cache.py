@@ -1,15 +1,9 @@
-"""A KV cache in which every row of the batch has its own length.
+"""A KV cache in which every row of the batch has its own length (docs/engine.md).
 
-Each layer holds preallocated keys and values [rows, kv_heads, capacity, head_dim]. Before a forward the
-engine says where each packed input token goes (`prepare_packed(rows, slots, view_len)`); the layer's
-`update()` scatters the new K/V there and hands attention the whole cache, of which the packed layout
-(packing.py) says which slots each query may see. Row lengths are committed only
-after verification (`lengths[b]` = tokens of row b whose K/V are valid), so rejected draft tokens are
-simply overwritten by the next write: no holes, and a failed step leaves every row as it was.
-
-Finished rows leave the batch by swap-remove (`remove_row`): the last live row is copied into the
-freed row, so the live rows are always the prefix [0, live) and compute follows the live batch without
-copying the whole cache.
+Before a forward the engine says where each packed token goes (`prepare_packed`); a layer's `update()`
+scatters the new K/V there and hands attention the whole cache. Row lengths are committed only after
+verification, so rejected draft tokens are simply overwritten by the next write and a failed step leaves
+every row as it was. Finished rows leave by swap-remove, so the live rows are always the prefix [0, live).
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from dasrl.engine.compat import LayerCompat
 
 
 class _RowLayer(LayerCompat, CacheLayerMixin):
-    """One layer's K/V: per-row writes at engine-chosen slots."""
+    """One layer's K/V [rows, Hkv, capacity, D]: per-row writes at engine-chosen slots."""
 
     is_compileable = False
     is_sliding = False
@@ -63,12 +57,9 @@ class RowCache(Cache):
         layers = [_RowLayer(self, torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
         super().__init__(layers=layers)
-        self.lengths = np.zeros(rows, dtype=np.int64)
-        """[rows] committed tokens per row (valid K/V in slots [0, length))."""
-        self.live = rows
-        """Live rows: always the prefix [0, live)."""
-        self.write_rows = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
-        self.write_slots = torch.zeros(1, 0, dtype=torch.long)  # [1, N]
+        self.lengths = np.zeros(rows, dtype=np.int64)  # [rows] committed tokens (valid K/V in slots [0, length))
+        self.live = rows  # live rows: always the prefix [0, live)
+        self.write_rows = self.write_slots = torch.zeros(1, 0, dtype=torch.long)  # [1, N] each, set per forward
         self.view_len = 0
 
     @classmethod
@@ -85,11 +76,9 @@ class RowCache(Cache):
 
     @property
     def device(self) -> torch.device:
-        """Where the K/V live (the model's device)."""
         return self.layers[0].keys.device
 
     def ensure_capacity(self, needed: int) -> None:
-        """Grow every layer along the sequence axis so that `needed` slots fit."""
         if needed <= self.capacity:
             return
         new_cap = max(needed, int(self.capacity * 1.5)) + 63 & ~63

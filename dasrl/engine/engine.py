@@ -1,22 +1,10 @@
-"""SpecEngine: batched, lossless speculative generation over a Hugging Face causal LM.
+"""SpecEngine: batched, lossless speculative generation over a Hugging Face causal LM (docs/engine.md).
 
-One step, for the live batch (rows are the prefix [0, live) of the KV cache)::
-
-    budgets  = policy.budgets(states)                  # draft cap per row (0 = plain decode)
-    drafts   = drafter.propose_flat(req_ids, caps)     # chain or tree per row, <= cap tokens
-    drafts   = policy.trim(states, drafts)
-    inputs   = pending token + draft nodes of every row, end to end   # [1, N], no padding (packing.py)
-    logits   = one packed forward, one lm_head over its N tokens
-    targets  = position-keyed samples at every input position
-    verdicts = verify(draft, targets) per row           # accepted + one recovered/bonus token
-    commit: tokens appended (stops applied token by token), cache lengths, stats
-    drafter.observe_batch(...); finished rows leave the batch (swap-remove in the cache)
-
-The *pending* token of a row is its last emitted token: its K/V are not in the cache yet, so each step
-feeds it first. A row's cache length is therefore prompt_len + generated - 1.
-
-Nothing is committed until the whole batch is verified: an exception in a step leaves every row as it
-was before the step (EngineStepError carries those consistent partial completions).
+One step over the live rows (the prefix [0, live) of the KV cache): policy budgets, drafter proposals, one
+packed forward over every row's pending token and draft nodes (packing.py), position-keyed samples, verify,
+commit, finished rows leave. A row's pending token is its last emitted one, not yet in the cache: its cache
+length is prompt_len + generated - 1. Nothing is committed until the whole batch is verified, so a failed
+step leaves every row as it was (EngineStepError carries those partial completions).
 """
 
 from __future__ import annotations
@@ -45,8 +33,7 @@ from dasrl.engine.verify import Verdict, verify_batch
 from dasrl.engine.rows import Completion, Job, Row, validate_job  # Completion: re-exported
 from dasrl.policy.base import BudgetPolicy, FixedBudget
 
-_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
-"""A prepared 4D mask that transformers passes through untouched: packed attention builds its own."""
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # passed on untouched: packed attention masks itself
 
 
 @dataclass(frozen=True)
@@ -56,40 +43,27 @@ class EngineConfig:
     max_context: int | None = None
     """Context limit in tokens (prompt + output); None = the model's max_position_embeddings."""
     num_threads: int | None = None
-    """torch intra-op threads, set process-wide (torch has no other kind) when the engine is built; None =
-    leave torch's setting alone (a library must not change its host's threads unasked). Benchmarks pass
-    default_threads() for "every core this process may run on"."""
+    """torch intra-op threads, set process-wide at construction; None = leave the host's setting alone."""
     initial_capacity: int = 64
     """KV slots allocated beyond the longest prompt at first (the cache grows as needed)."""
     row_padding: RowPadding = RowPadding()
-    """CPU linear layers: row counts in [low, to) are computed padded to `to` (BLAS's slow small-M band;
-    gemm.py). RowPadding(low=0) turns it off."""
+    """CPU linear layers: row counts in [low, to) computed padded to `to` (gemm.py); RowPadding(low=0) = off."""
     linear_kernels: bool = True
-    """CPU float32: time oneDNN against MKL per weight shape and row count once, and compute each linear by
-    the faster (gemm.LinearKernels; keeps a reordered copy of the linear weights). Off in batch-invariant mode."""
+    """CPU float32: each linear by the kernel (oneDNN or MKL) timed faster at its row count (gemm.LinearKernels)."""
     batch_invariant: bool = False
-    """A row's logits bit-identical whatever the other rows (CPU, fp32): linears padded to >= 16 rows,
-    attention shapes from the row alone (docs/sampling.md "Batch invariance"); overrides row_padding."""
+    """A row's logits bit-identical whatever the other rows (CPU, fp32; docs/sampling.md); overrides row_padding."""
 
     def __post_init__(self) -> None:
-        _check_int("max_context", self.max_context, 2, optional=True)
-        _check_int("num_threads", self.num_threads, 1, optional=True)
-        _check_int("initial_capacity", self.initial_capacity, 0)
-        if not isinstance(self.row_padding, RowPadding):
-            raise TypeError(f"EngineConfig: row_padding must be a RowPadding, got {self.row_padding!r}")
-        if not isinstance(self.linear_kernels, bool):
-            raise TypeError(f"EngineConfig: linear_kernels must be a bool, got {self.linear_kernels!r}")
-        if not isinstance(self.batch_invariant, bool):
-            raise TypeError(f"EngineConfig: batch_invariant must be a bool, got {self.batch_invariant!r}")
-
-
-def _check_int(name: str, value: object, low: int, *, optional: bool = False) -> None:
-    """An EngineConfig field that must be an int >= low (None allowed when optional)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"EngineConfig: {name} must be an int >= {low}{' or None' if optional else ''}, "
-                         f"got {value!r}")
+        for name, low, optional in (("max_context", 2, True), ("num_threads", 1, True), ("initial_capacity", 0, False)):
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"EngineConfig: {name} must be an int >= {low}{' or None' if optional else ''}, "
+                                 f"got {value!r}")
+        for name, kind in (("row_padding", RowPadding), ("linear_kernels", bool), ("batch_invariant", bool)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"EngineConfig: {name} must be a {kind.__name__}, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -97,31 +71,19 @@ class StepInfo:
     """What one engine step did (step 0 is the prefill)."""
 
     step: int
-    batch_size: int
-    """Live rows in this step's forward."""
-    tokens: int
-    """Input tokens in the forward (rows x positions actually computed, padding excluded)."""
-    new_tokens: int
-    """Output tokens committed this step (all rows)."""
+    batch_size: int  # live rows in this step's forward
+    tokens: int  # input tokens in the forward (padding excluded)
+    new_tokens: int  # output tokens committed this step (all rows)
     drafted: int
     accepted: int
-    finished: int
-    """Rows that finished (and left the batch) this step."""
-    elapsed_s: float
-    """Seconds since generate() started."""
-    draft_s: float
-    """Seconds in the policy and drafter."""
-    verify_s: float
-    """Seconds in sampling and verification (the forward excluded)."""
-    forward_s: float = 0.0
-    """Seconds in the packed forward (decoder and lm_head)."""
-    width: int = 1
-    """Tokens of the row that fed the most (1 + the longest draft; prefill: the longest prompt). The
-    packed forward's cost follows `tokens`; width only sizes the attention of the multi-token rows."""
-    kv_tokens: int = 0
-    """Cached context tokens the forward read, summed over rows (0 at prefill)."""
-    draft_kv_tokens: int = 0
-    """The same sum over the rows that fed more than one token (their second attention group)."""
+    finished: int  # rows that finished (and left the batch) this step
+    elapsed_s: float  # since generate() started
+    draft_s: float  # in the policy and drafter
+    verify_s: float  # in sampling and verification (the forward excluded)
+    forward_s: float = 0.0  # in the packed forward (decoder and lm_head)
+    width: int = 1  # tokens of the row that fed the most (1 + the longest draft; prefill: the longest prompt)
+    kv_tokens: int = 0  # cached context tokens the forward read, summed over rows (0 at prefill)
+    draft_kv_tokens: int = 0  # the same sum over the rows that fed more than one token
 
 
 class EngineStepError(RuntimeError):
@@ -137,14 +99,10 @@ _MODEL_LOCKS_GUARD = threading.Lock()
 
 
 def model_lock(model: torch.nn.Module) -> threading.RLock:
-    """The one lock of `model` (made on first use, dropped with the model): every engine forward on it
-    holds it (SpecEngine.forward_context), as does RolloutSession.generate from its draw of seeds to its
-    summary. Re-entrant: generate's forward_context runs inside the session's hold."""
+    """The one re-entrant lock of `model`, held by every engine forward (SpecEngine.forward_context) and by
+    RolloutSession.generate around the whole call."""
     with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
+        return _MODEL_LOCKS.setdefault(model, threading.RLock())
 
 
 def default_threads() -> int:
@@ -171,8 +129,7 @@ class SpecEngine:
         if reason is not None:
             raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {reason}")
         self.attn_name = register()
-        self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0
-        """Packed layouts' first-token view bucket (0: the batch's longest row; packing._pack)."""
+        self.attention_bucket = INVARIANT_BUCKET if config.batch_invariant else 0  # 0: the batch's longest row
         self._bound: tuple | None = None  # the model's shape as the last bind() saw it
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else getattr(tokenizer, "eos_token_id", None)
@@ -183,42 +140,31 @@ class SpecEngine:
         self.bind()
 
     def bind(self) -> None:
-        """Derive what the engine takes from the model -- its decoder and head, the vocabulary, the linear
-        kernels for its dtype and device -- from the model as it is now. generate() calls it first: the
-        trainer owns the model and may replace its head or a layer, resize the vocabulary or move it to
-        another dtype between two calls. When the model's modules, dtypes or devices changed since the last
-        bind (a cheap walk over its modules and parameters), the packed forward is probed again, so a model
-        the engine cannot run exactly is refused, never run. Weight values need no check here: the tuned
-        kernels' weight copies last one forward context (gemm.LinearKernels)."""
+        """Derive the decoder, head, vocabulary and linear kernels from the model as it is now (the trainer may
+        swap modules, dtypes or devices between calls); when its modules, dtypes or devices changed, probe the
+        packed forward again, so a model the engine cannot run exactly is refused, never run."""
         with model_lock(self.model):
-            self._bind()
+            model, config = self.model, self.config
+            shape = (tuple((id(m), type(m)) for m in model.modules()),
+                     tuple(sorted({(p.dtype, p.device) for p in model.parameters()}, key=str)))
+            if shape == self._bound:
+                return
+            self.decoder = model.get_decoder()
+            try:
+                self._cache_kw = cache_keyword(self.decoder)  # its name differs by transformers release
+            except CacheKeywordMissing as e:
+                raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {e}") from e
+            self.lm_head = model.get_output_embeddings()
+            self.vocab_size = int(self.lm_head.weight.shape[0])
+            cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
+            self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant \
+                and cpu_fp32 and onednn_available() else None  # None: F.linear throughout
+            # With the tuned kernels padding costs more than it saves (docs/benchmarks.md).
+            self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
+                NO_PADDING if self.kernels is not None else config.row_padding
+            check_packed_forward(self)
+            self._bound = shape
 
-    def _bind(self) -> None:
-        model, config = self.model, self.config
-        shape = (tuple((id(m), type(m)) for m in model.modules()),
-                 tuple(sorted({(p.dtype, p.device) for p in model.parameters()}, key=str)))
-        if shape == self._bound:
-            return
-        self.decoder = model.get_decoder()
-        try:
-            self._cache_kw = cache_keyword(self.decoder)
-            """The decoder forward's KV cache keyword (its name differs by transformers release: compat.py)."""
-        except CacheKeywordMissing as e:
-            raise UnsupportedModel(f"SpecEngine does not support model type {self.model_type!r}: {e}") from e
-        self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
-        cpu_fp32 = self.lm_head.weight.device.type == "cpu" and self.lm_head.weight.dtype == torch.float32
-        self.kernels = LinearKernels.for_model(model) if config.linear_kernels and not config.batch_invariant \
-            and cpu_fp32 and onednn_available() else None
-        """The linear layers' kernel per row count (CPU float32), or None: F.linear throughout."""
-        self.row_padding = INVARIANT_PADDING if config.batch_invariant else \
-            NO_PADDING if self.kernels is not None else config.row_padding
-        """Row padding of the linear layers in every forward: MKL's band only (with the tuned kernels padding
-        costs more than it saves: docs/benchmarks.md, "Engine: the kernel per row count")."""
-        check_packed_forward(self)
-        self._bound = shape
-
-    # ------------------------------------------------------------------ public API
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int] | None = None,
                  sampling: SamplingParams = SamplingParams(), drafter: Drafter | None = None,
                  policy: BudgetPolicy | None = None, max_new_tokens: int = 256,
@@ -226,8 +172,8 @@ class SpecEngine:
                  ignore_eos: bool = False, req_ids: Sequence[Hashable] | None = None,
                  stop_lines: Sequence[str] = (), problem_ids: Sequence[Hashable] | None = None,
                  on_step: Callable[[StepInfo], None] | None = None) -> list[Completion]:
-        """Generate a completion per prompt, from the model's weights as they are at this call. All input is
-        validated before any work starts."""
+        """A completion per prompt, from the model's weights as they are at this call; all input is validated
+        before any work starts."""
         if drafter is not None and not isinstance(drafter, Drafter):
             raise TypeError(f"drafter {type(drafter).__name__} lacks the Drafter protocol's methods "
                             f"(dasrl.drafter.base.Drafter; DrafterBase supplies the batch calls)")
@@ -249,9 +195,7 @@ class SpecEngine:
                 if drafter is not None:
                     for r in rows:
                         pid = r.problem_id if r.problem_id is not None else problem_key(r.prompt)
-                        # Counted as started before the call: an interrupt right after start() returns
-                        # must still abort it (else it stays live in the drafter for the whole step).
-                        started.append(r)
+                        started.append(r)  # before the call: an interrupt right after start() must abort it
                         try:
                             drafter.start(r.req_id, pid, r.prompt)
                         except Exception:
@@ -279,8 +223,7 @@ class SpecEngine:
     @staticmethod
     def _abort(rows: list[Row], started: list[Row], done: list[Row], drafter: Drafter | None,
                policy: BudgetPolicy) -> None:
-        """A failed generate: the unfinished requests are forgotten, not learnt from (their outputs are
-        partial). Finished ones were complete rollouts and stay."""
+        """A failed generate: unfinished requests are forgotten, not learnt from; finished ones stay."""
         finished = set(map(id, done))
         if drafter is not None:
             for r in started:
@@ -292,19 +235,14 @@ class SpecEngine:
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
-        """What every engine forward runs in: the model's lock, eval mode, inference mode, the engine's
-        attention, the linears' kernels and padding. The lock first: the attention and the linears are
-        swapped on the shared model and restored on exit, so two overlapping contexts (two threads, two
-        engines on one model) would mix the shapes of their forwards and restore each other's swap, leaving
-        the model on the engine's attention (every plain forward after it then fails). The trainer's
-        train/eval flags are restored on exit too (dropout must not touch a rollout, and the trainer's mode
-        is the trainer's)."""
+        """What every engine forward runs in: the model's lock first (the attention and linears are swapped on
+        the shared model, so two overlapping contexts would undo each other's swap), eval and inference mode,
+        the engine's attention, the linears' kernels and padding; the trainer's modes are restored on exit."""
         with model_lock(self.model), engine_thread(), eval_mode(self.model), torch.inference_mode(), \
                 attention_implementation(self.model, self.attn_name), \
                 padded_linears(self.model, self.row_padding, self.kernels):
             yield
 
-    # ------------------------------------------------------------------ the steps
     def _prefill(self, job: Job, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
                  policy: BudgetPolicy, t_start: float) -> StepInfo:
         """One packed forward over every prompt; samples output position 0 of each row."""
@@ -357,10 +295,9 @@ class SpecEngine:
 
     def _commit(self, job: Job, cache: RowCache, live: list[Row], drafts: DraftBatch, verdicts: list[Verdict],
                 logps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
-        """Append each row's verified tokens (stops applied token by token), make a tree's accepted path
-        contiguous in the cache, commit cache lengths. Returns (new tokens, accepted draft tokens)."""
+        """Append each row's verified tokens (stops token by token), make a tree's accepted path contiguous in
+        the cache, commit cache lengths. Returns (new tokens, accepted draft tokens)."""
         new = acc = 0
-        n = drafts.lengths
         for b, (r, v) in enumerate(zip(live, verdicts)):
             path = v.path
             if len(path) and not np.array_equal(path, np.arange(len(path))):
@@ -369,37 +306,33 @@ class SpecEngine:
             kept = r.append(v.tokens, logps[starts[b] : starts[b + 1]][v.emit_at], job)
             cache.lengths[b] = lengths[b] + kept
             r.state.forwards += 1
-            r.state.drafted += int(n[b])
-            r.state.accepted += min(v.accepted, kept)
-            new += kept
-            acc += min(v.accepted, kept)
+            r.state.drafted += int(drafts.lengths[b])
+            accepted = min(v.accepted, kept)
+            r.state.accepted += accepted
+            new, acc = new + kept, acc + accepted
         return new, acc
 
-    # ------------------------------------------------------------------ helpers
     def _propose(self, live: list[Row], drafter: Drafter | None, policy: BudgetPolicy) -> DraftBatch:
-        """Policy budgets, capped by each row's room (context limit minus the pending token), then the
-        drafter's proposals, trimmed and checked: the path the simulator replays (dasrl.policy.propose)."""
-        from dasrl.policy.propose import propose  # the shared propose -> cap -> trim path
+        """Budgets capped by each row's room (less the pending token), proposals trimmed and checked: the path
+        the simulator replays (dasrl.policy.propose)."""
+        from dasrl.policy.propose import propose
         return propose(drafter, policy, [r.state for r in live], [r.req_id for r in live],
                        [r.room(self.max_context) - 1 for r in live], self.vocab_size)
 
     def _targets(self, logits: torch.Tensor, drafts: DraftBatch, starts: np.ndarray, sampling: SamplingParams, *,
                  seeds: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Target tokens and logprobs [N] at the packed positions verification will read, from the logits
-        [N, V] of every packed token (one lm_head: on a CPU it is a read of its weights, so a second call
-        for the draft nodes would cost as much again). Draws in two rounds: every row's pending token, then
-        the draft nodes of the rows whose draft survived its first token (a root child equals the target
-        there). The other nodes are never read by verify: they get no draw (-1 there)."""
+        """Target tokens and logprobs [N] from the logits [N, V] of every packed token, drawn only where verify
+        reads: every row's pending token, then the nodes of rows whose draft survived its first token (-1
+        elsewhere)."""
         n = len(positions)
         tokens, logps = np.full(n, -1, np.int64), np.zeros(n, np.float64)
         first = starts[:-1]  # [B]
         tokens[first], logps[first] = self._draw_at(logits, first, sampling, seeds=seeds, positions=positions)
         if len(drafts.tokens):
-            lens = drafts.lengths  # [B]
             row_of = drafts.node_rows()[0]  # [T]
             node = np.arange(len(drafts.tokens)) + row_of + 1  # [T] packed index of each draft node
             hit = (drafts.parents < 0) & (drafts.tokens == tokens[first][row_of])  # [T] root children matched
-            alive = np.zeros(len(lens), bool)
+            alive = np.zeros(len(drafts.lengths), bool)  # [B]
             alive[row_of[hit]] = True
             rest = node[alive[row_of]]  # [M] every node of the surviving rows
             if len(rest):
@@ -407,8 +340,7 @@ class SpecEngine:
         return tokens, logps
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head over hidden [M, H] -> [M, V], its rows padded as HEAD_PADDING says when MKL computes it (batch-invariant:
-        INVARIANT_PADDING), through the head module itself (even if another library replaced its forward)."""
+        """lm_head over hidden [M, H] -> [M, V] through the head module itself, rows padded for MKL."""
         head = INVARIANT_PADDING if self.row_padding == INVARIANT_PADDING else \
             NO_PADDING if self.kernels is not None else HEAD_PADDING
         return padded(self.lm_head, hidden, head)
@@ -420,9 +352,9 @@ class SpecEngine:
 
     def _decode(self, cache: RowCache, inputs: PackedInputs) -> torch.Tensor:
         """Decoder over the packed tokens [1, N] (writing their K/V): the final hidden states [N, H]."""
-        cache.prepare_packed(inputs.layout.rows, inputs.layout.slots, inputs.view)  # host layout: checks, no sync
+        cache.prepare_packed(inputs.layout.rows, inputs.layout.slots, inputs.view)  # host layout: no sync
         device = self.lm_head.weight.device
-        inputs = inputs.to(device)  # the model's device (itself on CPU)
+        inputs = inputs.to(device)
         return self.decoder(input_ids=inputs.ids, attention_mask=_NO_MASK.to(device), position_ids=inputs.positions,
                             use_cache=True, dasrl_packed=inputs.layout,
                             **{self._cache_kw: cache}).last_hidden_state[0]  # [N, H]
@@ -434,14 +366,11 @@ class SpecEngine:
 
     def _retire(self, cache: RowCache, live: list[Row], done: list[Row], drafter: Drafter | None,
                 policy: BudgetPolicy) -> int:
-        """Finished rows leave the batch (swap-remove keeps live rows a prefix of the cache); the drafter
-        and the policy are told."""
+        """Finished rows leave the batch (swap-remove keeps live rows a prefix of the cache)."""
         finished = [b for b, r in enumerate(live) if r.finish is not None]
         for b in reversed(finished):
             row = live[b]
-            # Done before the drafter's finish: an interrupt right after finish() returns must not abort
-            # it (the drafter would refuse to abort a finished request, and that error would replace the
-            # interrupt). From here on an error aborts it no more: its rollout is complete.
+            # Done before finish(): an interrupt right after it returns must not abort a finished request.
             done.append(row)
             if drafter is not None:
                 try:

@@ -1,20 +1,10 @@
 """CPU matrix products of the engine's linear layers: the faster kernel per row count, and row padding.
 
-A packed forward multiplies M = (live rows + draft tokens) activations by each weight. torch's float32
-F.linear (MKL, weight [N, K] read transposed) is fast at M = 1-3 and at large M, but 2-3x slower than
-it needs to be at M = 4-16 on these CPUs: SmolLM2's MLP at one thread costs 124 us at M = 1-3, 243 us
-at M = 4 and 363 us at M = 8, where a oneDNN product over a weight reordered once costs 148 and 188 us
-(docs/benchmarks.md "Engine: the kernel per row count"). That band is where drafting lives (a few rows,
-each with a draft), so MKL's band looked like a fixed tax on every forward in which a row drafts.
-`LinearKernels` keeps a oneDNN-reordered copy of each linear weight and, per weight shape and row count,
-the kernel measured faster on this machine; every product goes through it inside the engine's forwards.
-
-Row padding: the float32 GEMM torch calls takes a slow path for a band of small M: with SmolLM2's shapes at one thread,
-a forward of 10-15 tokens costs more than one of 16 (docs/benchmarks.md, "Engine: row padding"), and that band is exactly where
-a collapsed batch with drafts lives (a few rows, each with a draft). Padding such an M with zero rows up
-to the fast shape computes the same products for the real rows, only faster. Rows are independent in a
-GEMM, so padding changes no row's result beyond the last-bit differences any change of M already brings
-(the ones docs/sampling.md budgets for); the exactness ladder holds as before (tests/test_gemm.py).
+torch's float32 F.linear (MKL) is 2-3x slower than it needs to be at M = 4-16 rows, the band where drafting
+lives; `LinearKernels` computes each weight shape and row count by whichever of MKL and oneDNN (over a
+reordered copy) it measured faster. Row padding computes an M in MKL's slow band as a faster, larger M with
+zero rows: rows are independent in a GEMM, so the real rows change by no more than any change of M already
+brings (docs/benchmarks.md "Engine: row padding", "Engine: the kernel per row count"; tests/test_gemm.py).
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ class RowPadding:
     """Which row counts are padded, and to what."""
 
     low: int = 10
-    """Smallest row count that is padded (0 = padding off): 10-15 rows cost 7-23% more than 16 on
-    SmolLM2 at one thread; 8-9 about the same as 16 (docs/benchmarks.md, "Engine: row padding")."""
+    """Smallest row count that is padded (0 = padding off): 10-15 rows cost more than 16 (docs/benchmarks.md)."""
     to: int = 16
     """Row count the band [low, to) is padded up to."""
 
@@ -49,25 +38,16 @@ class RowPadding:
             raise ValueError(f"row padding needs 1 <= low < to (or low = 0: off), got low={self.low}, to={self.to}")
 
     def target(self, rows: int) -> int:
-        """Rows to compute for `rows` real ones (rows itself when not padded)."""
         return self.to if self.low and self.low <= rows < self.to else rows
 
 
 NO_PADDING = RowPadding(low=0)
-INVARIANT_PADDING = RowPadding(low=1, to=16)
-"""Batch-invariant mode: every row count below 16 computed as 16. MKL's float32 GEMM gives a row the same
-bits for every M >= 16 and other ones in the bands M = 1 and 2-15 (SmolLM2's shapes, M up to 2,000, one
-thread; docs/sampling.md "Batch invariance")."""
-
-
-HEAD_PADDING = RowPadding(low=2, to=4)
-"""The lm_head's band: 2 or 3 rows against a vocabulary-sized weight take MKL's slow path (slower than 4 rows;
-docs/benchmarks.md, "Engine: the kernel per row count")."""
+INVARIANT_PADDING = RowPadding(low=1, to=16)  # MKL gives a row the same bits for every M >= 16 (docs/sampling.md)
+HEAD_PADDING = RowPadding(low=2, to=4)  # 2-3 rows against a vocabulary-sized weight are slower than 4
 
 
 def padded(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, padding: RowPadding) -> torch.Tensor:
-    """f(x) for a row-wise f (a linear layer) over x [..., K], computed on the rows padded as `padding` says
-    (CPU only): [..., N]."""
+    """f(x) for a row-wise f over x [..., K] -> [..., N], computed on the rows padded as `padding` says (CPU)."""
     rows = x.numel() // x.shape[-1]
     target = padding.target(rows)
     if target == rows or x.device.type != "cpu":
@@ -78,31 +58,21 @@ def padded(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, padding: 
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: RowPadding) -> torch.Tensor:
-    """F.linear(x, weight, bias) with the rows of x [..., K] padded as `padding` says (CPU only)."""
     return padded(lambda t: F.linear(t, weight, bias), x, padding)
 
 
-_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-"""Row counts at which LinearKernels times both kernels; a row count uses the choice of the largest bucket
-at or below it (the kernels' costs change in steps: MKL at 1-3 / 4-7 / 8-15 / 16+ rows here)."""
-
-_CHOICES: dict[tuple, np.ndarray] = {}
-"""Per (in, out, bias, threads, buckets): which kernel wins at each bucket (True = oneDNN), measured once
-per process (an engine is built per session; tests build many on the same shapes)."""
-
-
+_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # a row count takes the largest bucket at or below it
+_CHOICES: dict[tuple, np.ndarray] = {}  # (in, out, bias, threads, buckets) -> oneDNN wins per bucket, per process
 _SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, LinearKernels]" = weakref.WeakKeyDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
 def onednn_available() -> bool:
-    """torch's oneDNN linear over a reordered weight (CPU builds with mkldnn; the ops inductor uses)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
-    """The oneDNN-blocked copy of weight [N, K] (any row count may use it; 16 is only the layout's hint)."""
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
 
@@ -111,35 +81,27 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [M, K] -> [M, N]
 
 
-def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+def _seconds(f: Callable[[], object]) -> float:
     t0 = time.perf_counter()
-    f()  # warm-up: first-touch allocations, oneDNN primitive creation
-    if time.perf_counter() - t0 > 0.05:  # a large weight (a 1.5B model's vocabulary head): one timing will do
-        repeats = 1
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    f()
+    return time.perf_counter() - t0
+
+
+def _median_seconds(f: Callable[[], object], repeats: int) -> float:
+    warm_up = _seconds(f)  # first-touch allocations, oneDNN primitive creation
+    # A large weight (a 1.5B model's vocabulary head): one timing will do.
+    return statistics.median([_seconds(f) for _ in range(1 if warm_up > 0.05 else repeats)])
 
 
 class LinearKernels:
     """A model's float32 CPU linear layers, each computed by the kernel measured faster at its row count.
 
-    oneDNN computes over a reordered copy of a weight. A trainer may change the weights between two
-    generate() calls by means no cheap signal sees (a write through `.data`, as peft's LoRA merge does,
-    bumps no version counter), so no copy outlives one forward context: `refresh(model)`, called as each
-    context opens, starts a new epoch, and a weight is reordered again at its first oneDNN product in the
-    epoch (a layer the row counts never send to oneDNN is never copied). The cost is one pass over the
-    weights per generate() (docs/engine.md "Weights the trainer changed"); in an RL loop every weight
-    changes between two calls anyway. Per weight shape, both kernels are timed at _ROW_BUCKETS (medians of
-    `repeats`) the first time this process sees that shape at that thread count. The two kernels differ in
-    the last bits of a row, as any change of M already does with MKL; plain and speculative decoding use
-    the same table, and batch-invariant mode does not use it (gemm.INVARIANT_PADDING)."""
+    A trainer may change weights by means no cheap signal sees (a write through `.data`, as peft's merge
+    does), so no reordered copy outlives one forward context: `refresh(model)` starts a new epoch and a weight
+    is reordered again at its first oneDNN product in it (docs/engine.md "Weights the trainer changed")."""
 
-    def __init__(self, *, repeats: int = 3, buckets: tuple[int, ...] = _ROW_BUCKETS) -> None:
-        self.buckets = np.asarray(buckets, np.int64)  # [K] ascending
+    def __init__(self, *, repeats: int = 3) -> None:
+        self.buckets = np.asarray(_ROW_BUCKETS, np.int64)  # [K] ascending
         self.repeats = repeats
         self.choice: dict[int, np.ndarray] = {}  # id(module) -> [K] bool (True = oneDNN), this epoch's modules
         self._epoch = 0
@@ -147,17 +109,12 @@ class LinearKernels:
 
     @classmethod
     def for_model(cls, model: torch.nn.Module) -> "LinearKernels":
-        """The model's one LinearKernels: engines on one model (a baseline and a speculative session, a
-        trainer's several rollouts) share its reordered weights instead of each holding a copy."""
+        """The model's one LinearKernels: engines on one model share its reordered weights."""
         with _SHARED_LOCK:
-            kernels = _SHARED.get(model)
-            if kernels is None:
-                kernels = _SHARED[model] = cls()
-            return kernels
+            return _SHARED.setdefault(model, cls())
 
     def refresh(self, model: torch.nn.Module) -> None:
-        """A new epoch: the model's float32 CPU nn.Linear layers as they are now (modules replaced, dtypes
-        or devices moved), every reordered copy stale."""
+        """A new epoch: the model's float32 CPU nn.Linear layers as they are now, every reordered copy stale."""
         self._epoch += 1
         modules = [m for m in model.modules() if type(m) is torch.nn.Linear
                    and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
@@ -165,7 +122,6 @@ class LinearKernels:
         self._packed = {k: v for k, v in self._packed.items() if k in self.choice}  # drop removed layers' copies
 
     def _copy(self, m: torch.nn.Linear) -> torch.Tensor:
-        """m's reordered weight as of this epoch (reordered now if it is not)."""
         held = self._packed.get(id(m))
         if held is None or held[1] != self._epoch or held[0] is not m.weight:
             held = self._packed[id(m)] = (m.weight, self._epoch, _reorder(m.weight))
@@ -188,7 +144,6 @@ class LinearKernels:
         return _CHOICES[key]
 
     def linear(self, m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """m(x) for x [..., K]: [..., N], by the kernel chosen for x's row count."""
         rows = x.numel() // x.shape[-1]
         at = int(np.searchsorted(self.buckets, rows, side="right")) - 1
         if at < 0 or not self.choice[id(m)][at]:
@@ -199,8 +154,7 @@ class LinearKernels:
 
 def _engine_linear(m: torch.nn.Linear, padding: RowPadding,
                    kernels: LinearKernels | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """m's forward inside the engine's forwards: rows padded, by `kernels`' choice (None: F.linear); a call
-    from another thread is refused (its autograd and its shapes are not the engine's)."""
+    """m's forward inside the engine's forwards (a call from another thread is refused)."""
     def forward(x: torch.Tensor) -> torch.Tensor:
         require_engine_thread(m)
         if kernels is None:
@@ -213,8 +167,7 @@ def _engine_linear(m: torch.nn.Linear, padding: RowPadding,
 def padded_linears(model: torch.nn.Module, padding: RowPadding,
                    kernels: LinearKernels | None = None) -> Iterator[None]:
     """Inside the block, every plain nn.Linear of `model` pads its rows as `padding` says and computes by
-    `kernels`' choice (None: F.linear); restored after. Linears whose forward is already replaced on the
-    instance (hooks of other libraries) are left alone."""
+    `kernels`' choice (None: F.linear). Linears whose forward another library replaced are left alone."""
     if not padding.low and kernels is None:
         yield
         return

@@ -1,10 +1,9 @@
-"""Which models the engine runs exactly, checked once when a SpecEngine is built.
+"""Which models the engine runs exactly, checked when a SpecEngine binds a model.
 
-The engine hands its packed layout to attention as a keyword argument (`dasrl_packed=`) that every decoder
-layer must pass on, and implements full causal attention only. A model that breaks either would not fail:
-its plain and speculative outputs would be equally wrong, and no equality test would notice. So a model is
-refused, with the model type named, when its config declares something else (`unsupported_reason`), or
-when a tiny packed forward's logits differ from the model's own (`_probe_error`).
+A model that does not pass `dasrl_packed=` through to attention, or attends other than full causal, would not
+fail: its plain and speculative outputs would be equally wrong. So it is refused, its type named, when its
+config declares something else (`unsupported_reason`) or a tiny packed forward's logits differ from the
+model's own (`_probe_error`).
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from dasrl.engine.attention import eval_mode
 from dasrl.engine.cache import RowCache
 from dasrl.engine.packing import pack_drafts, pack_prompts
 
+# Largest probe error relative to the largest logit. Measured on random models: fp32 1e-7 to 6e-7, bf16 2e-3
+# to 8e-3; without the causal mask among a row's new tokens, 0.25 to 0.93.
 _TOLERANCE = {torch.float32: 1e-4}
-"""Largest probe error (relative to the largest logit) per dtype; half precision: _HALF_TOLERANCE. Measured
-on random models: fp32 1e-7 to 6e-7, bf16 2e-3 (2 layers) to 8e-3 (8 layers); without the causal mask
-among a row's new tokens, 0.25 to 0.93."""
 _HALF_TOLERANCE = 5e-2
 
 
@@ -29,8 +27,8 @@ class UnsupportedModel(ValueError):
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """Why the engine's packed attention cannot compute what this model's own attention does (None: no
-    reason known; the probe still checks the logits). Read from the transformers 5.x config."""
+    """Why the engine's packed attention cannot compute what this model's does (None: none known; the probe
+    still checks the logits), from the transformers 5.x config."""
     if not getattr(model, "_supports_attention_backend", False):
         return ("its attention is not declared to take transformers' attention interface with every keyword "
                 "argument passed through (_supports_attention_backend)")
@@ -48,7 +46,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 
 def check_packed_forward(engine) -> None:
-    """Refuse the engine's model, naming its type, if `_probe_error` fails or exceeds the tolerance."""
     try:
         err = _probe_error(engine)
     except Exception as e:
@@ -63,9 +60,8 @@ def check_packed_forward(engine) -> None:
 
 
 def _probe_error(engine) -> float:
-    """A packed prefill of two rows of different lengths, then a step with a 2-token draft in one row (the
-    engine's own forward path), against the model's own forward (its attention as loaded, no cache) at every
-    position: the largest logit difference, relative to the largest reference logit (at least 1)."""
+    """A packed prefill of two rows of different lengths, then a step with a 2-token draft in one row, against
+    the model's own forward at every position: the largest logit difference relative to the largest logit."""
     v = engine.vocab_size
     prompts = [[(7 * i + 3) % v for i in range(5)], [(11 * i + 5) % v for i in range(3)]]
     pending, draft = [13 % v, 17 % v], [19 % v, 23 % v]

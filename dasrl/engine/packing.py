@@ -1,77 +1,49 @@
-"""The packed forward's inputs: every live row's new tokens laid end to end, no padding.
+"""The packed forward's inputs: every live row's new tokens laid end to end, no padding (docs/engine.md).
 
-Row b feeds q_b tokens this forward (the prefill: its prompt; a step: its pending token, then its draft
-nodes). They sit at KV slots L_b .. L_b + q_b - 1 after the row's L_b cached tokens, and each sees the
-row's cache plus its own ancestors among the new tokens (itself included): a causal chain for a
-prompt or a chain draft, the tree's root path for a tree draft. The linear layers run on [1, N] tokens
-(N = sum of q_b), so a forward costs c_base + c_tok * N, the cost model of the paper and of vLLM.
-
-Attention is computed per row over its own cache (`_packed_attention` in attention.py) in two groups:
-
-- every row's first token, one query per row, against the live rows' cache as it lies (no copy);
-- the other tokens of the rows with q_b > 1, gathered [R, q_max - 1] (padding only among those rows),
-  against those R rows' cache.
-
-Batch-invariant layouts (`_pack(..., bucket=W)`, EngineConfig.batch_invariant) give every token an
-attention call whose shapes depend on that token alone: one query over its own slot + 1 rounded up to a
-multiple of W (first tokens grouped by that view across rows, a row's other tokens by it within the row),
-so a token's result is what it would be as a first token, in any batch (docs/sampling.md "Batch invariance").
+Row b feeds q_b tokens (the prefill: its prompt; a step: its pending token, then its draft nodes) at KV slots
+L_b .. L_b + q_b - 1; each sees the row's cache and its own ancestors among the new tokens. Attention runs in
+two groups: every row's first token (one query per row), then the other tokens of the rows with q_b > 1,
+gathered [R, q_max - 1]. Batch-invariant layouts (bucket=W) give every token attention shapes that depend on
+that token alone: its own view (slot + 1) rounded up to a multiple of W (docs/sampling.md "Batch invariance").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from dasrl.drafter.base import DraftBatch
 
-INVARIANT_BUCKET = 64
-"""Batch-invariant layouts: each token's view (its slot + 1) is rounded up to a multiple of this many
-slots (512 cost 5-29% more per forward: docs/sampling.md "Batch invariance")."""
+INVARIANT_BUCKET = 64  # batch-invariant layouts round each token's view up to a multiple of this many slots
 
 
 @dataclass(frozen=True)
 class _PackedLayout:
     """Where each packed token goes and what it sees (built by `_pack`; read by the cache and attention)."""
 
-    rows: torch.Tensor
-    """[N] int64: the row of each packed token."""
-    slots: torch.Tensor
-    """[N] int64: its KV slot in that row (L_b + local index)."""
-    first: torch.Tensor
-    """[B] int64: packed index of each row's first token."""
-    first_mask: torch.Tensor
-    """[B, 1, 1, S1] bool: slots each row's first token sees (its cache and itself); S1 = max L_b + 1
-    (batch-invariant layouts: the largest first-token view)."""
-    more_rows: torch.Tensor
-    """[R] int64: the rows with more than one new token."""
-    more_index: torch.Tensor
-    """[R, Q] int64: packed index of their tokens 1..q_b-1, padded with the row's first token's index."""
-    more_valid: torch.Tensor
-    """[R, Q] bool: which entries of more_index are real tokens."""
-    more_mask: torch.Tensor
-    """[R, 1, Q, S2] bool: slots each of those tokens sees; S2 = max over the R rows of L_b + q_b
-    (batch-invariant layouts: rounded up to the bucket)."""
-    more_spans: tuple[tuple[int, int], ...] = ()
-    """Host ints (row, L_b + q_b) of the R rows: attention on a CPU reads each row's cache as a view."""
+    rows: torch.Tensor  # [N] int64: the row of each packed token
+    slots: torch.Tensor  # [N] int64: its KV slot in that row (L_b + local index)
+    first: torch.Tensor  # [B] int64: packed index of each row's first token
+    first_mask: torch.Tensor  # [B, 1, 1, S1] bool: slots each first token sees; S1 = max L_b + 1 (or largest view)
+    more_rows: torch.Tensor  # [R] int64: the rows with more than one new token
+    more_index: torch.Tensor  # [R, Q] int64: packed index of their tokens 1..q_b-1, padded with the first's
+    more_valid: torch.Tensor  # [R, Q] bool: which entries of more_index are real tokens
+    more_mask: torch.Tensor  # [R, 1, Q, S2] bool: slots each sees; S2 = max L_b + q_b over them (or bucketed)
+    more_spans: tuple[tuple[int, int], ...] = ()  # host (row, L_b + q_b) of the R rows: CPU attention's views
+    # Batch-invariant layouts only. first_order [B]: the rows sorted by first-token view (stable); first_groups
+    # (a, b, S, row0): rows first_order[a:b] attend over S slots (row0 >= 0: they are row0, row0 + 1, ...);
+    # more_views, per multi-token row, (a, b, S): its tokens a..b-1 after the first, one query each over S slots.
     first_order: torch.Tensor | None = None
-    """Batch-invariant layouts only: [B] int64, the rows sorted by first-token view (stable); else None."""
     first_groups: tuple[tuple[int, int, int, int], ...] = ()
-    """Batch-invariant layouts only: host ints (a, b, S, row0): rows first_order[a:b] attend over S slots
-    (their own L + 1 rounded up to the bucket); row0 >= 0 when those rows are row0, row0 + 1, ... (a view)."""
     more_views: tuple[tuple[tuple[int, int, int], ...], ...] = ()
-    """Batch-invariant layouts only: per multi-token row, (a, b, S): its tokens a..b-1 (counted after the
-    first) each attend as one query over S slots, their own slot + 1 rounded up to the bucket, as a
-    first token there would (a chain draft's logits are then plain decoding's, bit for bit)."""
 
     @property
     def tokens(self) -> int:
         return int(self.rows.shape[0])
 
     def to(self, device: torch.device | str) -> "_PackedLayout":
-        """The layout on `device` (itself when it is there already: no copy on CPU)."""
         if self.rows.device == torch.device(device):
             return self
         return _PackedLayout(**{f: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -82,30 +54,23 @@ class _PackedLayout:
 class PackedInputs:
     """One packed forward's inputs, plus what sampling and verification need to read its outputs."""
 
-    ids: torch.Tensor
-    """[1, N] int64: the packed input tokens."""
-    positions: torch.Tensor
-    """[1, N] int64: rotary positions (L_b + depth in the row's tree)."""
+    ids: torch.Tensor  # [1, N] int64: the packed input tokens
+    positions: torch.Tensor  # [1, N] int64: rotary positions (L_b + depth in the row's tree)
     layout: _PackedLayout
-    starts: np.ndarray
-    """[B+1] int64: row b's tokens are packed [starts[b], starts[b+1])."""
-    depth: np.ndarray
-    """[N] int64: depth of each token in its row's tree (the first token 0): its output-position offset."""
-    view: int
-    """KV slots the forward touches: max over rows of L_b + q_b."""
+    starts: np.ndarray  # [B+1] int64: row b's tokens are packed [starts[b], starts[b+1])
+    depth: np.ndarray  # [N] int64: depth in the row's tree (the first token 0): its output-position offset
+    view: int  # KV slots the forward touches: max over rows of L_b + q_b
 
     def to(self, device: torch.device | str) -> "PackedInputs":
-        """The tensors on `device` (the model's); starts and depth stay on the host for sampling."""
         if self.ids.device == torch.device(device):
             return self
-        return PackedInputs(ids=self.ids.to(device, non_blocking=True),
-                            positions=self.positions.to(device, non_blocking=True), layout=self.layout.to(device),
-                            starts=self.starts, depth=self.depth, view=self.view)
+        return replace(self, ids=self.ids.to(device, non_blocking=True),  # starts and depth stay on the host
+                       positions=self.positions.to(device, non_blocking=True), layout=self.layout.to(device))
 
 
 def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ancestor-or-self matrix [R, Q, Q] and depth [R, Q] of forests given by local parents [R, Q] (-1 =
-    root or padding), by pointer doubling: log2(depth) vectorised rounds, no loop per node."""
+    """Ancestor-or-self matrix [R, Q, Q] and depth [R, Q] of forests of local parents [R, Q] (-1 = root or
+    padding), by pointer doubling."""
     r, q = local_parent.shape
     anc = np.broadcast_to(np.eye(q, dtype=bool), (r, q, q)).copy()  # [R, Q, Q]
     depth = (local_parent >= 0).astype(np.int64)  # [R, Q] distance to the jump target
@@ -121,13 +86,12 @@ def _closure(local_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _round_up(x, bucket: int):
-    """x (an int or an array) rounded up to a multiple of bucket."""
     return -(-x // bucket) * bucket
 
 
 def _first_groups(lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, tuple[tuple[int, int, int, int], ...]]:
-    """Rows grouped by their own first-token view, L_b + 1 rounded up to a multiple of `bucket`: the order
-    [B] and (a, b, S, row0) per group (row0 = first row when the group's rows are consecutive, else -1)."""
+    """Rows grouped by their own first-token view, L_b + 1 rounded up to the bucket: the order [B] and
+    _PackedLayout.first_groups."""
     view = _round_up(lengths + 1, bucket)  # [B]
     order = np.argsort(view, kind="stable")  # [B]
     cuts = np.flatnonzero(np.diff(view[order])) + 1
@@ -140,8 +104,8 @@ def _first_groups(lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, tuple[t
 
 
 def _more_views(lengths: np.ndarray, extra: np.ndarray, bucket: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
-    """Per multi-token row (cache lengths [R], extra tokens [R]): its extra tokens in runs (a, b, S) of
-    equal view S = (own slot + 1) rounded up to the bucket (slots only grow along a row: a few runs)."""
+    """Per multi-token row (cache lengths [R], extra tokens [R]): its extra tokens in runs (a, b, S) of equal
+    view S = (own slot + 1) rounded up to the bucket."""
     out = []
     for length, k in zip(lengths.tolist(), extra.tolist()):
         views = _round_up(length + 2 + np.arange(k), bucket)  # [k] token j sits at slot length + 1 + j
@@ -152,9 +116,8 @@ def _more_views(lengths: np.ndarray, extra: np.ndarray, bucket: int) -> tuple[tu
 
 def _pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, more_offsets: np.ndarray,
          more_parents: np.ndarray, bucket: int = 0) -> PackedInputs:
-    """Pack one forward. Row b feeds first_ids[b], then more_ids[more_offsets[b]:more_offsets[b+1]]
-    whose parents (indices into that segment, -1 = the first token) are more_parents (same slice).
-    bucket > 0: a batch-invariant layout (first-token views rounded up to multiples of it)."""
+    """Row b feeds first_ids[b], then more_ids[more_offsets[b]:more_offsets[b+1]] whose parents (indices into
+    that segment, -1 = the first token) are more_parents (same slice). bucket > 0: batch-invariant."""
     batch = len(first_ids)
     lengths = np.asarray(lengths, np.int64)  # [B]
     n = np.diff(np.asarray(more_offsets, np.int64))  # [B] extra tokens per row

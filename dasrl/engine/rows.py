@@ -18,18 +18,12 @@ class Completion:
 
     req_id: Hashable
     prompt_ids: list[int]
-    token_ids: list[int]
-    """Generated tokens, including the stop token that ended it (if any)."""
-    logprobs: list[float]
-    """Log-probability of each generated token under the sampling distribution."""
-    finish_reason: str | None
-    """'stop' (stop token or string), 'length' (max_new_tokens), 'context' (model limit); None = unfinished."""
-    forwards: int = 0
-    """Target forwards this request took part in (prefill included)."""
-    drafted: int = 0
-    """Draft tokens verified for it."""
-    accepted: int = 0
-    """Draft tokens accepted (emitted as they were drafted)."""
+    token_ids: list[int]  # generated tokens, including the stop token that ended it (if any)
+    logprobs: list[float]  # of each generated token, as SamplingParams.logprobs_mode says
+    finish_reason: str | None  # 'stop', 'length' (max_new_tokens), 'context' (model limit); None = unfinished
+    forwards: int = 0  # target forwards this request took part in (prefill included)
+    drafted: int = 0  # draft tokens verified for it
+    accepted: int = 0  # draft tokens accepted (emitted as they were drafted)
 
 
 @dataclass(frozen=True)
@@ -42,13 +36,11 @@ class Job:
     problem_ids: list[Hashable | None]
     sampling: SamplingParams
     max_new_tokens: int
-    stop_ids: frozenset[int]
-    """Token ids that end a request (EOS unless ignored, plus stop_token_ids)."""
+    stop_ids: frozenset[int]  # EOS unless ignored, plus stop_token_ids
     stop_strings: tuple[str, ...]
     max_context: int
     tokenizer: object = None
     stop_lines: LineStop | None = None
-    """Phrases whose line, once closed by a newline, ends a request (stops.py)."""
 
 
 def _int_list(values: Sequence, what: str) -> list[int]:
@@ -61,9 +53,8 @@ def _int_list(values: Sequence, what: str) -> list[int]:
 
 
 def prompt_ids(i: int, p: object) -> list[int]:
-    """Prompt i as a list of ints, or an error saying what it is instead (a string, None, an int, a 2-D
-    array, floats). The type checks of validate_job, also run by RolloutSession.generate before it hashes
-    the prompts into problem ids."""
+    """Prompt i as a list of ints, or an error saying what it is instead (also run by RolloutSession.generate
+    before it hashes prompts into problem ids)."""
     if isinstance(p, (str, bytes)):
         raise TypeError(f"prompt {i} is a string; pass token ids (tokenize it first)")
     if isinstance(p, (int, np.integer)):
@@ -83,7 +74,6 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
                  max_new_tokens: int, stop_ids: set[int], stop_strings: Sequence[str],
                  req_ids: Sequence[Hashable] | None, problem_ids: Sequence[Hashable | None] | None,
                  vocab_size: int, max_context: int, tokenizer, stop_lines: Sequence[str] = ()) -> Job:
-    """Every check before any work: a clear error naming the bad value."""
     if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists")
     if not isinstance(sampling, SamplingParams):
@@ -124,18 +114,21 @@ def validate_job(*, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | Non
         raise ValueError(f"stop strings must be non-empty strings, got {strings!r}")
     if strings and tokenizer is None:
         raise ValueError("stop strings need a tokenizer: SpecEngine(model, tokenizer)")
-    ids_list = list(range(n)) if req_ids is None else list(req_ids)
-    if len(ids_list) != n:
-        raise ValueError(f"got {len(ids_list)} request ids for {n} prompts")
+    ids_list = _per_prompt(req_ids, list(range(n)), "request ids")
     if len(set(ids_list)) != n:
         raise ValueError("request ids must be unique")
-    pids = [None] * n if problem_ids is None else list(problem_ids)
-    if len(pids) != n:
-        raise ValueError(f"got {len(pids)} problem ids for {n} prompts")
+    pids = _per_prompt(problem_ids, [None] * n, "problem ids")
     return Job(prompts=clean, seeds=seed_list, req_ids=ids_list, problem_ids=pids, sampling=sampling,
                max_new_tokens=int(max_new_tokens), stop_ids=frozenset(int(t) for t in stop_ids),
                stop_strings=strings, max_context=max_context, tokenizer=tokenizer,
                stop_lines=LineStop(stop_lines, tokenizer) if stop_lines else None)
+
+
+def _per_prompt(values: Sequence | None, default: list, what: str) -> list:
+    out = default if values is None else list(values)
+    if len(out) != len(default):
+        raise ValueError(f"got {len(out)} {what} for {len(default)} prompts")
+    return out
 
 
 @dataclass(eq=False)
@@ -150,8 +143,7 @@ class Row:
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
-    last_kept: int = 0
-    """Tokens committed by the last append."""
+    last_kept: int = 0  # tokens committed by the last append
 
     @staticmethod
     def new(job: Job, i: int) -> "Row":
@@ -166,10 +158,9 @@ class Row:
     def append(self, tokens: np.ndarray, logprobs: np.ndarray, job: Job) -> int:
         """Append emitted tokens one by one, stopping at the first stop condition; returns how many."""
         kept = 0
-        for tok, lp in zip(tokens.tolist(), logprobs.tolist()):
+        for kept, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist()), 1):
             self.out.append(int(tok))
             self.logprobs.append(float(lp))
-            kept += 1
             if (tok in job.stop_ids or (job.stop_strings and self._hit_stop_string(job))
                     or (job.stop_lines is not None and job.stop_lines.hit(self.out))):
                 self.finish = "stop"

@@ -1,28 +1,11 @@
-"""Sampling parameters and the position-keyed sampler.
+"""Sampling parameters and the position-keyed sampler (docs/sampling.md).
 
-Every random number is a counter-based hash (splitmix64) of (request seed, output position[, index]),
-never a stream advanced by the batch, the step or the number of drafted tokens, so a draw is a pure
-function of (logits row, seed, position). That is what makes speculative decoding exact here:
-verification samples the target token at each draft position with the very randomness plain decoding
-would have used at that output position.
-
-Filtering (as transformers' warpers, temperature, then top-k, then top-p): the kept set is
-defined on the raw logits, so it is a function of the values alone (ties kept whole, never a sort's tie
-order). top-k keeps every token whose logit is >= the k-th largest; top-p keeps every token whose logit is
->= that of the last token of the shortest descending prefix whose mass (under the tempered, top-k
-renormalised distribution: float32 weights, float64 prefix sums) reaches top_p. Greedy (temperature 0)
-takes the first argmax.
-
-The draw over the kept set: an exponential race, ``argmax_i (logit_i / T + G(seed, position, i))`` with
-  G standard Gumbel noise keyed on the token id. A token flips under logit noise only when the two best
-  perturbed scores are within the noise of each other: P(flip) ~ 0.56 sigma (1 - sum p^2) per token for
-  iid logit noise sigma, whatever the size of the kept set (dasrl_lab/bench/flips.py, docs/sampling.md). To touch only
-  ~V/256 + 256 random numbers per row instead of V, the race runs in two exact levels: blocks of 256
-  token ids race with their total mass (the max of a block's Gumbel-perturbed scores is Gumbel around its
-  log-mass, independent of which token attains it), then the tokens of the winning block race among
-  themselves.
-  P(token) = P(block) P(token | block) = p_token: exact in distribution.
-(Why not an inverse-CDF draw: it flips more under the same noise; docs/sampling.md.)
+Every random number is a counter-based hash (splitmix64) of (request seed, output position[, index]), never a
+stream advanced by the batch or the draft, so a draw is a pure function of (logits row, seed, position): what
+makes speculative decoding exact here. Filtering (temperature, top-k, top-p, as transformers' warpers) defines
+the kept set on the raw logit values alone (ties kept whole). The draw is an exponential race,
+argmax_i (logit_i / T + Gumbel(seed, position, i)), run in two exact levels: blocks of 256 token ids race with
+their total mass, then the winning block's tokens race among themselves (P(block) P(token | block) = p_token).
 """
 
 from __future__ import annotations
@@ -38,26 +21,16 @@ _MUL2 = np.uint64(0x94D049BB133111EB)
 _RACE = np.uint64(0x8CB92BA72F3D8DD7)  # race key of a (seed, position)
 _BLOCK_STREAM = np.uint64(0xA24BAED4963EE407)
 _TOKEN_STREAM = np.uint64(0x9FB21C651E98DF25)
-_TOP_P_NATS = (8.0, 10.5)
-"""top-p looks for its cut among the tokens within this many nats (tempered) of the best first."""
-_BLOCK = 256
-"""Token ids per block of the two-level race (a fixed constant: part of what a seed means)."""
-_MIN_TEMPERATURE = 1e-5
-"""Smallest temperature > 0 accepted (vLLM's greedy threshold); below it the draw is argmax in all but
-ties, and the old sampler's 1/T gave NaN log-probs at 5e-324."""
-
-
-_LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-"""vLLM's `logprobs_mode` names for the log-probabilities we can return exactly (vLLM's *_logits modes,
-which return logits in place of log-probabilities, are not offered)."""
+_TOP_P_NATS = (8.0, 10.5)  # top-p looks for its cut among the tokens within this many nats of the best first
+_BLOCK = 256  # token ids per block of the race: part of what a seed means
+_MIN_TEMPERATURE = 1e-5  # vLLM's greedy threshold: below it the draw is argmax in all but ties
+_LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's names (its *_logits modes are not offered)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target's distribution is turned into a token. Defaults as vLLM's SamplingParams
-    (temperature 1, no top-k, no top-p). Per-request settings are generate() arguments, not fields here: a
-    seed per sample (`seeds=`; one seed for the whole batch would make every sample of a prompt the same),
-    `max_new_tokens` (vLLM's max_tokens), `stop_token_ids` / `stop_strings` (vLLM's stop)."""
+    """How the target's distribution is turned into a token; defaults as vLLM's. Per-request settings (seeds,
+    max_new_tokens, stops) are generate() arguments."""
 
     temperature: float = 1.0
     """0 = greedy (argmax); > 0 divides the logits."""
@@ -66,10 +39,7 @@ class SamplingParams:
     top_p: float = 1.0
     """Nucleus: keep the smallest most-likely set whose mass reaches top_p; 1 = off. In (0, 1]."""
     logprobs_mode: str = "processed_logprobs"
-    """What each token's logprob is, by vLLM's names. 'processed_logprobs': under the distribution the token
-    was drawn from (temperature, top-k, top-p applied; greedy: the log-softmax of the raw logits, as vLLM);
-    what an RL importance ratio needs and what TRL asks vLLM for. 'raw_logprobs' (vLLM's default): the
-    log-softmax of the raw logits, whatever the sampling. docs/sampling.md, "Log-probabilities"."""
+    """'processed_logprobs' (under the sampling distribution) or 'raw_logprobs' (log-softmax of the raw logits)."""
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -93,7 +63,6 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-# ---------------------------------------------------------------------------------- keyed randomness
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _MUL1
@@ -122,22 +91,15 @@ def _token_noise(seeds: np.ndarray, positions: np.ndarray, token_ids: np.ndarray
     return _gumbel(_key(seeds, positions, _RACE), token_ids, _TOKEN_STREAM)
 
 
-# ---------------------------------------------------------------------------------- the kept set
 @dataclass(frozen=True)
 class _Kept:
     """A batch's filtered distribution: weights ∝ the sampling probabilities, and the kept set's bounds."""
 
-    weights: torch.Tensor | None
-    """[n, V] float64 of the float32 exp((logit - max) / T) on the kept set, 0 elsewhere (unnormalised);
-    None when the caller asked only for the block masses (the race reads nothing else)."""
-    lmax: torch.Tensor
-    """[n, 1] the row's largest logit (logits dtype)."""
-    floor: torch.Tensor
-    """[n, 1] the smallest kept logit bound: a token is kept iff its logit >= floor (logits dtype)."""
-    block_mass: torch.Tensor
-    """[n, ceil(V / BLOCK)] float64 of the float32 sums of weights per block of token ids."""
-    total: torch.Tensor
-    """[n] float64 the sum of the weights (summed from the blocks: the same order in every batch)."""
+    weights: torch.Tensor | None  # [n, V] float64 of float32 exp((logit - max) / T), 0 off the kept set; or None
+    lmax: torch.Tensor  # [n, 1] the row's largest logit
+    floor: torch.Tensor  # [n, 1] a token is kept iff its logit >= floor
+    block_mass: torch.Tensor  # [n, ceil(V / BLOCK)] float64 of the float32 sums of weights per block
+    total: torch.Tensor  # [n] float64 sum of the block masses (the same order in every batch)
 
 
 def _block_sums(w: torch.Tensor) -> torch.Tensor:
@@ -150,8 +112,7 @@ def _block_sums(w: torch.Tensor) -> torch.Tensor:
 
 
 def _kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True) -> _Kept:
-    """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0); with
-    weights=False the masked [n, V] weights are not built (_Kept.weights is None)."""
+    """The filtered, tempered distribution of each row of logits [n, V] (temperature > 0)."""
     n, vocab = logits.shape
     blocks = _Blocks(logits) if params.top_p < 1.0 else None
     lmax = logits.amax(dim=-1, keepdim=True) if blocks is None else blocks.lmax  # [n, 1]
@@ -182,12 +143,9 @@ def _kept(logits: torch.Tensor, params: SamplingParams, *, weights: bool = True)
 
 def _top_p_floor(blocks: "_Blocks", w: torch.Tensor, total: torch.Tensor, *, top_p: float,
                  temperature: float) -> torch.Tensor:
-    """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p.
-
-    Only candidates are sorted: the tokens within each of _TOP_P_NATS nats (tempered) of the best, then,
-    for rows whose candidates still fall short of top_p, those with weight >= (1 - top_p) total / V (all
-    tokens below it hold less than 1 - top_p together: a sure superset of the nucleus).
-    """
+    """[n, 1] the logit of the last token of the shortest descending prefix whose mass reaches top_p. Only
+    candidates are sorted: the tokens within _TOP_P_NATS of the best, then those with weight >= (1 - top_p)
+    total / V (a sure superset of the nucleus)."""
     logits, lmax = blocks.logits, blocks.lmax
     n, vocab = logits.shape
     cut = torch.empty(n, 1, dtype=logits.dtype, device=logits.device)  # [n, 1]
@@ -212,9 +170,8 @@ def _top_p_floor(blocks: "_Blocks", w: torch.Tensor, total: torch.Tensor, *, top
 
 
 class _Blocks:
-    """The logits [n, V] seen by blocks of token ids, for top-p: candidate search and kept masses touch only
-    blocks whose largest logit reaches a row's threshold (within 8 nats of the best: a quarter of the
-    blocks at T = 1 on real logits; the nucleus: a few)."""
+    """The logits [n, V] by blocks of token ids, for top-p: only blocks whose largest logit reaches a row's
+    threshold are touched."""
 
     def __init__(self, logits: torch.Tensor) -> None:
         n, vocab = logits.shape
@@ -225,11 +182,8 @@ class _Blocks:
             self.bmax.amax(dim=-1, keepdim=True)  # [n, 1] the row's largest logit
 
     def kept_mass(self, w: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
-        """[n, nb] float64 block sums of the weights w [n, V] on the kept set (logits >= floor [n, 1]).
-
-        Each summed block is the same 256 values (zeros outside the kept set) reduced as in _block_sums,
-        so the masses equal _block_sums of the masked weights bit for bit (tested).
-        """
+        """[n, nb] float64 block sums of the weights w [n, V] on the kept set (logits >= floor [n, 1]), bit for
+        bit _block_sums of the masked weights (the same 256 values reduced the same way)."""
         n, vocab = w.shape
         full = self.full
         mass = torch.zeros(n, -(-vocab // _BLOCK), dtype=torch.float64, device=w.device)  # [n, nb]
@@ -264,16 +218,14 @@ def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
 
 def _cut_among(lv: torch.Tensor, mv: torch.Tensor, r: torch.Tensor, m: int,
                top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-p cut of m rows among candidates given as logits lv [N], masses mv [N] (weight / total) and
-    row r [N] (each row's best among them): ([m, 1] cut logit, [m] reached); where not reached, the
-    smallest candidate's logit."""
+    """Top-p cut of m rows among candidates: logits lv [N], masses mv [N], rows r [N]. Returns the [m, 1] cut
+    logit (where not reached: the smallest candidate's) and [m] reached."""
     order = torch.argsort((r << 32) - _ordered_bits(lv))  # by row, each row by descending logit
     r, lv, mv = r[order], lv[order], mv[order]
     counts = torch.bincount(r, minlength=m)  # [m]
     at = torch.arange(len(r), device=lv.device) - (counts.cumsum(0) - counts)[r]  # rank within the row
     width = int(counts.max())
-    # Row by row (no cumulative sum across rows: each row's masses depend on that row alone). Ties have
-    # equal masses, so the order among them does not change any prefix mass.
+    # No cumulative sum across rows: each row's masses depend on that row alone.
     mass = torch.zeros(m, width, dtype=mv.dtype, device=lv.device)  # [m, width]
     mass[r, at] = mv
     cand = torch.full((m, width), float("inf"), dtype=lv.dtype, device=lv.device)  # [m, width]
@@ -285,19 +237,14 @@ def _cut_among(lv: torch.Tensor, mv: torch.Tensor, r: torch.Tensor, m: int,
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[n, V] float64: the sampling distribution of each row (zeros outside the kept set), normalised.
-
-    The weights are float32 exponentials normalised in float64; the race's block level reads float32 block
-    sums, so it samples this within ~1e-7 relative per token (docs/sampling.md, "Precision")."""
+    """[n, V] float64: the sampling distribution of each row (zeros outside the kept set), normalised."""
     w = _kept(logits, params).weights
     return w / w.sum(dim=-1, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------- the draws
 def _race(logits: torch.Tensor, k: _Kept, params: SamplingParams, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The two-level race over the kept set. Only blocks with mass and kept tokens get noise: the others score
-    -inf and never win (a row's best block has mass >= 1, its best token's weight), so each row's first
-    maximum is the dense race's (_race_dense), with the same noise: a pure function of (key, index)."""
+    """The two-level race over the kept set; only blocks with mass and kept tokens get noise (the others never
+    win), so each row's first maximum is _race_dense's, with the same noise."""
     n, vocab = logits.shape
     mass = k.block_mass.cpu().numpy()  # [n, nb]
     r, b = np.nonzero(mass > 0)  # [K] row-major
@@ -309,8 +256,7 @@ def _race(logits: torch.Tensor, k: _Kept, params: SamplingParams, keys: np.ndarr
     cols = b[win][:, None] * _BLOCK + np.arange(_BLOCK)[None, :]  # [n, BLOCK] token ids of the winning block
     idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
     l = logits.gather(1, idx).double().cpu().numpy()  # [n, BLOCK]
-    # The same float64 scores as the weights were made from, (logit - max) / T, on the kept set (-inf logits
-    # weigh 0 and never win: the block holds a token of positive weight).
+    # The float64 scores the weights were made from, (logit - max) / T, on the kept set.
     r, j = np.nonzero((l >= k.floor.double().cpu().numpy()) & (l > -np.inf) & (cols < vocab))  # [N] row-major
     s = l[r, j] - k.lmax.double().cpu().numpy()[r, 0]  # [N]
     if params.temperature != 1.0:
@@ -322,8 +268,8 @@ def _race(logits: torch.Tensor, k: _Kept, params: SamplingParams, keys: np.ndarr
 
 
 def _first_max(score: np.ndarray, r: np.ndarray, n: int) -> np.ndarray | None:
-    """[n] the index of each row's first maximum of score [K] (rows r [K] sorted), where argmax over the row
-    finds it; None when a row has no entry or a score is not finite (non-finite logits)."""
+    """[n] the index of each row's first maximum of score [K] (rows r [K] sorted); None when a row has no
+    entry or a score is not finite."""
     starts = np.searchsorted(r, np.arange(n))  # [n]
     if len(r) == 0 or (r[np.minimum(starts, len(r) - 1)] != np.arange(n)).any() or not np.isfinite(score).all():
         return None
@@ -344,7 +290,6 @@ def _race_dense(logits: torch.Tensor, k: _Kept, params: SamplingParams,
     inside = cols < vocab
     idx = torch.as_tensor(np.minimum(cols, vocab - 1), device=logits.device)
     l = logits.gather(1, idx)  # [n, BLOCK]
-    # The same float64 scores as the weights were made from: (logit - max) / T, -inf outside the kept set.
     s = l.double().sub_(k.lmax.double())
     if params.temperature != 1.0:
         s.div_(params.temperature)
@@ -358,13 +303,8 @@ def _race_dense(logits: torch.Tensor, k: _Kept, params: SamplingParams,
 
 def draw(logits: torch.Tensor, params: SamplingParams, *, seeds: np.ndarray,
          positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The engine's entry point: one token per row of logits [n, V] for request seeds [n] at output
-    positions [n]; ([n] int64 tokens, [n] float64 logprobs). A pure function of (logits row, seed, position).
-
-    Logprobs follow params.logprobs_mode: 'processed_logprobs', under the sampling distribution (after
-    temperature, top-k, top-p; for greedy, the log-softmax of the raw logits, since the greedy distribution
-    is a point mass); 'raw_logprobs', the log-softmax of the raw logits. Tokens do not depend on the mode.
-    """
+    """One token per row of logits [n, V] for seeds [n] at output positions [n]: ([n] int64 tokens, [n] float64
+    logprobs as params.logprobs_mode says; greedy: the log-softmax of the raw logits)."""
     n = logits.shape[0]
     if len(seeds) != n or len(positions) != n:
         raise ValueError(f"{n} logits rows but {len(seeds)} seeds and {len(positions)} positions")

@@ -1,15 +1,13 @@
-"""Line stops: a request ends with the newline that closes a line holding one of some phrases (e.g. the
-math preset's "The answer is X." line), so a sample stops where its answer is given rather than at the
-length limit. Checked token by token as a row appends (rows.py), on the tokens alone, so plain and
-speculative decoding stop at the same token.
+"""Line stops: a request ends with the newline that closes a line holding one of some phrases (e.g. the math
+preset's "The answer is X." line). Checked on the tokens alone as a row appends, so plain and speculative
+decoding stop at the same token.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-_WINDOW = 64
-"""Tokens decoded back from a newline: a phrase further back on a longer line is not seen."""
+_WINDOW = 64  # tokens decoded back from a newline: a phrase further back on a longer line is not seen
 
 
 class LineStop:
@@ -25,8 +23,7 @@ class LineStop:
         self._piece: dict[int, str] = {}  # token id -> its text (decoded once per id)
 
     def hit(self, out: Sequence[int]) -> bool:
-        """The newest token holds a newline and the line that newline closes (within the last _WINDOW
-        tokens) holds a phrase."""
+        """The newest token holds a newline and the line it closes holds a phrase."""
         tok = out[-1]
         piece = self._piece.get(tok)
         if piece is None:

@@ -1,25 +1,12 @@
-"""Verification of chain and tree drafts against the target's sampled tokens.
+"""Verification of chain and tree drafts against the target's sampled tokens (docs/engine.md, as vLLM's
+rejection sampler names them).
 
-Glossary (as in vLLM's rejection sampler):
-
-- **target token** at an input position: the token the target model samples there with the
-  position-keyed uniform of (seed, output position). Input position 0 is the row's *pending* token (the
-  last emitted token, not yet in the KV cache); input position 1 + i is draft node i.
-- **accepted** tokens: draft tokens equal to the target token sampled at their parent's position. Walking
-  from the root, each accepted node extends the output by its token.
-- **recovered** token: at the first position where no child matches (a rejection), the target token
-  itself is emitted instead of the draft. One per step at most; it is exactly what plain decoding would
-  have emitted there.
-- **bonus** token: when the walk reaches a node with no children (the whole chain, or a tree leaf, was
-  accepted; or the draft was empty), the target token sampled at that node is emitted for free.
-
-A step therefore emits `accepted + 1` tokens: the accepted draft tokens, then one recovered or bonus
-token. Because target tokens are sampled with the uniforms plain decoding would use at the same output
-positions, the emitted tokens are exactly plain decoding's, for any draft.
-
-For a tree, the node at depth d (the root's children have depth 0) sits at output position t0 + d + 1,
-where t0 is the output position of the pending token's target; all nodes at the same depth share that
-position's uniform. If siblings carry the same token, the first one (lowest index) is followed.
+The target token at an input (the pending token, then draft node i at input 1 + i) is sampled with the
+position-keyed randomness of its output position. Walking from the root, a draft node is *accepted* when it
+equals the target at its parent; at the first position where no child matches, the target itself is emitted
+(*recovered*); when the walk reaches a node with no children, the target there is a free *bonus*. A step emits
+accepted + 1 tokens, exactly plain decoding's, for any draft. Tree nodes at depth d share output position
+t0 + d + 1; among siblings with the same token the first is followed.
 """
 
 from __future__ import annotations
@@ -35,12 +22,9 @@ from dasrl.drafter.base import ROOT, Draft, DraftBatch
 class Verdict:
     """The outcome of verifying one row's draft."""
 
-    emit_at: np.ndarray
-    """[a+1] int64: input index whose target token becomes each emitted token (0 = pending, 1+i = node i)."""
-    tokens: np.ndarray
-    """[a+1] int64: the emitted tokens: a accepted draft tokens, then one recovered or bonus token."""
-    bonus: bool
-    """Whether the last emitted token is a bonus (the walk ended on a node with no children)."""
+    emit_at: np.ndarray  # [a+1] int64: input whose target each emitted token is (0 = pending, 1+i = node i)
+    tokens: np.ndarray  # [a+1] int64: a accepted draft tokens, then one recovered or bonus token
+    bonus: bool  # the walk ended on a node with no children
 
     @property
     def accepted(self) -> int:
@@ -64,8 +48,8 @@ def depths(parents: np.ndarray) -> np.ndarray:
 
 
 def _tree_path(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> list[int]:
-    """The accepted nodes of a tree (tokens [n], parents [n], ROOT = -1), root to tip, against the targets
-    [n+1] at each input (pending, then each node): the first child equal to the target at its parent."""
+    """The accepted nodes of a tree (tokens [n], parents [n]), root to tip, against the targets [n+1] at each
+    input (pending, then each node): the first child equal to the target at its parent."""
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         p = int(p)
@@ -85,7 +69,6 @@ def _accept(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> tupl
     """([B] accepted draft tokens per row, {tree row: its accepted path}): chains at once, trees walked."""
     n = drafts.lengths  # [B]
     row_of, local = drafts.node_rows()  # [T] each node's row and index within it
-    # A chain node is accepted when it equals the target sampled at its parent (the input just before it).
     match = drafts.tokens == targets[starts[row_of] + local]  # [T]
     counts = n.astype(np.int64)  # [B] leading matches per row
     np.minimum.at(counts, row_of[~match], local[~match])
@@ -98,9 +81,8 @@ def _accept(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> tupl
 
 
 def accepted_counts(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """[B] accepted draft tokens of every row: the one accept rule (module docstring). Row b's targets are
-    targets[starts[b]:starts[b+1]] (pending, then each node; a replay passes the recorded continuation at each
-    input's depth, -1 past its end). Chains at once, trees walked row by row."""
+    """[B] accepted draft tokens of every row, the one accept rule; row b's targets are
+    targets[starts[b]:starts[b+1]] (pending, then each node; a replay passes the recorded continuation)."""
     return _accept(drafts, targets, starts)[0]
 
 
@@ -112,7 +94,7 @@ def verify(draft: Draft, targets: np.ndarray) -> Verdict:
 
 
 def verify_batch(drafts: DraftBatch, targets: np.ndarray, starts: np.ndarray) -> list[Verdict]:
-    """Every row's verdict (accepted_counts' rule; row b's targets are targets[starts[b]:starts[b+1]])."""
+    """Every row's verdict (accepted_counts' rule and targets)."""
     counts, paths = _accept(drafts, targets, starts)  # [B], the tree rows' accepted paths
     lengths = drafts.lengths.tolist()
     out = []

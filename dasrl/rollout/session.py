@@ -251,8 +251,7 @@ def sample_indices(drawn: dict[Hashable, set[int]], pids: Sequence[Hashable], gi
 
 
 def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
-    """The drafter a speculating session builds: a DraftStore, wrapped in counting drafts when
-    config.counting and the tokenizer gives every digit its own token."""
+    """The drafter a speculating session builds: a DraftStore, in counting drafts when config.counting."""
     store = DraftStore(config.store)
     return with_counting(store, tokenizer) if config.counting else store
 
@@ -312,8 +311,7 @@ class RolloutSession:
                  stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = (),
                  on_step=None) -> list[Rollout]:
         """Generate (part of) one training step's batch. `samples`: each request's sample index within its
-        problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
-        the derived seeds."""
+        problem for this step (module docstring), None = the next unused; `seeds` overrides the derived ones."""
         self._check_open("generate")
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate() takes a list of prompts (token-id lists), got a string")

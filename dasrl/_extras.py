@@ -10,12 +10,7 @@ import importlib.util
 import sys
 from typing import Callable
 
-_EXTRA_MODULES = {
-    "engine": ("torch", "transformers"),
-    "trl": ("trl",),
-    "ray": ("ray",),
-    "vllm": ("vllm",),
-}
+_EXTRA_MODULES = {"engine": ("torch", "transformers"), "trl": ("trl",), "ray": ("ray",), "vllm": ("vllm",)}
 """Each extra -> the top-level modules it brings that the library imports."""
 
 _EXTRA_OF = {module: extra for extra, modules in _EXTRA_MODULES.items() for module in modules}

@@ -111,8 +111,7 @@ class DraftStore:
         self.config = config
         self._limit = config.token_limit
         self._shards: dict[Hashable, SuffixIndex] = {}
-        self._cross: SuffixIndex | None = (SuffixIndex() if config.cross_problem and config.mode != "global"
-                                           else None)
+        self._cross: SuffixIndex | None = SuffixIndex() if config.cross_problem and config.mode != "global" else None
         self._users: dict[Hashable, int] = {}  # live requests per shard
         self._steps: deque[list[tuple[Hashable, int]]] = deque()  # finished steps: (shard or _CROSS, seq id)
         self._current: list[tuple[Hashable, int]] = []  # this step's finished rollouts, already indexed

@@ -68,7 +68,8 @@ def first_bad(arr: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
     return _core.first_out_of_range(arr, limit) if arr.size else -1
 
 
-def _as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
+def _as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens",
+               vocab_size: int | None = None) -> np.ndarray:
     """int32 C-contiguous array of token ids in [0, vocab_size or 2^31), or a clear error naming the value."""
     arr = token_array(tokens, what=what)
     bad = first_bad(arr, TOKEN_LIMIT if vocab_size is None else vocab_size)

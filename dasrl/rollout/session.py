@@ -533,8 +533,7 @@ class RolloutSession:
             warnings.warn(f"{src}: the saved session has no draft store; this session keeps the draft store "
                           f"it has", stacklevel=3)
         elif saved is not None and self.store is None:
-            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
-                          stacklevel=3)
+            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore", stacklevel=3)
         elif saved is not None:
             store = DraftStore.from_state(saved, ckpt, state, self.config.store)
         parts = []

@@ -8,14 +8,10 @@
         rollouts = session.generate(prompts, sampling=SamplingParams(temperature=0.6), max_new_tokens=512)
         session.end_step()
 
-The public API is the names below and those of the public subpackages' `__all__` (dasrl.drafter,
-dasrl.policy, dasrl.engine, dasrl.rollout, dasrl.atomic, dasrl.integrations.trl / .ray /
-.vllm / .verl, each importing its framework lazily); everything else is private.
-
-The names below load on first use (PEP 562): `import dasrl.drafter` (the index alone, as a vLLM worker or a
-store-only tool needs it) does not pay for torch and transformers, which the engine and the session import.
-`pip install dasrl` brings numpy and the C++ core only (the drafter, the policy, the vLLM proposer, the VeRL
-router); a name that needs an extra not installed raises ImportError naming it (`pip install 'dasrl[engine]'`).
+The public API is the names below and the `__all__` of dasrl.drafter, .policy, .engine, .rollout, .atomic
+and dasrl.integrations.trl / .ray / .vllm / .verl; everything else is private. The names load on first use
+(PEP 562), so `import dasrl.drafter` (numpy and the C++ core only) does not pay for torch and transformers;
+a name whose extra is not installed raises ImportError naming it (`pip install 'dasrl[engine]'`).
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ _EXPORTS = {
     "make_policy": "dasrl.policy",
     "Rollout": "dasrl.rollout", "RolloutSession": "dasrl.rollout", "Session": "dasrl.rollout",
     "SessionConfig": "dasrl.rollout",
-}
-"""Each top-level name -> the public module it comes from."""
+}  # each top-level name -> the public module it comes from
 
 __all__ = [*_EXPORTS, "__version__"]
 

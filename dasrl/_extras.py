@@ -8,15 +8,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from types import ModuleType
 from typing import Callable
 
-_EXTRA_MODULES = {
-    "engine": ("torch", "transformers"),
-    "trl": ("trl",),
-    "ray": ("ray",),
-    "vllm": ("vllm",),
-}
+_EXTRA_MODULES = {"engine": ("torch", "transformers"), "trl": ("trl",), "ray": ("ray",), "vllm": ("vllm",)}
 """Each extra -> the top-level modules it brings that the library imports."""
 
 _EXTRA_OF = {module: extra for extra, modules in _EXTRA_MODULES.items() for module in modules}
@@ -38,17 +32,6 @@ def require(extra: str, what: str) -> None:
             raise _error(what, module)
 
 
-def _import_module(name: str, what: str) -> ModuleType:
-    """importlib.import_module(name); a missing module that an extra brings raises _MissingExtra naming it."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        top = (e.name or "").split(".")[0]
-        if top in _EXTRA_OF:
-            raise _error(what, top) from e
-        raise
-
-
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """PEP 562 `__getattr__` and `__dir__` for a package whose names (name -> module) load on first use, so
     importing the package (or a numpy-only submodule) does not import what its other modules need."""
@@ -58,7 +41,14 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
             module = exports[name]
         except KeyError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = getattr(_import_module(module, f"{package}.{name}"), name)
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as e:  # a module an extra brings: _MissingExtra naming the extra
+            top = (e.name or "").split(".")[0]
+            if top in _EXTRA_OF:
+                raise _error(f"{package}.{name}", top) from e
+            raise
+        value = getattr(loaded, name)
         setattr(sys.modules[package], name, value)  # loaded once
         return value
 

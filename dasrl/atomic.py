@@ -1,29 +1,17 @@
 """Safe file I/O, the one place every loader and writer goes through.
 
-Reading (open_regular, read_regular, read_json): only a regular file of bounded size; anything else is
-refused with a ValueError naming the path before a byte is read (a FIFO would block forever, a device such
-as /dev/zero never ends, a huge file eats memory first). Symlinks are refused too unless the caller follows
-them (a path the user typed may be one; a file inside a folder we wrote, such as a session save, never is).
+Reading: only a regular file of bounded size, else a ValueError naming the path before a byte is read (a FIFO
+would block forever, /dev/zero never ends, a huge file eats memory first); symlinks only where the caller
+follows them (a path the user typed may be one, a file inside a folder we wrote never is).
 
-Writing (atomic_write): a temporary file in the same folder, fsync'ed, renamed over the target, then the
-folder fsync'ed, so a reader never sees a half-written file and a crash leaves the old one (without the
-fsyncs, some filesystems can leave the new name on an empty file, or lose the rename). A symlink target is
-written through (the link stays); one that is not a regular file (/dev/stdout, a FIFO, a socket), directly or
-behind a link, is refused: renaming over it would replace the node itself, for root even a system one. A
-new file gets 0o666 minus the umask (as open() gives); an existing one keeps its mode.
+Writing (atomic_write): a temporary file in the same folder, fsync'ed, renamed over the target, the folder
+fsync'ed: a reader never sees a half-written file and a crash leaves the old one. A symlink is written
+through; a target that is not a regular file is refused (renaming over /dev/stdout would replace the node).
 
-Checkpoints (Checkpoint): the one crash-safe save of a draft store and of a rollout session. A manifest,
-KIND.json, names at most one data file, KIND-<sha256[:16]>.npz (uncompressed, no pickle), with its sha256,
-and carries the sha256 of its own canonical JSON. The data file is written first; the manifest's rename is
-the commit, so a kill or a full disk at any point leaves the old save (its data file is deleted only after
-the commit). A save holds an exclusive flock on the folder itself from its first write to its cleanup, a
-load a shared one (no lock file; the kernel releases it if the process dies): saves into one folder run one
-after the other and a load never sees a data file deleted under it. The cleanup deletes only what saves of
-this kind write (other KIND-<hash>.npz files, the temporaries of those and of KIND.json): anything else in
-the folder is the user's and stays, unread. A load reads the npz's zip directory before its members:
-exactly the expected arrays, uncompressed, each no larger than the manifest declares, then the checksum,
-and only then the arrays (memory is bounded by the manifest, not by the file). The checksums detect
-damage, not forgery (anyone can recompute them): every field is still validated.
+Checkpoint: the one crash-safe save of a draft store and of a rollout session (docs/drafter.md,
+"Persistence"): KIND.json, with the sha256 of its own canonical JSON, names KIND-<sha256[:16]>.npz; the data
+file is written first and the manifest's rename is the commit. A save holds an exclusive flock on the folder,
+a load a shared one. The checksums detect damage, not forgery: every field is still validated.
 """
 
 from __future__ import annotations
@@ -49,29 +37,23 @@ __all__ = ["MAX_JSON_BYTES", "open_regular", "read_regular", "read_json", "write
 
 
 def _fsync_dir(folder: Path) -> None:
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
     try:
-        fd = os.open(folder, flags)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:  # a platform that cannot open folders (Windows): the rename is all we can do
         return
     try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a folder; the data itself was synced
-        pass
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a folder; the data was synced
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
-    """A new temporary file next to `path`, created with mode 0o666 so that the umask applies
-    (tempfile.mkstemp creates 0o600 whatever the umask says). Its name is .NAME.<12 hex>.tmp (a Checkpoint
-    deletes those a killed save left)."""
+    """A new .NAME.<12 hex>.tmp next to `path`, mode 0o666 minus the umask (mkstemp would give 0o600)."""
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
+        with contextlib.suppress(FileExistsError):
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
-        except FileExistsError:
-            continue
     raise FileExistsError(f"cannot create a temporary file next to {path}")
 
 
@@ -82,12 +64,10 @@ _MAX_DATA_BYTES = 2**34
 
 
 def open_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> BinaryIO:
-    """`path` opened for binary reading, after checking that it is a regular file of at most `limit` bytes
-    (not a symlink unless follow_symlinks); else ValueError naming it. A file that cannot be opened at all
-    (missing, unreadable) raises its OSError as it is."""
+    """`path` opened for binary reading if it is a regular file of at most `limit` bytes (and not a symlink
+    unless follow_symlinks), else ValueError naming it; a missing or unreadable file raises its OSError."""
     path = Path(path)
-    # O_NONBLOCK: opening a FIFO returns at once (refused below) instead of waiting for a writer; it has
-    # no effect on the reads of a regular file.
+    # O_NONBLOCK: opening a FIFO returns at once (refused below) instead of waiting for a writer
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -118,8 +98,7 @@ def read_regular(path: str | os.PathLike, limit: int, *, follow_symlinks: bool =
 
 
 def read_json(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = False) -> object:
-    """JSON from a file read by read_regular; anything that is not UTF-8 JSON (deep nesting included, which
-    raises RecursionError in the parser) is one ValueError naming the path."""
+    """JSON from read_regular; anything not UTF-8 JSON (too deep nesting included) is a ValueError naming path."""
     data = read_regular(path, limit, follow_symlinks=follow_symlinks)
     try:
         return json.loads(data.decode("utf-8"))
@@ -128,9 +107,8 @@ def read_json(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = Fa
 
 
 def write_target(path: str | os.PathLike) -> Path:
-    """Where a write to `path` lands: `path`, or the file a symlink at `path` points to (written through,
-    the link kept). A path that is, or points to, something other than a regular file is refused
-    (ValueError): a device, a FIFO or a socket would be replaced by a regular file."""
+    """Where a write to `path` lands: `path`, or the file a symlink there points to. A path that is, or points
+    to, anything but a regular file is refused (ValueError): writing would replace it."""
     path = Path(path)
     try:
         st = os.stat(path)  # follows links, the kernel's magic ones (/dev/stdout -> /proc/self/fd/1) too
@@ -146,8 +124,7 @@ def write_target(path: str | os.PathLike) -> Path:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
-    """Call write(f) on a temporary binary file next to `path`, fsync it, os.replace it onto `path`, and
-    fsync the folder. A symlink is written through; a device, FIFO or socket is refused (write_target)."""
+    """write(f) on a temporary file next to write_target(path), fsync'ed and renamed onto it (module docstring)."""
     path = write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path)
@@ -156,10 +133,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
             write(f)
             f.flush()
             os.fsync(f.fileno())
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))  # rewriting: keep the file's mode
-            except FileNotFoundError:
-                pass
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -173,12 +148,9 @@ def write_json(path: str | os.PathLike, obj: object, *, indent: int | None = 2) 
     return atomic_write(path, lambda f: f.write(json.dumps(obj, indent=indent).encode()))
 
 
-
 @contextlib.contextmanager
 def _folder_lock(folder: str | os.PathLike, how: int) -> Iterator[None]:
-    """An flock (fcntl.LOCK_EX or LOCK_SH) on the folder itself: no lock file left behind; released by the
-    kernel if the process dies. The one lock of every save and load (a draft store's folder, a session's
-    parent folder)."""
+    """An flock on the folder itself: no lock file left behind, released by the kernel if the process dies."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, how)
@@ -214,7 +186,8 @@ class Checkpoint:
         return ValueError(f"{self.manifest}: not a valid {self.noun}: {detail}")
 
     def save(self, doc: dict, arrays: dict[str, np.ndarray] | None = None) -> None:
-        """Commit `doc` (JSON) and `arrays` (1-D numeric arrays, or None for no data file) as one save."""
+        """Commit `doc` (JSON) and `arrays` (1-D integer arrays, or None for no data file) as one save; then
+        delete only what saves of this kind leave (other data files, temporaries): the rest is the user's."""
         name = data = None
         if arrays is not None:
             buf = io.BytesIO()
@@ -265,8 +238,9 @@ class Checkpoint:
             yield doc
 
     def arrays(self, doc: dict, limits: dict[str, int]) -> dict[str, np.ndarray]:
-        """The arrays of the data file `doc` names: exactly the keys of `limits`, each 1-D, integer, in native
-        byte order, with at most limits[key] values (checked in the zip directory, before reading)."""
+        """The arrays of the data file `doc` names: exactly the keys of `limits`, each 1-D, integer, native
+        byte order, at most limits[key] values. The zip directory is checked before the checksum and the
+        checksum before the arrays are read, so memory is bounded by the manifest, not by the file."""
         name, digest = doc.get("data"), doc.get("sha256")
         if not (isinstance(name, str) and self._data.fullmatch(name)) or not isinstance(digest, str):
             raise self.bad(f"'data' must name a {self.kind}-<hash>.npz file and 'sha256' its digest, got "
@@ -295,12 +269,10 @@ class Checkpoint:
             if h.hexdigest() != digest:
                 raise ValueError(f"{path}: does not match {self.manifest} (checksum differs: a damaged file, or "
                                  f"files from different saves)")
-            out = {}
             try:
                 f.seek(0)
                 with np.load(f, allow_pickle=False) as z:
-                    for key in limits:
-                        out[key] = z[key]
+                    out = {key: z[key] for key in limits}
             except Exception as e:  # BadZipFile, EOFError, ValueError (pickled), ...: all one error
                 raise self.error(f"{name}: {type(e).__name__}: {e}") from None
         for key, arr in out.items():

@@ -1,8 +1,5 @@
-"""The drafter protocol and the Draft a drafter returns.
-
-A drafter proposes, for each live request, a few tokens that the target model will probably emit next.
-Drafts are deterministic proposals: the engine verifies them, so a bad draft only costs time, never
-changes an output token.
+"""The drafter protocol and the Draft a drafter returns. Drafts are deterministic proposals that the
+engine verifies: a bad draft only costs time, never changes an output token.
 
 Lifecycle of a request, as the engine drives it::
 
@@ -24,37 +21,25 @@ import numpy as np
 
 ROOT = -1
 """Parent index of a draft token that follows the context's last token directly."""
-
 TOKEN_LIMIT = 2**31
 """Token ids must be below this (the index stores int32)."""
-_MAX_BUDGET = 2**31 - 1
-"""Largest draft budget per request (a larger one is refused, not clamped)."""
+_MAX_BUDGET = 2**31 - 1  # largest draft budget per request (a larger one is refused, not clamped)
 MAX_DRAFT = 1024
-"""Most tokens one draft holds, whatever its budget: a larger budget is served as this one (the native
-index, the reference and the counting drafter share it), so a budget of 2^31 - 1 costs what 1024 does
-rather than a loop until memory runs out. One verification forward could not check more anyway."""
-_MAX_MATCH = 2**20
-"""Longest context suffix a drafter matches."""
-_MAX_BRANCHING = 2**16
-"""Most children per draft node."""
+"""Most tokens one draft holds: a larger budget is served as this one (one verification forward could not
+check more), so a budget of 2^31 - 1 costs what 1024 does. The index, the reference and counting share it."""
+_MAX_MATCH = 2**20  # longest context suffix a drafter matches
+_MAX_BRANCHING = 2**16  # most children per draft node
 
 
 @dataclass(frozen=True)
 class Draft:
-    """A proposal for one request: a chain or a tree of draft tokens.
+    """A proposal for one request: a tree of draft tokens in topological order (a parent before its
+    children); a chain is the tree in which every node's parent is the node before it."""
 
-    Nodes are in topological order (a parent always comes before its children). A chain is the tree in
-    which every node's parent is the node before it.
-    """
-
-    tokens: np.ndarray
-    """[n] int32: draft token ids."""
-    parents: np.ndarray
-    """[n] int32: index of each token's parent node, ROOT (-1) for a child of the context."""
-    probs: np.ndarray
-    """[n] float64: path probability of each node (product of count ratios from the root to it)."""
-    match_len: int = 0
-    """Length of the context suffix the draft was matched on (0 = no match, empty draft)."""
+    tokens: np.ndarray  # [n] int32: draft token ids
+    parents: np.ndarray  # [n] int32: each token's parent node, ROOT (-1) for a child of the context
+    probs: np.ndarray  # [n] float64: path probability of each node (product of count ratios from the root)
+    match_len: int = 0  # length of the context suffix the draft was matched on (0 = no match, empty draft)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -85,21 +70,14 @@ _EMPTY_DRAFT = Draft(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, n
 
 @dataclass(frozen=True)
 class DraftBatch:
-    """The drafts of a whole batch in flat arrays (the hot path: no Python object per request).
+    """The drafts of a whole batch in flat arrays (the hot path: no Python object per request). Request i
+    owns nodes [offsets[i], offsets[i+1]); its parents index its own nodes (ROOT = -1)."""
 
-    Request i owns nodes [offsets[i], offsets[i+1]); its parents index its own nodes (ROOT = -1).
-    """
-
-    tokens: np.ndarray
-    """[total] int32: draft token ids of every request, laid end to end."""
-    parents: np.ndarray
-    """[total] int32: parent of each node within its own request's draft (ROOT for a child of the context)."""
-    probs: np.ndarray
-    """[total] float64: path probability of each node."""
-    offsets: np.ndarray
-    """[n+1] int64: request i's nodes are tokens[offsets[i]:offsets[i+1]]."""
-    match_len: np.ndarray
-    """[n] int64: matched suffix length per request (0 = no match)."""
+    tokens: np.ndarray  # [total] int32: every request's draft tokens, end to end
+    parents: np.ndarray  # [total] int32: each node's parent within its own request's draft
+    probs: np.ndarray  # [total] float64: path probability of each node
+    offsets: np.ndarray  # [n+1] int64
+    match_len: np.ndarray  # [n] int64: matched suffix length per request (0 = no match)
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0]) - 1
@@ -133,21 +111,17 @@ class DraftBatch:
     def from_drafts(drafts: Sequence[Draft]) -> "DraftBatch":
         if not drafts:
             return DraftBatch.empty(0)
-        offsets = np.zeros(len(drafts) + 1, np.int64)
-        np.cumsum([len(d) for d in drafts], out=offsets[1:])
         cat = (lambda xs, dt: np.concatenate(xs).astype(dt, copy=False))
         return DraftBatch(cat([d.tokens for d in drafts], np.int32), cat([d.parents for d in drafts], np.int32),
-                          cat([d.probs for d in drafts], np.float64), offsets,
+                          cat([d.probs for d in drafts], np.float64), offsets_of([len(d) for d in drafts]),
                           np.array([d.match_len for d in drafts], np.int64))
 
     @staticmethod
     def chains(token_lists: Sequence[Sequence[int]]) -> "DraftBatch":
-        """Chain drafts of these tokens, one per request, path probabilities 1 and match length 0, built on the
-        flat arrays (from_drafts([Draft.chain(t) ...]) without a Draft per request)."""
+        """from_drafts([Draft.chain(t) ...]) built on the flat arrays, without a Draft per request."""
         if not token_lists:
             return DraftBatch.empty(0)
-        offsets = np.zeros(len(token_lists) + 1, np.int64)
-        np.cumsum([len(t) for t in token_lists], out=offsets[1:])
+        offsets = offsets_of([len(t) for t in token_lists])
         batch = DraftBatch(np.concatenate([np.asarray(t, np.int32) for t in token_lists]),
                            np.zeros(int(offsets[-1]), np.int32), np.ones(int(offsets[-1])), offsets,
                            np.zeros(len(token_lists), np.int64))
@@ -160,11 +134,9 @@ class DraftBatch:
         keep_n = np.minimum(lens, np.maximum(np.asarray(caps, np.int64), 0))  # [n]
         if not np.count_nonzero(keep_n != lens):
             return self
-        row, rank = self.node_rows()  # [total] each node's request, its index within that request's draft
+        row, rank = self.node_rows()
         keep = rank < keep_n[row]
-        offsets = np.zeros_like(self.offsets)
-        np.cumsum(keep_n, out=offsets[1:])
-        return DraftBatch(self.tokens[keep], self.parents[keep], self.probs[keep], offsets, self.match_len)
+        return DraftBatch(self.tokens[keep], self.parents[keep], self.probs[keep], offsets_of(keep_n), self.match_len)
 
 
 @dataclass(frozen=True)
@@ -183,6 +155,13 @@ class DraftParams:
         if not (isinstance(self.min_prob, (int, float)) and 0.0 <= self.min_prob <= 1.0):
             raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
         _check_int("branching", self.branching, 1, _MAX_BRANCHING)
+
+
+def offsets_of(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """[n+1] int64: 0, then the running sums of the n `lengths` (where each of n rows starts and ends)."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 def _is_int(x: object) -> bool:
@@ -245,7 +224,7 @@ def problem_key(prompt_ids: Sequence[int]) -> int:
 
 def budget_array(req_ids: Sequence[Hashable], budgets: Sequence[int] | np.ndarray) -> np.ndarray:
     """[n] int64 budgets, each an int in [0, _MAX_BUDGET], or a ValueError naming the bad value and its
-    request. Floats, strings and bools are refused, not truncated (1.9 is not a budget of 1)."""
+    request (1.9, "3" and True are refused, not truncated)."""
     if len(req_ids) != len(budgets):
         raise ValueError(f"{len(req_ids)} request ids but {len(budgets)} budgets")
     if type(budgets) is list and all(type(b) is int and 0 <= b <= _MAX_BUDGET for b in budgets):

@@ -1,22 +1,12 @@
 """Counting drafts: continue a numbered pattern of the request's own output by incrementing its numbers.
 
-The samples that set an RL step's makespan are often enumerations that run past their target: "1, 2, 3,
-..., 127", "#### 12\\nSara has 12 stickers left.\\n#### 13\\n...", "3 x 13 = 93, 3 x 14 = ...". A suffix
-drafter cannot propose "46" after "44, 45, " unless "45, 46" is in its history. Counting can: with a
-tokenizer that gives every digit its own token (Llama 2, SmolLM, Qwen), the output is a sequence of items,
-each a non-digit token or a number (a run of digit tokens). When the last items repeat with period P
-(the same tokens, numbers at the same places) for three periods, and each number slot of the period
-steps by a constant across them (an arithmetic progression: +1, +3, -1, 0), the next periods follow:
+A suffix drafter cannot propose "46" after "44, 45, " unless "45, 46" is in its history; counting can. With
+one token per digit, the output is a sequence of items (a non-digit token, or a number: a run of digits).
+When the last three periods of P items are alike and each number slot steps by a constant across them,
+the next periods follow (docs/drafter.md, "Counting drafts"):
 
     ..., 43, 44, 45, 4  ->  items [.. 43 , ␣ 44 , ␣ 45 , ␣] + partial "4";  P = 3, slot steps +1
                         ->  draft "6" "," " " "4" "7" "," " " ...
-
-A slot that does not step by a constant (a product the model makes up) ends the draft there. Nothing is
-learnt across requests: it reads only the request's own prompt and output.
-
-`CountingDrafter` wraps another drafter (the DraftStore): each row drafts the counting continuation where
-there is one, else what the wrapped drafter proposes. Drafts are verified like any other, so outputs are
-unchanged; only the time is.
 """
 
 from __future__ import annotations
@@ -28,15 +18,13 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from dasrl import _core
-from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch
+from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch, offsets_of
 
-_NUM = -1
-"""Structure key of a number item (non-digit items are keyed by their token id)."""
+_NUM = -1  # the key of a number item (non-digit items are keyed by their token id)
 
 
 def digit_tokens(tokenizer) -> np.ndarray:
-    """[10] int64: the token id of each digit 0-9, for tokenizers that give every digit its own token.
-    Raises ValueError when a digit is not one token (numbers are then merged: counting cannot draft)."""
+    """[10] int64: the token id of each digit 0-9; ValueError when a digit is not one token."""
     out = []
     for d in "0123456789":
         ids = tokenizer.encode(d, add_special_tokens=False)
@@ -51,8 +39,7 @@ def digit_tokens(tokenizer) -> np.ndarray:
 
 def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[int], str], str]:
     """(keys, text, partial): the tail as items (keys: token id or _NUM; text(k): item k's digits, for a
-    number) and the digits the tail ends in (a number still being written; '' if none). A leading number,
-    which the window may have cut, is dropped. Vectorised: it runs for every row whose items repeat (_periods)."""
+    number) and the digits the tail ends in (a number still being written; '' if none)."""
     table, value = _digit_maps(digits.astype(np.int64).tobytes())
     isd = table[np.minimum(tail, table.size - 1)]  # [n] bool: a digit token
     last = np.flatnonzero(~isd)
@@ -73,8 +60,8 @@ def _items(tail: np.ndarray, digits: np.ndarray) -> tuple[list[int], Callable[[i
 
 @functools.lru_cache(maxsize=8)
 def _digit_maps(key: bytes) -> tuple[np.ndarray, dict[int, str]]:
-    """(is-digit table, token -> its digit) of the digit tokens whose int64 bytes are `key` (a table lookup:
-    np.isin sorts on every call)."""
+    """(is-digit table, token -> its digit) of the digit tokens whose int64 bytes are `key` (np.isin sorts on
+    every call)."""
     digits = np.frombuffer(key, np.int64)
     table = np.zeros(int(digits.max()) + 2, bool)  # [max digit + 2]: the last entry is "above every digit"
     table[digits] = True
@@ -82,12 +69,9 @@ def _digit_maps(key: bytes) -> tuple[np.ndarray, dict[int, str]]:
 
 
 def _periods(tails: Sequence[np.ndarray], digits: np.ndarray, max_period: int) -> np.ndarray:
-    """[B] int64: for each tail, the shortest period P (with a number in it) such that its last three windows of P
-    items are alike; 0 if none (no pattern, no counting draft). The whole batch in one native call (dasrl/_core
-    count_periods): most rows of a proposal have no pattern, and this tells them apart without building their
-    items' texts, at every forward of every row."""
-    offsets = np.zeros(len(tails) + 1, np.int64)  # [B + 1]
-    np.cumsum([t.size for t in tails], out=offsets[1:])
+    """[B] int64: for each tail, the shortest period P (with a number in it) whose last three windows of P
+    items are alike, 0 if none: one native call tells apart the rows without a pattern, most of them."""
+    offsets = offsets_of([t.size for t in tails])
     flat = np.concatenate(tails).astype(np.int64, copy=False) if len(tails) else np.zeros(0, np.int64)
     return _core.count_periods(flat, offsets, np.ascontiguousarray(digits, np.int64), int(max_period))
 
@@ -96,16 +80,14 @@ def _format(value: int, seen: Sequence[str]) -> str | None:
     """A slot's next number written as its earlier ones were (zero-padded to their width if they were)."""
     if value < 0:
         return None
-    width = len(seen[-1])
     padded = any(len(s) > 1 and s[0] == "0" for s in seen)
-    return str(value).zfill(width) if padded else str(value)
+    return str(value).zfill(len(seen[-1])) if padded else str(value)
 
 
 def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32,
                     period: int | None = None) -> np.ndarray:
-    """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern the tail ends in
-    (see the module docstring); empty when there is none. `tail`: the request's last tokens (prompt and
-    output); `period`: its `_periods` when the caller has it."""
+    """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern `tail` (the request's
+    last tokens) ends in; empty when there is none. `period`: its `_periods` when the caller has it."""
     budget = min(budget, MAX_DRAFT)  # a pattern never runs out: the cap bounds this loop
     if budget <= 0 or tail.size == 0:
         return np.zeros(0, np.int64)
@@ -144,8 +126,7 @@ def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_pe
 
 
 def with_counting(inner, tokenizer):
-    """`inner` wrapped in counting drafts, or `inner` itself (with a warning) when the tokenizer does not
-    give every digit its own token."""
+    """`inner` wrapped in counting drafts, or `inner` itself (with a warning) when digits are not one token each."""
     try:
         return CountingDrafter(inner, digit_tokens(tokenizer))
     except ValueError as e:
@@ -154,8 +135,7 @@ def with_counting(inner, tokenizer):
 
 
 class CountingDrafter:
-    """Wraps a drafter: counting drafts where the request's output is a numbered pattern, the wrapped
-    drafter's everywhere else (see the module docstring). Implements the Drafter protocol."""
+    """Wraps a drafter: counting drafts where the output is a numbered pattern, the wrapped drafter's elsewhere."""
 
     def __init__(self, inner, digits: np.ndarray, *, window: int = 256, max_period: int = 32) -> None:
         digits = np.asarray(digits, np.int64)
@@ -165,8 +145,7 @@ class CountingDrafter:
             raise ValueError(f"need window >= 3 and max_period >= 1, got window={window}, max_period={max_period}")
         self.inner, self.digits, self.window, self.max_period = inner, digits, window, max_period
         self._tail: dict[Hashable, np.ndarray] = {}
-        self.counted = 0
-        """Drafts proposed by counting (rather than by the wrapped drafter) since construction."""
+        self.counted = 0  # drafts proposed by counting (not by the wrapped drafter) since construction
 
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self.inner.start(req_id, problem_id, prompt_ids)  # validates, and refuses a live id

@@ -1,36 +1,19 @@
 """DraftStore: the history drafter. Suffix-index shards per problem over a sliding window of RL steps.
 
-Modes (the scope of the history, as in the paper's Figure 6):
-  problem          finished rollouts of the same problem in the last `window` steps;
-  problem+request  that, plus the live request's own prompt and output and its in-flight siblings of the
-                   same problem, indexed token by token as they are verified;
-  global           one index over every problem's history and every live request (the ArcticInference /
-                   vLLM `suffix` behaviour), for comparison.
-
-Cross-problem source (config.cross_problem, problem modes): one more index holds every problem's
-finished rollouts in the window (the same weights, evicted with the window like the shards) and, in
-problem+request mode, every live request (as the global mode's index does). A request's cursor drafts
-from its shard and from it; the draft with the higher score (the sum of its path probabilities, its
-expected accepted length) wins, ties to the shard. A problem's first visit, whose shard holds nothing but
-its own prompt and its siblings, so drafts from what other problems' rollouts say, in flight included:
-at a run's first step nothing has finished yet.
-
-Weights. A rollout that finished k steps ago weighs decay**k; live sequences weigh `live_weight`. A step
-whose weight decay**k falls below _MIN_STEP_WEIGHT (1e-200: after ~660 steps at decay 0.5, ~2,060 at 0.8)
-leaves the window whatever `window` says: against anything newer it weighs nothing, and kept longer its
-weight would underflow to 0.0 (NaN draft probabilities, a save that no longer loads).
-
-Shards. A shard exists while it holds a sequence or a live request uses it (created only after a request
-passed validation, dropped when its last sequence and last user go), so the shard count is bounded by
-the problems in the window plus those of live requests. Input is validated once, here, at the protocol
-boundary; behind it the store calls the native batch functions on its cursors' native handles unchecked.
+Modes (the paper's Figure 6): problem (finished rollouts of the problem in the window), problem+request
+(also the live request and its in-flight siblings, indexed as they are verified), global (one index for
+everything, as vLLM's `suffix`). With cross_problem, one more index of every problem's window (and live
+requests) is a second source of each cursor, so a problem's first visit drafts from the others'.
+A rollout k steps old weighs decay**k. A shard exists while it holds a sequence or a live request uses it.
+Input is validated once, at the protocol boundary; behind it the native calls run unchecked.
+docs/drafter.md ("The store", "Every source, scored", "Persistence") tells the why of each.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from itertools import chain
 from typing import Hashable, Sequence
@@ -39,7 +22,8 @@ import numpy as np
 
 from dasrl import _core
 from dasrl.atomic import Checkpoint
-from dasrl.drafter.base import TOKEN_LIMIT, Draft, DraftBatch, DraftParams, _is_int, budget_array, problem_key
+from dasrl.drafter.base import (TOKEN_LIMIT, Draft, DraftBatch, DraftParams, _is_int, budget_array, offsets_of,
+                                problem_key)
 from dasrl.drafter.suffix import (Cursor, SuffixIndex, _as_tokens, best_continuation_batch, first_bad, token_array,
                                   token_error)
 
@@ -95,37 +79,26 @@ def _is_real(x: object) -> bool:
 
 
 _GLOBAL = "__global__"
-_CROSS = object()
-"""The key of the cross-problem index's entries in the window's bookkeeping (never a problem id)."""
+_CROSS = object()  # the cross-problem index's key in the window's bookkeeping (never a problem id)
 _MIN_STEP_WEIGHT = 1e-200
-"""A finished step whose decay**age is below this is evicted (see the module docstring). With live_weight
-in [1e-100, 1e100] every indexed weight stays a normal double (>= 1e-300 > 2.2e-308)."""
-
+"""A finished step whose decay**age is below this is evicted whatever `window` says: its weight would
+underflow to 0.0 (NaN probabilities). With live_weight in [1e-100, 1e100] every weight stays normal."""
 _EMPTY = np.zeros(0, np.int32)
 _FORMAT = "dasrl-store/3"
-"""The format of a saved window (save / load)."""
-_MAX_STEPS = 2**20
-"""Most steps a saved window may hold."""
-_MAX_TOKENS = 2**31
-"""Most tokens a saved window may hold."""
+_MAX_STEPS = 2**20  # most steps a saved window may hold
+_MAX_TOKENS = 2**31  # most tokens a saved window may hold
 
 
 @dataclass(eq=False)
 class _Live:
     shard: Hashable
-    cursor: Cursor
-    """The request's context (prompt + output); in problem+request and global modes it also grows the
-    request's live sequence in the shard."""
+    cursor: Cursor  # prompt + output; in problem+request and global modes it also grows seq_id in the shard
     prompt_len: int
-    """Tokens of the prompt at the start of the context."""
-    seq_id: int | None = None
-    """Its sequence in the shard while live (problem+request and global modes)."""
-    cross_id: int | None = None
-    """Its sequence in the cross-problem index while live (problem+request mode with cross_problem)."""
+    seq_id: int | None = None  # its live sequence in the shard (problem+request and global modes)
+    cross_id: int | None = None  # its live sequence in the cross-problem index (problem+request mode)
 
     @property
     def output(self) -> list[int]:
-        """The tokens observed so far (the context after the prompt)."""
         return self.cursor.context()[self.prompt_len:].tolist()
 
 
@@ -138,9 +111,7 @@ class DraftStore:
         self.config = config
         self._limit = config.token_limit
         self._shards: dict[Hashable, SuffixIndex] = {}
-        self._cross: SuffixIndex | None = (SuffixIndex() if config.cross_problem and config.mode != "global"
-                                           else None)
-        """Every problem's finished rollouts in the window (see the module docstring)."""
+        self._cross: SuffixIndex | None = SuffixIndex() if config.cross_problem and config.mode != "global" else None
         self._users: dict[Hashable, int] = {}  # live requests per shard
         self._steps: deque[list[tuple[Hashable, int]]] = deque()  # finished steps: (shard or _CROSS, seq id)
         self._current: list[tuple[Hashable, int]] = []  # this step's finished rollouts, already indexed
@@ -156,15 +127,9 @@ class DraftStore:
     def close(self) -> None:
         """Free the native indexes now rather than at garbage collection (a session's close(), the end of a
         `with` block). The store is empty after, and refuses new requests and rollouts. Idempotent."""
-        self._shards.clear()
-        self._cross = None
-        self._users.clear()
-        self._steps.clear()
-        self._current.clear()
-        self._pending.clear()
-        self._live.clear()
-        self._native.clear()
-        self._batch = None
+        for part in (self._shards, self._users, self._steps, self._current, self._pending, self._live, self._native):
+            part.clear()
+        self._cross = self._batch = None
         self._closed = True
 
     def __enter__(self) -> "DraftStore":
@@ -191,10 +156,9 @@ class DraftStore:
 
     def _shard(self, key: Hashable) -> SuffixIndex:
         """The shard of `key`, created on first use (by then every check has passed)."""
-        ix = self._shards.get(key)
-        if ix is None:
-            ix = self._shards[key] = SuffixIndex()
-        return ix
+        if key not in self._shards:
+            self._shards[key] = SuffixIndex()
+        return self._shards[key]
 
     def _add(self, ix: SuffixIndex, tokens: np.ndarray, weight: float) -> int:
         """Index valid tokens as a new sequence of `ix`; its id."""
@@ -218,10 +182,8 @@ class DraftStore:
         if sid is not None:
             ix.remove(sid)
         if user:
-            left = self._users[shard] - 1
-            if left:
-                self._users[shard] = left
-            else:
+            self._users[shard] -= 1
+            if not self._users[shard]:
                 del self._users[shard]
         if len(ix) == 0 and shard not in self._users:
             del self._shards[shard]
@@ -260,7 +222,6 @@ class DraftStore:
         if live.cross_id is not None:
             self._cross.remove(live.cross_id)
 
-
     # ----------------------------------------------------------------- protocol
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self._check_open()
@@ -293,9 +254,7 @@ class DraftStore:
         return DraftBatch(*_core.propose_batch(cursors, budget_array(req_ids, budgets), p.min_prob, p.branching))
 
     def best_continuation(self, req_ids: Sequence[Hashable], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """[n] int64: for request i, the longest prefix of targets[offsets[i]:offsets[i+1]] (its true next
-        tokens) that follows an occurrence of its context's longest match in one of its sources. Not a
-        drafter's call: the lab's oracle bound (dasrl_lab.sim.oracle) asks what the history held."""
+        """suffix.best_continuation_batch over these requests' cursors (the lab's oracle bound)."""
         cursors = [self._request(r).cursor for r in req_ids]
         return best_continuation_batch(cursors, targets, np.asarray(offsets, np.int64))
 
@@ -311,15 +270,13 @@ class DraftStore:
             raise token_error(tokens, bad, vocab_size=self.config.vocab_size)
 
     def observe_batch(self, req_ids: Sequence[Hashable], token_lists: Sequence[Sequence[int] | np.ndarray]) -> None:
-        """observe() for many requests in one native call, in order; all or nothing (a bad token changes
-        nothing)."""
+        """observe() for many requests in one native call; all or nothing (a bad token changes nothing)."""
         if len(req_ids) != len(token_lists):
             raise ValueError(f"{len(req_ids)} request ids but {len(token_lists)} token lists")
         self.observe_flat(req_ids, *_flatten(token_lists))
 
     def observe_flat(self, req_ids: Sequence[Hashable], tokens: np.ndarray, offsets: np.ndarray) -> None:
-        """observe_batch of request i's tokens[offsets[i]:offsets[i+1]] (tokens: a 1-D integer array, offsets:
-        [n+1] int64 from 0 to len(tokens)): one native call; all or nothing."""
+        """observe_batch of request i's tokens[offsets[i]:offsets[i+1]] (offsets: [n+1] int64)."""
         cursors = self._cursors(req_ids)
         bad = _core.extend_batch(cursors, tokens, offsets, self._limit) if cursors else -1
         if bad >= 0:
@@ -329,17 +286,15 @@ class DraftStore:
 
     def observe_rows(self, req_ids: Sequence[Hashable], token_rows: np.ndarray, rows: np.ndarray, start: np.ndarray,
                      count: np.ndarray) -> None:
-        """observe_batch of request i's token_rows[rows[i], start[i]:start[i] + count[i]] (token_rows: a 2-D
-        integer array, e.g. vLLM's token buffer; rows, start, count: [n] int64), read in place by one native
-        call; all or nothing: a bad token raises TokenError (`row` = i) and changes nothing."""
+        """observe_batch of request i's token_rows[rows[i], start[i]:start[i] + count[i]] (a 2-D integer array,
+        e.g. vLLM's token buffer), read in place by one native call; a bad token's TokenError has `row` = i."""
         cursors = self._cursors(req_ids)
         if not cursors:
             return
         try:  # (-1, -1), or (i, offset) of the first bad token (a negative one anywhere first) and nothing changed
             i, j = _core.extend_rows(cursors, token_rows, rows, start, count, self._limit)
         except TypeError:  # not a C-contiguous int32/int64 table: gathered here, then the flat call
-            offsets = np.zeros(len(rows) + 1, np.int64)
-            np.cumsum(count, out=offsets[1:])
+            offsets = offsets_of(count)
             at = np.repeat(rows, count)
             cols = np.arange(int(offsets[-1])) + np.repeat(start - offsets[:-1], count)
             self.observe_flat(req_ids, np.asarray(np.asarray(token_rows)[at, cols]), offsets)
@@ -379,10 +334,9 @@ class DraftStore:
     def _drop_unfinished(self) -> None:
         for live in self._live.values():  # requests never finished this step are dropped, not history
             self._forget(live)
-        self._live.clear()
-        self._native.clear()
+        for part in (self._live, self._native, self._done):
+            part.clear()
         self._batch = None
-        self._done.clear()
 
     def end_step(self) -> None:
         """Fold this step's rollouts into the window, age the weights, evict the oldest step."""
@@ -414,16 +368,14 @@ class DraftStore:
 
     # -------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Write the window into `folder` (store.json + store-<hash>.npz, no pickle; dasrl.atomic.Checkpoint:
-        a reader sees the old save or the new one, never a mix). Live requests and this step's rollouts
-        are not saved."""
+        """Write the window into `folder` (dasrl.atomic.Checkpoint); live requests and this step's rollouts are
+        not saved."""
         doc, arrays = self.state()
         Checkpoint(folder, "store", "draft store").save({"format": _FORMAT, **doc}, arrays)
 
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
-        """The window as checkpoint content: JSON fields (step, steps in the window, token count, config,
-        [age, problem id, weight] per sequence) and arrays (tokens, every sequence end to end, and n + 1
-        offsets). RolloutSession.save nests the fields in its own checkpoint."""
+        """The window as checkpoint content: JSON fields ([age, problem id, weight] per sequence...) and
+        arrays (tokens end to end, n + 1 offsets); RolloutSession.save nests the fields in its own."""
         self._check_open()  # a closed store is empty: its save would overwrite a good one
         seqs, toks = [], []
         for age, step in enumerate(reversed(self._steps)):
@@ -435,8 +387,7 @@ class DraftStore:
                 ix = self._shards[shard]
                 seqs.append([age, shard, ix.weight(sid)])
                 toks.append(ix.tokens(sid))
-        offsets = np.zeros(len(seqs) + 1, np.int64)
-        np.cumsum([len(t) for t in toks], out=offsets[1:])
+        offsets = offsets_of([len(t) for t in toks])
         c = self.config
         doc = {"step": self.step, "num_steps": len(self._steps), "num_tokens": int(offsets[-1]),
                "config": {"mode": c.mode, "window": c.window, "decay": c.decay}, "sequences": seqs}
@@ -454,8 +405,8 @@ class DraftStore:
 
     @classmethod
     def from_state(cls, doc: dict, ckpt: Checkpoint, manifest: dict, config: StoreConfig | None) -> "DraftStore":
-        """The store whose fields (state()) are `doc` and whose arrays are in the data file `manifest` of
-        `ckpt` names: every field validated, then the arrays read no larger than the fields declare."""
+        """The store of state()'s fields `doc` and the arrays `manifest` names: every field validated, then the
+        arrays read no larger than the fields declare."""
         bad = ckpt.bad
         saved = doc.get("config")
         if not isinstance(saved, dict):
@@ -484,8 +435,7 @@ class DraftStore:
                 raise bad(f"sequence {i}: age must be an int in [0, {num_steps}), got {age!r}")
             if not (isinstance(shard, (int, str)) and not isinstance(shard, bool)):
                 raise bad(f"sequence {i}: problem id must be an int or a str, got {shard!r}")
-            if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
-                    and 0 < weight <= 1e300):
+            if not (_is_real(weight) and 0 < weight <= 1e300):
                 raise bad(f"sequence {i}: weight must be positive and finite, got {weight!r}")
         arrays = ckpt.arrays(manifest, {"tokens": total, "offsets": len(seqs) + 1})
         tokens, offsets = np.ascontiguousarray(arrays["tokens"]), arrays["offsets"].astype(np.int64)
@@ -517,8 +467,7 @@ class DraftStore:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens of the window and the live requests (the cross-problem index holds copies of the finished
-        ones: bytes_used counts them)."""
+        """Tokens of the window and the live requests, once (bytes_used counts the cross-problem copies)."""
         self._check_open()
         return sum(ix.num_tokens for ix in self._shards.values())
 
@@ -539,17 +488,17 @@ class DraftStore:
             ix.check_integrity()
             if len(ix) == 0 and key not in self._users:
                 raise AssertionError(f"shard {key!r} is empty and unused")
-        users: dict[Hashable, int] = {}
+        users = Counter(live.shard for live in self._live.values())
+        if users != self._users:
+            raise AssertionError(f"shard users {self._users} do not match the live requests {dict(users)}")
+        cross = 0
         for live in self._live.values():
-            users[live.shard] = users.get(live.shard, 0) + 1
             if live.seq_id is not None and live.seq_id not in self._shards[live.shard]:
                 raise AssertionError(f"live sequence {live.seq_id} missing from shard {live.shard!r}")
-        if users != self._users:
-            raise AssertionError(f"shard users {self._users} do not match the live requests {users}")
-        cross = sum(live.cross_id is not None for live in self._live.values())
-        for live in self._live.values():
-            if live.cross_id is not None and live.cross_id not in self._cross:
-                raise AssertionError(f"live sequence {live.cross_id} missing from the cross-problem index")
+            if live.cross_id is not None:
+                cross += 1
+                if live.cross_id not in self._cross:
+                    raise AssertionError(f"live sequence {live.cross_id} missing from the cross-problem index")
         for shard, sid in chain(chain.from_iterable(self._steps), self._current):
             if shard is _CROSS:
                 cross += 1
@@ -564,13 +513,11 @@ class DraftStore:
                                      f"the live requests {cross}")
 
 
-
 def _flatten(token_lists: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [total] integer array, offsets [n+1] int64) of many token lists, types checked."""
-    offsets = np.zeros(len(token_lists) + 1, np.int64)
+    offsets = offsets_of([len(t) for t in token_lists])
     if not token_lists:
         return np.zeros(0, np.int32), offsets
-    np.cumsum([len(t) for t in token_lists], out=offsets[1:])
     if all(type(t) is list for t in token_lists):
         flat = list(chain.from_iterable(token_lists))
         if all(type(t) is int for t in flat):

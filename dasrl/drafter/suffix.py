@@ -1,13 +1,9 @@
 """The native suffix index, wrapped: validation with errors that name the bad value, Draft objects out.
 
-Two kinds of entry point:
-
-* checked (`SuffixIndex.add/append/propose`, `Cursor.extend`, `propose_batch`): any token sequence, every
-  check before the native call, so bad input leaves the index exactly as it was;
-* unchecked fast paths for a caller that validates once at its own boundary (DraftStore, which calls the
-  same native batch functions on `Cursor.native` handles): `Cursor.feed` and `extend_batch` take integer
-  arrays and report the first out-of-range token (changing nothing) instead of raising; `propose_flat`
-  takes already validated int64 budgets.
+Checked entry points (`SuffixIndex.add/append/propose`, `Cursor.extend`, `propose_batch`) check everything
+before the native call, so bad input changes nothing. The unchecked fast paths serve a caller that validates
+at its own boundary (DraftStore): `Cursor.feed` and `extend_batch` report the first out-of-range token
+(changing nothing) instead of raising; `propose_flat` takes validated int64 budgets.
 """
 
 from __future__ import annotations
@@ -23,16 +19,15 @@ from dasrl.drafter.base import TOKEN_LIMIT, Draft, DraftBatch, DraftParams, budg
 def token_array(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> np.ndarray:
     """A 1-D contiguous integer array of `tokens` (values not range-checked), or a clear type error."""
     if isinstance(tokens, np.ndarray):
-        arr = tokens
-        if arr.ndim != 1:
-            raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            if arr.size:
-                raise TypeError(f"{what} must be an integer array, got dtype {arr.dtype}")
+        if tokens.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional, got shape {tokens.shape}")
+        if tokens.dtype.kind not in "iu":
+            if tokens.size:
+                raise TypeError(f"{what} must be an integer array, got dtype {tokens.dtype}")
             return np.zeros(0, np.int32)
-        if not arr.flags.c_contiguous:
+        if not tokens.flags.c_contiguous:
             raise ValueError(f"{what} must be a contiguous array (got a strided view; use np.ascontiguousarray)")
-        return arr
+        return tokens
     if isinstance(tokens, (str, bytes)):
         raise TypeError(f"{what} must be a sequence of ints, got {type(tokens).__name__}")
     seq = tokens if isinstance(tokens, list) else list(tokens)
@@ -49,8 +44,7 @@ def token_array(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens") -> 
 
 
 class TokenError(ValueError):
-    """A token id outside [0, vocab_size or 2^31): `token` its value, `position` where it stood, `row` the
-    request (its index in a batch call) when the call took several."""
+    """A token id outside [0, vocab_size or 2^31) at `position`; `row`: the request's index in a batch call."""
 
     def __init__(self, message: str, token: int, position: int, row: int | None = None) -> None:
         super().__init__(message)
@@ -74,7 +68,8 @@ def first_bad(arr: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
     return _core.first_out_of_range(arr, limit) if arr.size else -1
 
 
-def _as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
+def _as_tokens(tokens: Sequence[int] | np.ndarray, *, what: str = "tokens",
+               vocab_size: int | None = None) -> np.ndarray:
     """int32 C-contiguous array of token ids in [0, vocab_size or 2^31), or a clear error naming the value."""
     arr = token_array(tokens, what=what)
     bad = first_bad(arr, TOKEN_LIMIT if vocab_size is None else vocab_size)
@@ -109,7 +104,7 @@ class SuffixIndex:
         self._ix.add(int(seq_id), _as_tokens(tokens), _check_weight(weight))
 
     def add_unchecked(self, seq_id: int, tokens: np.ndarray, weight: float) -> None:
-        """add() for a caller that has validated the id (new, >= 0), the tokens and the weight."""
+        """add() for a caller that has validated the id, the tokens and the weight."""
         self._ix.add(seq_id, tokens, weight)
 
     def append(self, seq_id: int, tokens: Sequence[int] | np.ndarray) -> None:
@@ -155,8 +150,7 @@ class SuffixIndex:
         return Draft(toks, parents, probs, int(m))
 
     def cursor(self, max_match: int = DraftParams.max_match, seq_id: int | None = None) -> "Cursor":
-        """A request's context on this index; with `seq_id` (a sequence of this index) extending the
-        cursor also appends to that sequence (a live request indexed as it grows)."""
+        """A request's context on this index; extending it also appends to sequence `seq_id` if given."""
         if seq_id is not None:
             self._known(seq_id)
         return Cursor(self, max_match, seq_id)
@@ -167,28 +161,26 @@ class Cursor:
 
     __slots__ = ("index", "_c", "feed")
 
-    @property
-    def native(self):
-        """The native cursor (what the *_native batch calls take)."""
-        return self._c
-
     def __init__(self, index: SuffixIndex, max_match: int, seq_id: int | None = None) -> None:
         DraftParams(max_match=max_match)  # the same bounds as the params
         self.index = index
         self._c = _core.Cursor(index._ix, int(max_match), -1 if seq_id is None else int(seq_id))
         self.feed = self._c.extend
-        """feed(tokens, limit=2^31) -> int: the unchecked fast extend (the native method itself, no Python
-        frame). `tokens` is a 1-D integer array (see token_array); returns -1 when every token is in
-        [0, limit) and all were appended, else the first bad position (nothing changed)."""
+        """feed(tokens, limit=2^31) -> int: the unchecked extend (the native method, no Python frame) of a 1-D
+        integer array: -1 when all were appended, else the first position outside [0, limit) (nothing changed)."""
+
+    @property
+    def native(self):
+        """The native cursor (what the native batch calls take)."""
+        return self._c
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         self._c.extend(_as_tokens(tokens))
 
     def add_source(self, index: SuffixIndex, seq_id: int | None = None) -> None:
-        """Draft also from `index`; with `seq_id` (a sequence of `index` holding this cursor's context so
-        far), extending the cursor appends to it too. Every source drafts from the same context; the draft
-        with the highest score (the sum of its path probabilities: its expected accepted length) wins, ties
-        to the earlier source (the cursor's own index first)."""
+        """Draft also from `index` (extending the cursor also appends to its `seq_id`, which must hold the
+        context so far). The draft with the highest score (the sum of its path probabilities) wins, ties to
+        the earlier source (the cursor's own index first)."""
         if not isinstance(index, SuffixIndex):
             raise TypeError(f"a source must be a SuffixIndex, got {type(index).__name__}")
         if index is self.index or any(index._ix is s for s in self._c.sources):
@@ -211,8 +203,7 @@ class Cursor:
 
 def propose_flat(cursors: Sequence[Cursor], budgets: np.ndarray, *, min_prob: float = 0.0,
                  branching: int = 1) -> DraftBatch:
-    """Unchecked: one native call (GIL released) for the whole batch; `budgets` [n] int64, validated
-    (base.budget_array)."""
+    """Unchecked: one native call (GIL released) for the whole batch; `budgets` [n] int64 from budget_array."""
     return DraftBatch(*_core.propose_batch([c._c for c in cursors], budgets, min_prob, branching))
 
 
@@ -228,14 +219,12 @@ def propose_batch(cursors: Sequence[Cursor], budgets: Sequence[int], *, min_prob
 
 def best_continuation_batch(cursors: Sequence[Cursor], targets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """[n] int64: for cursors[i], the longest prefix of targets[offsets[i]:offsets[i+1]] that follows an
-    occurrence of the cursor's longest match in one of its sources (its index and its added sources, each
-    matched on its own): the best continuation any draft from those matches could hold. The lab's oracle
-    bound (dasrl_lab.sim.oracle), not a drafter."""
+    occurrence of its longest match in one of its sources: the best any draft could hold (the lab's oracle
+    bound, dasrl_lab.sim.oracle)."""
     return _core.best_continuation_batch([c._c for c in cursors], _as_tokens(targets, what="targets"), offsets)
 
 
 def extend_batch(cursors: Sequence[Cursor], tokens: np.ndarray, offsets: np.ndarray, limit: int = TOKEN_LIMIT) -> int:
-    """Unchecked fast extend of many cursors: cursors[i] takes tokens[offsets[i]:offsets[i+1]] (tokens: 1-D
-    integer array; offsets: [n+1] int64). Returns -1 when all tokens are in [0, limit) and were appended,
-    else the first bad position in `tokens` (nothing changed)."""
+    """Unchecked: cursors[i] takes tokens[offsets[i]:offsets[i+1]]; -1 when all were appended, else the first
+    position outside [0, limit) (nothing changed)."""
     return _core.extend_batch([c._c for c in cursors], tokens, offsets, limit)

@@ -1,8 +1,5 @@
-"""The RL-facing side: rollout sessions, load balancing.
-
-Names load on first use (PEP 562): `dasrl.rollout.routing` needs numpy only (the VeRL router and a vLLM
-deployment import it), the session needs `dasrl[engine]` (torch, transformers); a name whose extra is not
-installed raises ImportError naming it.
+"""The RL-facing side: rollout sessions, load balancing. Names load on first use (PEP 562): routing needs
+numpy only (the VeRL router imports it), the session `dasrl[engine]`.
 """
 
 from __future__ import annotations

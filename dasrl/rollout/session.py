@@ -7,15 +7,10 @@
         session.end_step()             # history upkeep runs in the background during the next update
 
 Samples of the same prompt (GRPO's G samples) share a problem id (the prompt-token hash unless given).
-Seeds. A sample's seed is sample_seed(run seed, step, problem, sample index), so a spec-on and a spec-off
-run of the same loop see the same random numbers and produce the same tokens. The sample index must be
-unique per problem within a step, across generate calls and across processes, or two samples of a group
-are drawn with one seed and come out identical. By default the session numbers each problem's samples
-0, 1, 2, ... in the order it generates them in the step, over all its generate calls. A loop that splits
-one step's batch over several processes (each with its own session) passes `samples=`: each sample's
-index in the step's global batch (the TRL integration passes the position in the global generation batch),
-so N processes draw the same seeds as one process generating the whole batch. An index drawn twice for a
-problem in one step is refused (ValueError).
+A sample's seed is sample_seed(run seed, step, problem, sample index), so spec-on and spec-off runs draw
+the same numbers; the index must be unique per problem within a step (docs/sampling.md, "Seeds of a
+rollout session"): the session numbers each problem's samples 0, 1, 2, ... over the step's generate
+calls, or takes `samples=` (a batch split over processes); an index drawn twice in a step is refused.
 
 Errors of the background upkeep (end_step's window roll) are raised, with their cause, by the next call
 that needs the history (generate, record, end_step, stats, save); the session stays failed until load().
@@ -148,68 +143,51 @@ class StepSummary:
     own; empty elsewhere). The totals of a bare engine call: StepSummary.of(engine.last_steps)."""
 
     step: int
-    rollout_s: float
-    """Wall seconds of generate() (distributed: the step's makespan across workers)."""
-    upkeep_wait_s: float = 0.0
-    """Seconds generate() waited for the previous end_step's background upkeep (critical path)."""
-    upkeep_s: float = 0.0
-    """Seconds the previous end_step's upkeep took in all."""
+    rollout_s: float  # wall seconds of generate() (distributed: the step's makespan across workers)
+    upkeep_wait_s: float = 0.0  # seconds generate() waited for the previous end_step's background upkeep
+    upkeep_s: float = 0.0  # seconds the previous end_step's upkeep took in all
     forwards: int = 0
-    row_forwards: int = 0
-    """Forwards summed over requests (a forward with 8 live rows counts 8)."""
+    row_forwards: int = 0  # forwards summed over requests (a forward with 8 live rows counts 8)
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
-    draft_s: float = 0.0
-    """Seconds in the policy and the drafter, summed over forwards."""
-    verify_s: float = 0.0
-    """Seconds in sampling and verification, summed over forwards."""
-    forward_s: float = 0.0
-    """Seconds in the packed forwards."""
-    batch_curve: list[tuple[float, int]] = field(default_factory=list)
-    """(seconds since start, live rows) per engine step: the effective batch over decoding time."""
-    drafted_by_class: dict[str, int] = field(default_factory=dict)
-    """Drafted tokens per length class the policy gave the drafting row (short / medium / long)."""
-    worker_s: dict[int, float] = field(default_factory=dict)
-    """Distributed: each worker's own rollout seconds for its share."""
-    worker_rows: dict[int, int] = field(default_factory=dict)
-    """Distributed: requests each worker ran (re-runs included)."""
-    rerun: int = 0
-    """Distributed: requests re-run on another worker because theirs died."""
-    dead: list[int] = field(default_factory=list)
-    """Distributed: workers that died during the step."""
+    draft_s: float = 0.0  # seconds in the policy and the drafter, summed over forwards
+    verify_s: float = 0.0  # seconds in sampling and verification, summed over forwards
+    forward_s: float = 0.0  # seconds in the packed forwards
+    batch_curve: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, live rows)
+    drafted_by_class: dict[str, int] = field(default_factory=dict)  # per length class of the drafting row
+    worker_s: dict[int, float] = field(default_factory=dict)  # distributed: each worker's rollout seconds
+    worker_rows: dict[int, int] = field(default_factory=dict)  # distributed: requests each ran (re-runs too)
+    rerun: int = 0  # distributed: requests re-run on another worker because theirs died
+    dead: list[int] = field(default_factory=list)  # distributed: workers that died during the step
 
     @property
     def tokens_per_row_forward(self) -> float:
-        """New tokens a request gets per verification forward it takes part in (1.0 without speculation)."""
+        """New tokens a request gets per forward it takes part in (1.0 without speculation)."""
         return self.new_tokens / max(self.row_forwards, 1)
 
     @classmethod
     def of(cls, infos: Sequence[StepInfo], step: int = 0, **given) -> "StepSummary":
-        """The totals of one engine call from its forwards' StepInfo (SpecEngine.last_steps): rollout_s the
-        engine's wall seconds, batch_curve its live rows per forward; `given` fields override."""
+        """The totals of one engine call from its forwards' StepInfo (SpecEngine.last_steps); `given` overrides."""
         kw = {name: sum(getattr(i, name) for i in infos) for name in _PER_FORWARD}
         kw.update(step=step, rollout_s=infos[-1].elapsed_s if infos else 0.0, forwards=len(infos),
                   batch_curve=[(i.elapsed_s, i.batch_size) for i in infos])
         return cls(**{**kw, **given})
 
     def add(self, share: "StepSummary") -> None:
-        """Count another record's share of this step in: its forwards, tokens and drafts, the seconds inside
-        them and its drafts per class (a distributed step sums its workers' records)."""
+        """Count another record's share of this step in (a distributed step sums its workers' records)."""
         for name in ("forwards", "row_forwards", *_PER_FORWARD):
             setattr(self, name, getattr(self, name) + getattr(share, name))
         for cls_name, n in share.drafted_by_class.items():
             self.drafted_by_class[cls_name] = self.drafted_by_class.get(cls_name, 0) + n
 
 
-_PER_FORWARD = ("new_tokens", "drafted", "accepted", "draft_s", "verify_s", "forward_s")
-"""The counts a step record sums over its forwards' StepInfo."""
+_PER_FORWARD = ("new_tokens", "drafted", "accepted", "draft_s", "verify_s", "forward_s")  # summed over StepInfo
 
 
 @runtime_checkable
 class Session(Protocol):
-    """What an RL loop calls, one object per run: RolloutSession here, DistributedRolloutSession over Ray
-    actors (dasrl.integrations.ray); both take generate()'s arguments below (tests/test_session_protocol.py)."""
+    """What an RL loop calls, one object per run: RolloutSession, or DistributedRolloutSession over Ray actors."""
 
     def generate(self, prompts: Sequence[Sequence[int]], *, problem_ids: Sequence[Hashable] | None = None,
                  seeds: Sequence[int] | None = None, samples: Sequence[int] | None = None,
@@ -240,9 +218,8 @@ def sample_seed(run_seed: int, step: int, problem_id: Hashable, sample: int) -> 
 
 
 def _next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashable]) -> list[int]:
-    """Each request's sample index: the next of its problem after those already `drawn` this step (a
-    problem -> indices map the caller keeps per step), counted on across this call: {a: {0, 1}}, [a, b, a]
-    -> [2, 0, 3]. Does not change `drawn`."""
+    """Each request's sample index, the next of its problem after those `drawn` this step and in this call:
+    {a: {0, 1}}, [a, b, a] -> [2, 0, 3]. Does not change `drawn`."""
     nxt = {pid: max(ks) + 1 for pid, ks in drawn.items() if ks}
     out = []
     for pid in problem_ids:
@@ -253,8 +230,8 @@ def _next_samples(drawn: dict[Hashable, set[int]], problem_ids: Sequence[Hashabl
 
 def sample_indices(drawn: dict[Hashable, set[int]], pids: Sequence[Hashable], given: Sequence[int] | None,
                    step: int) -> list[int]:
-    """Each request's sample index (given, or the next unused of its problem: _next_samples), none drawn
-    before in this step (`drawn`) nor twice in this call. Does not change `drawn`."""
+    """Each request's sample index (given, or _next_samples), none drawn before in this step nor twice in this
+    call. Does not change `drawn`."""
     if given is None:
         return _next_samples(drawn, pids)
     out = list(given)
@@ -274,8 +251,7 @@ def sample_indices(drawn: dict[Hashable, set[int]], pids: Sequence[Hashable], gi
 
 
 def history_drafter(config: SessionConfig, tokenizer) -> Drafter:
-    """The drafter a speculating session builds: a DraftStore, wrapped in counting drafts when
-    config.counting and the tokenizer gives every digit its own token."""
+    """The drafter a speculating session builds: a DraftStore, in counting drafts when config.counting."""
     store = DraftStore(config.store)
     return with_counting(store, tokenizer) if config.counting else store
 
@@ -291,11 +267,9 @@ def speculation_policy(config: SessionConfig, device: str = "cpu") -> BudgetPoli
 
 
 class RolloutSession:
-    """See the module docstring. `drafter` (optional) replaces the DraftStore that `config.store`
-    describes with any object behind the Drafter protocol (n-gram, oracle, a custom drafter); it may also
-    be reassigned between steps (`session.drafter = ...`, e.g. a fresh oracle per step). Only a DraftStore
-    is saved by save() and counted in stats(). `policy` (optional) replaces the one `config.policy` names
-    with any BudgetPolicy (e.g. make_policy(...) with other settings, or a PolicyBase subclass)."""
+    """See the module docstring. `drafter` replaces the DraftStore of `config.store` with any Drafter (and
+    may be reassigned between steps); only a DraftStore is saved and counted in stats(). `policy` replaces
+    the one `config.policy` names with any BudgetPolicy."""
 
     def __init__(self, model, tokenizer, config: SessionConfig = SessionConfig(), *,
                  drafter: Drafter | None = None, policy: BudgetPolicy | None = None) -> None:
@@ -316,12 +290,10 @@ class RolloutSession:
             history_drafter(config, tokenizer) if config.speculate else None)
         device = self.engine.lm_head.weight.device.type
         self.policy: BudgetPolicy | None = policy if policy is not None else (
-            speculation_policy(config, device) if config.speculate else None)
-        """The speculation policy (None: plain decoding; the engine then gets FixedBudget(0))."""
+            speculation_policy(config, device) if config.speculate else None)  # None: plain decoding
+        # the online fit of this session's forward cost, which prices the policy's drafts (None: the prior does)
         self.latency: OnlineLatency | None = OnlineLatency(self.policy.latency) \
             if self.policy is not None and self.policy.latency is not None and config.fit_latency else None
-        """The online fit of this session's forward cost, which prices the policy's drafts (None: the prior
-        prices throughout)."""
         self.step = 0
         self.history: list[StepSummary] = []
         self._folded = dict.fromkeys(_TOTALS, 0)  # stats() totals of the summaries dropped from history
@@ -339,8 +311,7 @@ class RolloutSession:
                  stop_token_ids: Sequence[int] | None = None, stop_lines: Sequence[str] = (),
                  on_step=None) -> list[Rollout]:
         """Generate (part of) one training step's batch. `samples`: each request's sample index within its
-        problem for this step (module docstring, "Seeds"); None = the next unused ones. `seeds` overrides
-        the derived seeds."""
+        problem for this step (module docstring), None = the next unused; `seeds` overrides the derived ones."""
         self._check_open("generate")
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate() takes a list of prompts (token-id lists), got a string")
@@ -358,11 +329,9 @@ class RolloutSession:
 
     def _generate(self, prompts, pids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines,
                   on_step) -> list[Rollout]:
-        """generate() under the model's lock (engine.model_lock): two threads on one session, or two
-        sessions on one model, run one after the other. The lock is held from the draw of the sample
-        indices to the step summary, so each call reserves its indices before the engine runs and no two
-        calls draw the same seeds; the indices of a call that raises are released (a retry draws the same
-        seeds, as a rerun would)."""
+        """generate() under the model's lock, held from the draw of the sample indices to the step summary so
+        that no two calls draw the same seeds; a call that raises releases its indices (a retry draws the
+        same seeds, as a rerun would)."""
         t0 = time.perf_counter()
         wait = self._join_upkeep()
         samples = sample_indices(self._drawn, pids, samples, self.step)
@@ -411,8 +380,7 @@ class RolloutSession:
 
     @property
     def store(self) -> DraftStore | None:
-        """The history drafter when it is a DraftStore, counting or not (None for other drafters and
-        without speculation)."""
+        """The history drafter when it is a DraftStore, counting or not (else None)."""
         d = self.drafter.inner if isinstance(self.drafter, CountingDrafter) else self.drafter
         return d if isinstance(d, DraftStore) else None
 
@@ -424,11 +392,9 @@ class RolloutSession:
             self.drafter = value
 
     def record(self, rollouts: Sequence[Rollout]) -> None:
-        """Take this step's rollouts as if this session had generated them, without generating: a
-        DraftStore indexes them and the policy's length history counts them (its acceptance statistics do
-        not: nothing was drafted); then call end_step(). For
-        loops that run a session only on some steps but keep its history complete. Its drafter must have
-        no live requests. Their sample indices count as drawn in this step."""
+        """Take this step's rollouts as if this session had generated them (a DraftStore indexes them, the
+        policy's length history counts them), for loops that run a session only on some steps; then call
+        end_step(). Its drafter must have no live requests. Their sample indices count as drawn."""
         self._check_open("record")
         if isinstance(rollouts, (str, bytes)) or not isinstance(rollouts, Sequence):
             raise TypeError(f"record() takes a list of Rollout objects, got {type(rollouts).__name__}")
@@ -474,8 +440,7 @@ class RolloutSession:
             self._join_upkeep()
 
     def _join_upkeep(self, *, check: bool = True) -> float:
-        """Wait for the background upkeep; with check, raise what it raised (the history it left is half
-        rolled: every later call that needs it raises too, until load())."""
+        """Wait for the background upkeep; with check, raise what it raised (until load())."""
         t = time.perf_counter()
         if self._upkeep is not None:
             self._upkeep.join()
@@ -487,9 +452,8 @@ class RolloutSession:
         return time.perf_counter() - t
 
     def close(self) -> None:
-        """Join the background upkeep and free the draft store's native indexes now (not at interpreter
-        exit, where a store still reachable is reported by nanobind as leaked). The session takes no
-        more calls after; an upkeep failure is still raised here. Idempotent."""
+        """Join the background upkeep and free the draft store's native indexes now (at interpreter exit
+        nanobind reports a reachable store as leaked); an upkeep failure is still raised. Idempotent."""
         try:
             self._join_upkeep()
         finally:
@@ -510,8 +474,7 @@ class RolloutSession:
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
-        """Totals over every generate() call (summaries folded out of `history` included); the store's
-        size after the last end_step's upkeep (joined first)."""
+        """Totals over every generate() call (folded summaries included), the store after the last upkeep."""
         self._check_open("stats")
         self._join_upkeep()
         tot = {name: self._folded[name] + (len(self.history) if name == "steps" else
@@ -524,16 +487,9 @@ class RolloutSession:
 
     # ---------------------------------------------------------------- persistence
     def save(self, folder: str | os.PathLike) -> None:
-        """Session state without pickle, one checkpoint (dasrl.atomic.Checkpoint): session.json holds the
-        step, length and acceptance statistics, the latest config.history step summaries and the totals of
-        older ones, and the draft store's fields; session-<hash>.npz its token arrays, named in session.json
-        with their sha256.
-
-        Crash-safe: the npz is written first, then session.json is renamed into place (the commit); a kill or
-        a full disk at any point leaves the previous save loadable. Several writers (two ranks saving one
-        checkpoint path) run one after the other under an flock on the folder (a load takes it shared); the
-        last one wins, whole. No lock file is made; other files in the folder are left alone. A symlink at
-        `folder` is followed: the save goes into the folder it points to."""
+        """One crash-safe checkpoint (dasrl.atomic.Checkpoint): session.json (step, policy statistics, step
+        summaries and folded totals, the store's fields) + session-<hash>.npz (the store's arrays). A
+        symlink at `folder` is followed."""
         self._check_open("save")  # a closed session's store is empty: saving it would overwrite a good save
         self._join_upkeep()
         folder = _folder_arg(folder, "save")
@@ -548,13 +504,9 @@ class RolloutSession:
         Checkpoint(folder, "session", "session").save(state, arrays)
 
     def load(self, folder: str | os.PathLike) -> None:
-        """Restore what save() wrote into this session (same model; the config may differ).
-
-        All or nothing: everything is read and validated first (the store into a new DraftStore, the
-        policy statistics into throwaway copies) and assigned only when all of it passed, so a failed
-        load leaves the session as it was. Loading a save without a store into a session with one, or the
-        other way round, warns (a legitimate change of setup, but its history is lost). A successful load
-        clears a failed upkeep (its state is replaced). Holds the folder's lock shared (see save)."""
+        """Restore what save() wrote (same model; the config may differ), all or nothing: everything is
+        validated (into a new DraftStore and throwaway policy copies) before anything is assigned. A save
+        without a store into a session with one, or the other way round, warns. Clears a failed upkeep."""
         self._check_open("load")
         ckpt = Checkpoint(_folder_arg(folder, "load"), "session", "session")
         with ckpt.reading(_SESSION_FORMAT) as state:
@@ -581,8 +533,7 @@ class RolloutSession:
             warnings.warn(f"{src}: the saved session has no draft store; this session keeps the draft store "
                           f"it has", stacklevel=3)
         elif saved is not None and self.store is None:
-            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore",
-                          stacklevel=3)
+            warnings.warn(f"{src}: the saved draft store is not loaded: this session has no DraftStore", stacklevel=3)
         elif saved is not None:
             store = DraftStore.from_state(saved, ckpt, state, self.config.store)
         parts = []
@@ -606,12 +557,10 @@ class RolloutSession:
 
 
 _SESSION_FORMAT = "dasrl-session/2"
-_MAX_STEP = 10**9
-"""Largest step a saved session may be at (session.json's checksum is unkeyed: anyone can write 10**30)."""
+_MAX_STEP = 10**9  # largest step a saved session may be at (the checksum is unkeyed: anyone can write 10**30)
 _SESSION_KEYS = {"format", "step", "config", "history", "folded", "store", "lengths", "acceptance_rate", "data",
                  "sha256"}
 _TOTALS = ("steps", "rollout_s", "forwards", "new_tokens", "drafted", "accepted", "upkeep_wait_s", "upkeep_s")
-"""The stats() totals, summed over step summaries."""
 
 
 def _check_problem_ids(pids: Sequence[Hashable]) -> None:
@@ -625,8 +574,7 @@ def _check_problem_ids(pids: Sequence[Hashable]) -> None:
 
 
 def _folder_arg(folder: str | os.PathLike, call: str) -> Path:
-    """A save's folder as given: a non-empty path (an empty one would mean the current folder). A symlink
-    at NAME is followed (the save goes where it points, the link stays)."""
+    """A save's folder: a non-empty path (an empty one would mean the current folder), a symlink followed."""
     if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
         raise ValueError(f"{call}() needs a folder path, got {folder!r}")
     path = Path(folder)

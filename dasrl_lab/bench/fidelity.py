@@ -1,16 +1,8 @@
 """`dasrl bench fidelity`: are seeded sampled rollouts the very tokens plain decoding gives?
-
-For each temperature (top-p as configured), the reference is plain
-decoding of every request in one batch. Against it, side by side in one run:
-
-- every drafter at a fixed budget (ngram, global suffix, DAS, the oracle, DAS with tree drafts), the
-  history drafters indexing an earlier epoch of the same problems (other seeds);
-- plain decoding of the same requests in batches of 1, 8 and 32 (the GEMM shapes change with the batch).
-
-Per variant: the sequences and tokens that differ from the reference, the first differing position of
-each differing sequence and the logit gap there (|logit of the reference token - logit of the variant's
-token| in a fresh batch-1 forward of the reference prefix), and the flip rate: differing sequences per
-token sampled up to and including each sequence's first difference (the tokens exposed to a flip).
+(docs/benchmarks.md, "## Fidelity"). Per temperature, against plain decoding of every request in one batch:
+every drafter at a fixed budget (history from an earlier epoch) and plain decoding in smaller batches. Per
+variant: differing sequences and tokens, each first difference with its logit gap, and the flip rate
+(differing sequences per token exposed up to and including each first difference).
 """
 
 from __future__ import annotations
@@ -21,8 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
-from dasrl.engine import SamplingParams, draw
+from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine, StepInfo, default_threads, draw
+from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
 
 DRAFTERS = ("ngram", "global", "das", "oracle", "trees")
 SAMPLER = "gumbel"
@@ -61,8 +53,7 @@ class FidelityConfig:
         for name in ("problems", "group", "max_new_tokens", "single_requests", "budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        unknown = [d for d in self.drafters if d not in DRAFTERS]
-        if unknown:
+        if unknown := [d for d in self.drafters if d not in DRAFTERS]:
             raise ValueError(f"unknown drafter(s) {unknown}; known: {', '.join(DRAFTERS)}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
@@ -126,7 +117,6 @@ def compare(ref: dict[int, list[int]], out: dict[int, list[int]]) -> Comparison:
 
 
 def engine_config(cfg: FidelityConfig) -> EngineConfig:
-    """The EngineConfig of every engine in the run."""
     return EngineConfig(num_threads=cfg.threads or default_threads(), batch_invariant=cfg.batch_invariant)
 
 
@@ -139,9 +129,8 @@ def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> fl
 
 
 def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: list[Completion]):
-    from dasrl.drafter import DraftParams
+    from dasrl.drafter import DraftParams, DraftStore, StoreConfig
     from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-    from dasrl.drafter import DraftStore, StoreConfig
 
     if name == "ngram":
         return NGramDrafter()
@@ -159,7 +148,6 @@ def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: li
 def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
                  progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """One row per (variant, temperature). progress(name, total_tokens) returns an on_step callback."""
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
     from dasrl.policy import FixedBudget
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
@@ -178,10 +166,9 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
     everyone = list(range(len(prompts)))
     rows = []
     for temp in cfg.temperatures:
-        hist_sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
-        epoch1 = gen(f"history T={temp}", everyone, hist_sampling, [1000 + i for i in everyone])
-        history = [(pids[i], prompts[i], c.token_ids) for i, c in enumerate(epoch1)]
         sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
+        epoch1 = gen(f"history T={temp}", everyone, sampling, [1000 + i for i in everyone])
+        history = [(pids[i], prompts[i], c.token_ids) for i, c in enumerate(epoch1)]
         tag = f"T={temp}"
         ref = gen(f"{tag} reference", everyone, sampling, seeds)
         ref_out = {i: c.token_ids for i, c in enumerate(ref)}
@@ -239,7 +226,6 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     """Flips caused by the forward shape alone, on real logits: a few plain rollouts are teacher-forced
     once per sequence and once as a batch, and every output position is drawn under `seeds` keys from
     both logits (flips.py); the noise model's prediction at the measured sigma comes with each row."""
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
     from dasrl_lab.bench.flips import flip_row
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
@@ -263,8 +249,6 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
     (forward + sampling + bookkeeping) at that batch, in the same process."""
     import statistics
     import time
-
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(batch)])

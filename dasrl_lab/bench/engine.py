@@ -278,8 +278,6 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
 
 
 def fit_latency(samples: list[dict]):
-    from dasrl.policy import LatencyModel
-
     n, kv, secs = (np.array([s[k] for s in samples], dtype=float) for k in ("n_tokens", "kv_tokens", "seconds"))
     dkv = np.array([s.get("draft_kv_tokens", 0) for s in samples], dtype=float)
     model = LatencyModel.fit(n, secs, kv, dkv)

@@ -7,7 +7,9 @@ variant: differing sequences and tokens, each first difference with its logit ga
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+import time
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -198,7 +200,7 @@ def _with_gap(model, prompts, ref_out, d: Diff) -> Diff:
     if d.ref_token is None or d.token is None:
         return d
     gap = logit_gap(model, prompts[d.request], ref_out[d.request][: d.position], d.ref_token, d.token)
-    return Diff(d.request, d.position, d.ref_token, d.token, round(gap, 9))
+    return replace(d, logit_gap=round(gap, 9))
 
 
 def _head(variant, temp, cfg: FidelityConfig) -> dict:
@@ -209,8 +211,7 @@ def _head(variant, temp, cfg: FidelityConfig) -> dict:
 
 def _row(variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
     return {**_head(variant, temp, cfg), "reference_batch": reference_batch, "requests": c.requests,
-            "tokens": c.tokens,
-            "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
+            "tokens": c.tokens, "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
             "exposed_tokens": c.exposed, "flip_rate": len(diffs) / c.exposed if c.exposed else 0.0,
             "first_diffs": [d.__dict__ for d in diffs]}
 
@@ -232,11 +233,12 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     prompts = chat_prompts(tokenizer, PROBLEMS[:requests])
     rows = []
     for temp in cfg.temperatures:
-        outs = engine.generate(prompts, seeds=list(range(requests)), sampling=SamplingParams(temperature=temp,
-                               top_p=cfg.top_p), max_new_tokens=min(tokens, cfg.max_new_tokens))
+        sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
+        outs = engine.generate(prompts, seeds=list(range(requests)), sampling=sampling,
+                               max_new_tokens=min(tokens, cfg.max_new_tokens))
         seqs = [p + c.token_ids for p, c in zip(prompts, outs) if c.token_ids]
         starts = [len(p) for p, c in zip(prompts, outs) if c.token_ids]
-        r = flip_row(model, seqs, starts, SamplingParams(temperature=temp, top_p=cfg.top_p), seeds=seeds)
+        r = flip_row(model, seqs, starts, sampling, seeds=seeds)
         rows.append({**_head(f"forward shape (alone vs batch of {len(seqs)})", temp, cfg), "requests": len(seqs),
                      "tokens": r["draws"], "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
         tick()
@@ -247,16 +249,12 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
                       repeats: int = 15) -> list[dict]:
     """The sampler's time at `batch` rows of real logits against the engine's median plain-decoding step
     (forward + sampling + bookkeeping) at that batch, in the same process."""
-    import statistics
-    import time
-
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(batch)])
     infos: list[StepInfo] = []
     outs = engine.generate(prompts, seeds=list(range(batch)), sampling=SamplingParams(temperature=1.0),
                            max_new_tokens=steps, ignore_eos=True, on_step=infos.append)
-    # Wall time of each plain-decoding step at the full batch (elapsed between steps: whatever the
-    # engine's own split of it), and its forward where the engine reports one.
+    # each plain-decoding step's wall time at the full batch (whatever the engine's own split of it)
     step_ms = 1e3 * statistics.median(b.elapsed_s - a.elapsed_s for a, b in zip(infos[1:], infos[2:])
                                       if b.batch_size == batch)
     fwd = [getattr(i, "forward_s", 0.0) for i in infos[2:] if i.batch_size == batch]

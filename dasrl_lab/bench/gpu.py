@@ -52,7 +52,6 @@ class GPUCheckConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
 
-# ------------------------------------------------------------------------------------------ models
 def random_model(kind: str, shape: tuple, *, dtype, device, seed: int):
     """A randomly initialised causal LM of `shape` (see SHAPES) on `device`: kind 'llama' or 'qwen2'."""
     import torch
@@ -67,13 +66,6 @@ def random_model(kind: str, shape: tuple, *, dtype, device, seed: int):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.eval()
-
-
-def _sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ------------------------------------------------------------------------------------------ (a) ladder
@@ -156,7 +148,8 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     shape = (TINY_SHAPES if cfg.tiny else SHAPES)[name]
     t0 = time.perf_counter()
     model = random_model("qwen2", shape, dtype=torch.bfloat16, device=cfg.device, seed=cfg.seed)
-    _sync(cfg.device)
+    if torch.device(cfg.device).type == "cuda":
+        torch.cuda.synchronize(cfg.device)
     build_s = time.perf_counter() - t0
     engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads or default_threads()))
     grid = (CalibrationGrid(batch_sizes=(1, 2), tokens_per_row=(1, 4), contexts=(16, 32), repeats=1) if cfg.tiny

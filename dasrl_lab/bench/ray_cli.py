@@ -31,11 +31,6 @@ PROMPTS = (
 )
 
 
-def _chat(tok, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("ray")
     def bench_ray(workers: int = typer.Option(2, help="Ray rollout actors (one CPU each).", callback=between(1, 256)),
@@ -60,6 +55,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession, init_local
         from dasrl.rollout import ROUTERS, SessionConfig
         from dasrl_lab.models import load_model, resolve_source
+        from dasrl_lab.tasks import chat_ids
 
         names = [r.strip() for r in routers.split(",") if r.strip()]
         if bad := [n for n in names if n not in ROUTERS]:
@@ -77,7 +73,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         with user_errors("--model"):
             source = resolve_source(model)[0]  # the actors load a folder or hub id (an embedded name: its folder)
             _, tok = load_model(source)
-        problems = [_chat(tok, text) for text, _ in PROMPTS]
+        problems = [chat_ids(tok, text, None) for text, _ in PROMPTS]
         rng = np.random.default_rng(0)
         orders = [rng.permutation(len(problems)).tolist() for _ in range(steps)]
         # every router's actors live side by side (idle while another runs), and the routers take turns

@@ -76,20 +76,14 @@ def _counters(llm) -> dict[str, int]:
     return out
 
 
-def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
-    return [[int(x) for x in tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                                          add_generation_prompt=True, return_dict=False)]
-            for q in questions]
-
-
 def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
     """Prompt token ids, answers (None: no reward) and stop lines of the config's task set: a preset's are
     built as the demo builds them (Preset.tasks, chat_ids, Preset.stop_lines)."""
-    if cfg.get("tasks", "questions") == "questions":
-        qs = bench_questions(cfg["prompts"])
-        return chat_prompts(tok, qs), [None] * len(qs), ()
     from dasrl_lab.tasks import chat_ids, preset
 
+    if cfg.get("tasks", "questions") == "questions":
+        qs = bench_questions(cfg["prompts"])
+        return [[int(x) for x in chat_ids(tok, q, None)] for q in qs], [None] * len(qs), ()
     p = preset(cfg["tasks"])
     tasks = p.tasks(cfg["prompts"], seed=cfg["seed"])
     return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines

@@ -9,7 +9,6 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dasrl.atomic import write_json
 from dasrl.drafter import MAX_DRAFT
@@ -23,6 +22,9 @@ ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("new_tokens", "new tokens", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"),
                   ("accepted_per_batch_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
+CALIBRATE_COLUMNS = [("batch", "batch", "{}"), ("tokens_per_row", "tokens/row", "{}"),
+                     ("drafting", "drafting rows", "{}"), ("context", "context", "{}"), ("ms", "measured ms", "{:.1f}"),
+                     ("predicted_ms", "predicted ms", "{:.1f}")]
 
 
 def _token_bars(prog: Progress, *, hide_done: bool):
@@ -134,15 +136,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             task = prog.add_task("profiling forwards", total=n)
             samples = calibrate(engine, grid, tick=lambda: prog.advance(task))
         fitted, err = fit_latency(samples)
-        table = Table(title=f"forward latency, {model}")
-        for name in ("batch", "tokens/row", "drafting rows", "context", "measured ms", "predicted ms"):
-            table.add_column(name, justify="right")
-        for s in samples:
-            pred = fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"])
-            drafting = s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0)
-            table.add_row(str(s["batch"]), str(s["tokens_per_row"]), str(drafting), str(s["context"]),
-                          f"{s['seconds'] * 1e3:.1f}", f"{pred * 1e3:.1f}")
-        console.print(table)
+        shown = [{**s, "drafting": s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0),
+                  "ms": s["seconds"] * 1e3,
+                  "predicted_ms": fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) * 1e3}
+                 for s in samples]
+        console.print(rows_table(f"forward latency, {model}", shown, CALIBRATE_COLUMNS))
         console.print(f"c_base = {fitted.c_base * 1e3:.2f} ms, c_tok = {fitted.c_tok * 1e3:.3f} ms/token, "
                       f"c_other = {fitted.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
                       f"{fitted.c_draft_kv * 1e6:.2f} µs per drafting-row context token, c_draft = "
@@ -216,14 +214,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 ("differing_tokens", "diff tokens", "{}"), ("flip_rate", "flips/token", "{:.2e}"),
                 ("first", "first diffs (req@pos gap)", "{}"), ("sampler_ms", "sampler ms", "{:.2f}"),
                 ("sampler_share", "of step", "{:.1%}"), ("sampler_forward_share", "of forward", "{:.1%}")]
+        shown = []
         for r in rows:
-            r_first = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
-                       else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
-            r["first"] = " ".join(r_first) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")
-        console.print(rows_table(f"dasrl bench fidelity ({model}, {dtype})", rows, cols))
+            firsts = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
+                      else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
+            shown.append({**r, "first": " ".join(firsts) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")})
+        console.print(rows_table(f"dasrl bench fidelity ({model}, {dtype})", shown, cols))
         t = totals([r for r in rows if "first_diffs" in r])
         console.print(f"{t['differing_tokens']} differing tokens and {t['differing_sequences']} differing sequences "
                       f"in {t['tokens']} tokens compared (flip rate {t['flip_rate']:.2e} per exposed token)")
-        for r in rows:
-            r.pop("first", None)
         write_json_out(json_out, rows, console)

@@ -184,9 +184,11 @@ COLUMNS = [("batch", "B", "{}"), ("policy", "policy", "{}"), ("host_ms_per_step"
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
+    from rich.console import Console
+
     from dasrl_lab.bench import config_errors, write_json_out
     from dasrl_lab.cli_args import json_option, rows_table
-    from rich.console import Console
+    from dasrl_lab.drafters.arctic import arctic_status
 
     @bench.command("proposer")
     def bench_proposer(
@@ -205,8 +207,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         rows, pols = [], policies(latency, suffix)
         console = Console()
         if suffix and not any(p["policy"] == "suffix" for p in pols):
-            from dasrl_lab.drafters.arctic import arctic_status
-
             console.print(f"vLLM's suffix left out: arctic-inference does not import ({arctic_status()}); "
                           "`make arctic-install`")
         for b in cfg.batches:

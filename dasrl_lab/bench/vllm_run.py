@@ -179,7 +179,7 @@ def build(cfg: dict, method: str):
     llm.dasrl_engine = {"block_size": vc.cache_config.block_size,
                         "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
                         "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens}
-    if cfg.get("fix_cpu_sampling", True):  # every method's worker, vLLM's own included: compare methods on correct sampling
+    if cfg.get("fix_cpu_sampling", True):  # every method's worker, vLLM's own included: all on correct sampling
         llm.collective_rpc("dasrl_fix_cpu_sampling")
     return llm, AutoTokenizer.from_pretrained(model), init_s
 

@@ -324,12 +324,11 @@ def main(argv: list[str]) -> None:
             if p.is_dir():
                 raise ValueError(f"{p} is a folder; give a file name")
             write_target(p)  # a device or a FIFO: refused (it would be replaced)
-        fit_from = None
         for d in (trace_dir, *map(Path, argv[5:6])):
             if not d.is_dir():
                 raise ValueError(f"{d}: not a folder (a trace folder is `dasrl bench vllm --trace`'s folder)")
-        if len(argv) == 6:
-            fit_from = (read_json(Path(argv[4]), MAX_JSON_BYTES, follow_symlinks=True), Path(argv[5]))
+        fit_from = ((read_json(Path(argv[4]), MAX_JSON_BYTES, follow_symlinks=True), Path(argv[5]))
+                    if len(argv) == 6 else None)
         doc = read_json(bench, MAX_JSON_BYTES, follow_symlinks=True)
         doc = validate(doc, trace_dir, latency_out, fit_from)
     except (ValueError, OSError) as e:  # TraceError is a ValueError

@@ -69,11 +69,8 @@ def speculative_config(method: str, k: int) -> dict | None:
 
 
 def _counters(llm) -> dict[str, int]:
-    out = dict.fromkeys(_COUNTERS.values(), 0)
-    for m in llm.get_metrics():
-        if m.name in _COUNTERS:
-            out[_COUNTERS[m.name]] = int(getattr(m, "value", 0) or 0)
-    return out
+    found = {_COUNTERS[m.name]: int(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name in _COUNTERS}
+    return dict.fromkeys(_COUNTERS.values(), 0) | found
 
 
 def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:

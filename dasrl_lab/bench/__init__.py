@@ -1,5 +1,27 @@
-"""Benchmarks and probes with their CLIs (`dasrl bench ...`, `dasrl calibrate`): tooling, not the library.
+"""Benchmarks and probes with their CLIs (`dasrl bench ...`, `dasrl calibrate`): tooling, not the library,
+which imports nothing of them (tests/test_layering.py). The helpers import lazily: vLLM workers load this."""
 
-They use the library's own code (drafter, policy, engine, rollout, sim, integrations); nothing in the
-library imports them (tests/test_layering.py).
-"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """A config's ValueError (its checks name the value) as a usage error: exit code 2, no traceback."""
+    import typer
+
+    try:
+        yield
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def write_json_out(json_out, doc, console) -> None:
+    """--json: write the results (when given) and say where."""
+    from dasrl.atomic import write_json
+
+    if json_out is not None:
+        write_json(json_out, doc)
+        console.print(f"wrote {json_out}")

@@ -1,11 +1,6 @@
-"""`dasrl bench drafter`: the native history drafter vs arctic-inference on an RL-like workload.
-
-Workload: vocabulary 32,000; per problem a base response of 4,000 tokens after a 256-token prompt; 16
-rollouts per problem, each the base with 10% of positions mutated (`point`: scattered tokens; `span`: runs
-of 4-32 tokens). The corpus (window) is the first R rollouts, R = corpus_tokens / 4,256; then a fresh
-rollout per problem is decoded with exact-match verification (draft tokens accepted while they equal the
-truth, plus the one token the target emits) with a 64-token match context.
-"""
+"""`dasrl bench drafter`'s workload and measurements: the native history drafter vs arctic-inference on an
+RL-like workload (docs/benchmarks.md, "## Drafter": per problem a base response and rollouts that mutate
+it; a fresh rollout decoded with exact-match verification)."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dasrl.drafter import DraftParams, Drafter
-from dasrl.drafter import SuffixIndex, extend_batch
+from dasrl.drafter import DraftParams, Drafter, SuffixIndex, extend_batch
 from dasrl.drafter import propose_flat as propose_flat_core
 
 VOCAB, BASE_LEN, PROMPT_LEN, ROLLOUTS_PER_PROBLEM = 32_000, 4_000, 256, 16
@@ -127,10 +121,9 @@ def decode(drafter: Drafter, problems: list[Problem], *, budget: int, tokens: in
 
 def batched_call(drafter: Drafter, problems: list[Problem], *, batch: int, budget: int,
                  observe_tokens: int = 5) -> dict[str, float]:
-    """One propose call for `batch` requests spread over the problems, each 500 tokens into its fresh
-    rollout, through the protocol's flat path (Drafter.propose_flat, what the engine calls) and its list
-    of Drafts (propose); then each request observes its next `observe_tokens` true tokens in one
-    Drafter.observe_batch call. Medians of 7 calls: µs per request, µs per observed token."""
+    """One propose call for `batch` requests ~500 tokens into their fresh rollouts, through propose_flat (what
+    the engine calls) and propose; then each request observes its next `observe_tokens` true tokens in one
+    observe_batch call. Medians of 7 calls: µs per request, µs per observed token."""
     rids = [f"batch-{j}" for j in range(batch)]
     pos = [500 + j % 7 for j in range(batch)]
     for j, rid in enumerate(rids):
@@ -193,22 +186,18 @@ def _remove_time(ix: SuffixIndex, seq: np.ndarray) -> float:
 
 
 def core_costs(problems: list[Problem], *, batch: int, budget: int, observe_tokens: int = 5) -> dict[str, float]:
-    """The same batched propose and observe as batched_call on the core alone (the wrapper's unchecked
-    paths over one index per problem, each request growing its live sequence as in problem+request
-    mode): no protocol layer, no request-id lookups, no validation."""
-    shards = {}
+    """The same batched propose and observe as batched_call on the native index alone (one per problem, each
+    request growing its live sequence as in problem+request mode): no protocol layer, no validation."""
+    shards = {i: SuffixIndex() for i in range(len(problems))}
     for i, p in enumerate(problems):
-        shards[i] = SuffixIndex()
         for k, h in enumerate(p.history):
             shards[i].add(k, np.concatenate([p.prompt, h]))
     cursors, pos = [], [500 + j % 7 for j in range(batch)]
     for j in range(batch):
-        p = problems[j % len(problems)]
-        ix = shards[j % len(problems)]
+        p, ix = problems[j % len(problems)], shards[j % len(problems)]
         ix.add(10**6 + j, [])
-        c = ix.cursor(DraftParams().max_match, seq_id=10**6 + j)
-        c.feed(np.concatenate([p.prompt, p.fresh[: pos[j]]]))
-        cursors.append(c)
+        cursors.append(ix.cursor(DraftParams().max_match, seq_id=10**6 + j))
+        cursors[-1].feed(np.concatenate([p.prompt, p.fresh[: pos[j]]]))
     budgets = np.full(batch, budget, dtype=np.int64)
     propose_flat_core(cursors, budgets)
     flat, flat_cpu = _median(lambda: propose_flat_core(cursors, budgets))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -12,19 +11,16 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from dasrl.atomic import write_json
-from dasrl_lab.cli_args import between, json_option, rows_table
-from dasrl.drafter import MAX_DRAFT
+from dasrl.drafter import MAX_DRAFT, DraftStore, StoreConfig
+from dasrl_lab.bench import config_errors, write_json_out
 from dasrl_lab.bench import drafter as B
+from dasrl_lab.cli_args import between, json_option, rows_table
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter import DraftStore, StoreConfig
 
 
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 
 
 def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], cfg: B.DrafterBenchConfig,
@@ -47,9 +43,8 @@ def _measure(name: str, make: Callable[[], object], problems: list[B.Problem], c
 
 def run_bench(cfg: B.DrafterBenchConfig, *, console: Console) -> list[dict]:
     drafters: dict[str, Callable[[], object]] = {"dasrl": lambda: DraftStore(StoreConfig(mode="problem+request"))}
-    absent = arctic_status()
     rows: list[dict] = []
-    if absent is None:
+    if (absent := arctic_status()) is None:
         drafters["arctic"] = ArcticDrafter
     else:
         console.print(f"[yellow]arctic-inference: absent ({absent}); `make arctic` installs it. dasrl rows only")
@@ -94,15 +89,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Workload seed."),
     ) -> None:
         """The history drafter vs arctic-inference on an RL-like workload (see docs/benchmarks.md)."""
-        try:
-            cfg = B.DrafterBenchConfig(budget=budget, seed=seed)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
-        if quick:
-            cfg = dataclasses.replace(cfg, corpus_sizes=(100_000,))
+        with config_errors():
+            cfg = B.DrafterBenchConfig(budget=budget, seed=seed,
+                                       corpus_sizes=(100_000,) if quick else B.DrafterBenchConfig.corpus_sizes)
         console = Console(width=max(Console().width, 170))  # the table is wide; never truncate numbers
         rows = run_bench(cfg, console=console)
         console.print(rows_table("dasrl bench drafter", [r for r in rows if "absent" not in r], COLUMNS))
-        if json_out is not None:
-            write_json(json_out, rows)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, rows, console)

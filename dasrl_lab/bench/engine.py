@@ -1,15 +1,11 @@
 """`dasrl bench engine` and `dasrl calibrate`: the measurements behind docs/benchmarks.md "## Engine".
 
-Engine bench: a workload with history. A task preset (dasrl_lab/tasks.py; `math` by default: CHAMP statements
-at T = 1, top-p 1, stopped after the answer line; `enumerations`: the toy long tail at T = 0.6) is rolled
-out for two "epochs" (G samples each, other seeds per epoch); history drafters index epoch 1 and epoch 2
-is measured, side by side in one run: no speculation, n-gram, global suffix (DraftStore mode global;
-arctic-inference too when installed), DAS's suffix index alone (DraftStore problem+request, `das-suffix`),
-DAS as a session drafts (that index with counting drafts, drafter/counting.py, `das`), the oracle (knows
-epoch 2's outputs: the limit), and HF `model.generate` on the same batch as the external baseline. Every drafter
-runs under the same policy (DAS's length classes learnt from epoch 1, within the per-forward allowance),
-so the drafter is the only difference. Every speculative row must reproduce the no-speculation outputs
-token for token (`exact`).
+Engine bench: a task preset (`math` by default) rolled out for two epochs of G samples (other seeds per
+epoch); history drafters index epoch 1 and epoch 2 is measured side by side in one run: no speculation,
+ngram, global suffix (arctic too when installed), DAS's suffix index alone (`das-suffix`), DAS as a
+session drafts (with counting drafts, `das`), the oracle, speculation with every cap 0 (`spec-idle`) and
+HF `model.generate`. Every drafter runs under the same policy, so the drafter is the only difference;
+every speculative row must reproduce the no-speculation outputs token for token (`exact`).
 """
 
 from __future__ import annotations
@@ -22,15 +18,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dasrl.drafter import DraftBatch
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter import with_counting
-from dasrl.engine import RowCache
-from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
-from dasrl.engine import pack_drafts
-from dasrl.engine import SamplingParams
+from dasrl.drafter import DraftBatch, DraftStore, StoreConfig, with_counting
+from dasrl.engine import (Completion, EngineConfig, RowCache, SamplingParams, SpecEngine, StepInfo, default_threads,
+                          pack_drafts)
 from dasrl.policy import CPU_LATENCY, ClassCaps, FixedBudget, LatencyModel, OnlineLatency, make_policy, prior_for
 from dasrl.rollout import StepSummary
+from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_available
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 from dasrl_lab.tasks import PRESETS, chat_ids, preset
 
 
@@ -123,24 +117,20 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
     """Rows of the side-by-side run. progress(name, total_tokens) returns an on_step callback."""
     engine = SpecEngine(model, tokenizer, EngineConfig(num_threads=cfg.threads or default_threads()))
     task_set = preset(cfg.preset)
-    tasks = task_set.tasks(cfg.problems, seed=cfg.seed)
-    base = [chat_ids(tokenizer, t.question, t.system) for t in tasks]
+    base = [chat_ids(tokenizer, t.question, t.system) for t in task_set.tasks(cfg.problems, seed=cfg.seed)]
     prompts = [p for p in base for _ in range(cfg.group)]
     problem_ids = [i for i in range(cfg.problems) for _ in range(cfg.group)]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
-    total = len(prompts) * cfg.max_new_tokens
     cb = progress or (lambda name, n: None)
-
     device = engine.lm_head.weight.device.type
 
     def gen(name, seeds, drafter=None, policy=None, timer=None):
-        tick = cb(name, total)
+        tick = cb(name, len(prompts) * cfg.max_new_tokens)
 
         def on_step(info: StepInfo) -> None:
-            if timer is not None:
-                timer(info)
-            if tick is not None:
-                tick(info)
+            for call in (timer, tick):
+                if call is not None:
+                    call(info)
 
         return engine.generate(prompts, seeds=seeds, sampling=sampling, drafter=drafter, policy=policy,
                                max_new_tokens=cfg.max_new_tokens, problem_ids=problem_ids, on_step=on_step,
@@ -155,22 +145,15 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
         drafter.end_step()
         return drafter
 
-    rows = []
     ref = gen("none", seeds2)
-    rows.append(_row("none", ref, engine, None))
-    from dasrl.drafter import DraftStore, StoreConfig
-
+    rows = [_row("none", ref, engine, None)]
     makers: list[tuple[str, Callable[[], object]]] = [
         ("ngram", NGramDrafter),
         ("global", lambda: with_history(DraftStore(StoreConfig(mode="global")))),
     ]
-    try:
-        from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_available
+    if arctic_available():
+        makers.append(("arctic", lambda: with_history(ArcticDrafter())))
 
-        if arctic_available():
-            makers.append(("arctic", lambda: with_history(ArcticDrafter())))
-    except ImportError:
-        pass
     def das_suffix() -> DraftStore:
         return with_history(DraftStore(StoreConfig(mode="problem+request")))
 
@@ -179,6 +162,7 @@ def run_engine_bench(model, tokenizer, cfg: EngineBenchConfig, *,
         ("das", lambda: with_counting(das_suffix(), tokenizer)),  # as a session drafts: counting where it can
         ("oracle", lambda: OracleDrafter({i: c.token_ids for i, c in enumerate(ref)})),
     ]
+
     def policy():
         return das_policy(problem_ids, epoch1, prior_for(device)) if cfg.policy == "das" else FixedBudget(cfg.budget)
 
@@ -214,14 +198,7 @@ def hf_generate_row(model, tokenizer, prompts: list[list[int]], cfg: EngineBench
                              max_new_tokens=cfg.max_new_tokens, pad_token_id=pad, eos_token_id=list(eos_ids))
     wall = time.perf_counter() - t0
     gen = out[:, width:]  # [B, T]
-    new = 0
-    for row in gen.tolist():
-        n = len(row)
-        for i, t in enumerate(row):
-            if t in eos_ids:
-                n = i + 1
-                break
-        new += n
+    new = sum(next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row)) for row in gen.tolist())
     return {"drafter": "hf_generate", "wall_s": round(wall, 3), "forward_passes": int(gen.shape[1]),
             "new_tokens": new, "tokens_per_s": round(new / wall, 2), "accepted_per_batch_forward": 0.0, "drafted": 0,
             "accepted": 0, "draft_s": 0.0, "verify_s": round(wall, 3), "exact": None}
@@ -301,25 +278,19 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
 
 
 def fit_latency(samples: list[dict]):
-    from dasrl.policy import LatencyModel
-
-    n = np.array([s["n_tokens"] for s in samples], dtype=float)
-    kv = np.array([s["kv_tokens"] for s in samples], dtype=float)
+    n, kv, secs = (np.array([s[k] for s in samples], dtype=float) for k in ("n_tokens", "kv_tokens", "seconds"))
     dkv = np.array([s.get("draft_kv_tokens", 0) for s in samples], dtype=float)
-    secs = np.array([s["seconds"] for s in samples], dtype=float)
     model = LatencyModel.fit(n, secs, kv, dkv)
     return model, model.mean_rel_error(n, secs, kv, dkv)
 
 
 def packed_vs_padded(engine: SpecEngine, latency, *, rows: int = 32, draft: int = 16, context: int = 256,
-                     repeats: int = 5) -> list[str]:
-    """One row drafting `draft` tokens and rows - 1 drafting none: the packed forward measured against the
-    fitted model for its rows + draft tokens, beside the [rows, 1 + draft] tokens a padded forward computes."""
-    qs = [1 + draft] + [1] * (rows - 1)
-    packed = time_forward(engine, batch=rows, q=qs, context=context, repeats=repeats)
+                     repeats: int = 5) -> dict:
+    """One row drafting `draft` tokens and rows - 1 drafting none: the packed forward measured and predicted by
+    the fitted model (one drafting row), beside the [rows, 1 + draft] tokens a padded forward computes."""
+    packed = time_forward(engine, batch=rows, q=[1 + draft] + [1] * (rows - 1), context=context, repeats=repeats)
     padded = time_forward(engine, batch=rows, q=1 + draft, context=context, repeats=repeats)
-    n = sum(qs)
-    pred = float(latency.predict(n, rows * context, context))  # one drafting row
-    return [f"packed forward, {rows} rows (one drafting {draft}), context {context}: {packed * 1e3:.1f} ms measured, "
-            f"{pred * 1e3:.1f} ms predicted for its {n} tokens ({packed / pred - 1:+.0%})",
-            f"the padded shape [{rows}, {1 + draft}] ({rows * (1 + draft)} tokens): {padded * 1e3:.1f} ms"]
+    return {"rows": rows, "draft": draft, "context": context, "packed_s": packed, "padded_s": padded,
+            "packed_tokens": rows + draft, "padded_tokens": rows * (1 + draft),
+            "predicted_packed_s": float(latency.predict(rows + draft, rows * context, context)),
+            "padded_over_packed": padded / packed}

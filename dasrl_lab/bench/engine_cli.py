@@ -7,21 +7,24 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
-from dasrl.atomic import write_json
-from dasrl_lab.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
-                             rows_table, user_errors)
-from dasrl_lab.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
-from dasrl.drafter import MAX_DRAFT
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+
+from dasrl.atomic import write_json
+from dasrl.drafter import MAX_DRAFT
+from dasrl_lab.bench import config_errors, write_json_out
+from dasrl_lab.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
+                                rows_table, user_errors)
+from dasrl_lab.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
 
 ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),
                   ("speedup_vs_none", "speedup", "{:.2f}x"), ("forward_passes", "forwards", "{}"),
                   ("new_tokens", "new tokens", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"),
                   ("accepted_per_batch_forward", "accepted/fwd", "{:.2f}"), ("draft_s", "draft s", "{:.2f}"),
                   ("verify_s", "verify s", "{:.2f}"), ("exact", "exact", "{}")]
+CALIBRATE_COLUMNS = [("batch", "batch", "{}"), ("tokens_per_row", "tokens/row", "{}"),
+                     ("drafting", "drafting rows", "{}"), ("context", "context", "{}"), ("ms", "measured ms", "{:.1f}"),
+                     ("predicted_ms", "predicted ms", "{:.1f}")]
 
 
 def _token_bars(prog: Progress, *, hide_done: bool):
@@ -81,15 +84,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """Epoch-2 rollouts side by side: none, ngram, global, das, oracle, HF generate (docs/benchmarks.md)."""
         from dasrl_lab.bench.engine import EngineBenchConfig, run_engine_bench
         from dasrl_lab.models import load_model
+        from dasrl_lab.tasks import preset as task_preset
 
         cfg = EngineBenchConfig.quick() if quick else EngineBenchConfig()
         overrides = {k: v for k, v in dict(budget=budget, problems=problems, group=group,
-                                           max_new_tokens=max_new_tokens, threads=threads).items()
-                     if v is not None}
+                                           max_new_tokens=max_new_tokens, threads=threads).items() if v is not None}
         if policy not in ("das", "fixed"):
             raise typer.BadParameter(f"--policy must be das or fixed, got {policy!r}")
-        from dasrl_lab.tasks import preset as task_preset
-
         p = task_preset(preset)
         cfg = dataclasses.replace(cfg, policy=policy, preset=p.name, top_p=p.top_p,
                                   temperature=p.temperature if temperature is None else temperature, **overrides)
@@ -104,9 +105,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(rows_table("dasrl bench engine (epoch 2)", rows, ENGINE_COLUMNS))
         for line in goals(rows):
             console.print(line)
-        if json_out is not None:
-            write_json(json_out, rows)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, rows, console)
 
     @app.command("calibrate")
     def calibrate_cmd(
@@ -123,9 +122,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """Profile the engine forward over batch x tokens-per-row x context, fit the latency model, save it."""
         import torch
 
-        from dasrl.engine import EngineConfig, SpecEngine
-        from dasrl.engine import default_threads
-        from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency
+        from dasrl.engine import EngineConfig, SpecEngine, default_threads
+        from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency, packed_vs_padded
         from dasrl_lab.models import load_model
 
         grid = CalibrationGrid.quick() if quick else CalibrationGrid()
@@ -138,15 +136,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             task = prog.add_task("profiling forwards", total=n)
             samples = calibrate(engine, grid, tick=lambda: prog.advance(task))
         fitted, err = fit_latency(samples)
-        table = Table(title=f"forward latency, {model}")
-        for name in ("batch", "tokens/row", "drafting rows", "context", "measured ms", "predicted ms"):
-            table.add_column(name, justify="right")
-        for s in samples:
-            pred = fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"])
-            drafting = s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0)
-            table.add_row(str(s["batch"]), str(s["tokens_per_row"]), str(drafting), str(s["context"]),
-                          f"{s['seconds'] * 1e3:.1f}", f"{pred * 1e3:.1f}")
-        console.print(table)
+        shown = [{**s, "drafting": s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0),
+                  "ms": s["seconds"] * 1e3,
+                  "predicted_ms": fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) * 1e3}
+                 for s in samples]
+        console.print(rows_table(f"forward latency, {model}", shown, CALIBRATE_COLUMNS))
         console.print(f"c_base = {fitted.c_base * 1e3:.2f} ms, c_tok = {fitted.c_tok * 1e3:.3f} ms/token, "
                       f"c_other = {fitted.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
                       f"{fitted.c_draft_kv * 1e6:.2f} µs per drafting-row context token, c_draft = "
@@ -154,10 +148,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"mean relative error {err:.1%}")
         fitted.save(out)
         console.print(f"wrote {out}")
-        from dasrl_lab.bench.engine import packed_vs_padded
-
-        for line in packed_vs_padded(engine, fitted, repeats=grid.repeats):
-            console.print(line)
+        pv = packed_vs_padded(engine, fitted, repeats=grid.repeats)
+        packed, pred = pv["packed_s"], pv["predicted_packed_s"]
+        console.print(f"packed forward, {pv['rows']} rows (one drafting {pv['draft']}), context {pv['context']}: "
+                      f"{packed * 1e3:.1f} ms measured, {pred * 1e3:.1f} ms predicted for its {pv['packed_tokens']} "
+                      f"tokens ({packed / pred - 1:+.0%})")
+        console.print(f"the padded shape [{pv['rows']}, {1 + pv['draft']}] ({pv['padded_tokens']} tokens): "
+                      f"{pv['padded_s'] * 1e3:.1f} ms")
         if samples_json is not None:
             write_json(samples_json, samples)
 
@@ -185,7 +182,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import torch
 
         from dasrl_lab.bench.fidelity import (FidelityConfig, run_fidelity, sampler_cost_rows, shape_flip_rows,
-                                           totals)
+                                              totals)
         from dasrl_lab.models import load_model
 
         cfg = FidelityConfig.quick() if quick else FidelityConfig()
@@ -194,10 +191,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         overrides["batch_invariant"] = batch_invariant
         if temperature:
             overrides["temperatures"] = tuple(temperature)
-        try:
+        with config_errors():
             cfg = dataclasses.replace(cfg, **overrides)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
         console = Console(width=max(Console().width, 150))
         with user_errors("--model"):
             lm, tok = load_model(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
@@ -219,16 +214,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 ("differing_tokens", "diff tokens", "{}"), ("flip_rate", "flips/token", "{:.2e}"),
                 ("first", "first diffs (req@pos gap)", "{}"), ("sampler_ms", "sampler ms", "{:.2f}"),
                 ("sampler_share", "of step", "{:.1%}"), ("sampler_forward_share", "of forward", "{:.1%}")]
+        shown = []
         for r in rows:
-            r_first = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
-                       else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
-            r["first"] = " ".join(r_first) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")
-        console.print(rows_table(f"dasrl bench fidelity ({model}, {dtype})", rows, cols))
+            firsts = [f"{d['request']}@{d['position']} {d['logit_gap']:.1e}" if d.get("logit_gap") is not None
+                      else f"{d['request']}@{d['position']}" for d in r.get("first_diffs", [])[:3]]
+            shown.append({**r, "first": " ".join(firsts) + (" ..." if len(r.get("first_diffs", [])) > 3 else "")})
+        console.print(rows_table(f"dasrl bench fidelity ({model}, {dtype})", shown, cols))
         t = totals([r for r in rows if "first_diffs" in r])
         console.print(f"{t['differing_tokens']} differing tokens and {t['differing_sequences']} differing sequences "
                       f"in {t['tokens']} tokens compared (flip rate {t['flip_rate']:.2e} per exposed token)")
-        for r in rows:
-            r.pop("first", None)
-        if json_out is not None:
-            write_json(json_out, rows)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, rows, console)

@@ -1,28 +1,22 @@
 """`dasrl bench fidelity`: are seeded sampled rollouts the very tokens plain decoding gives?
-
-For each temperature (top-p as configured), the reference is plain
-decoding of every request in one batch. Against it, side by side in one run:
-
-- every drafter at a fixed budget (ngram, global suffix, DAS, the oracle, DAS with tree drafts), the
-  history drafters indexing an earlier epoch of the same problems (other seeds);
-- plain decoding of the same requests in batches of 1, 8 and 32 (the GEMM shapes change with the batch).
-
-Per variant: the sequences and tokens that differ from the reference, the first differing position of
-each differing sequence and the logit gap there (|logit of the reference token - logit of the variant's
-token| in a fresh batch-1 forward of the reference prefix), and the flip rate: differing sequences per
-token sampled up to and including each sequence's first difference (the tokens exposed to a flip).
+(docs/benchmarks.md, "## Fidelity"). Per temperature, against plain decoding of every request in one batch:
+every drafter at a fixed budget (history from an earlier epoch) and plain decoding in smaller batches. Per
+variant: differing sequences and tokens, each first difference with its logit gap, and the flip rate
+(differing sequences per token exposed up to and including each first difference).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+import time
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
-from dasrl.engine import Completion, EngineConfig, SpecEngine, StepInfo, default_threads
-from dasrl.engine import SamplingParams, draw
+from dasrl.engine import Completion, EngineConfig, SamplingParams, SpecEngine, StepInfo, default_threads, draw
+from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
 
 DRAFTERS = ("ngram", "global", "das", "oracle", "trees")
 SAMPLER = "gumbel"
@@ -61,8 +55,7 @@ class FidelityConfig:
         for name in ("problems", "group", "max_new_tokens", "single_requests", "budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        unknown = [d for d in self.drafters if d not in DRAFTERS]
-        if unknown:
+        if unknown := [d for d in self.drafters if d not in DRAFTERS]:
             raise ValueError(f"unknown drafter(s) {unknown}; known: {', '.join(DRAFTERS)}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
@@ -126,7 +119,6 @@ def compare(ref: dict[int, list[int]], out: dict[int, list[int]]) -> Comparison:
 
 
 def engine_config(cfg: FidelityConfig) -> EngineConfig:
-    """The EngineConfig of every engine in the run."""
     return EngineConfig(num_threads=cfg.threads or default_threads(), batch_invariant=cfg.batch_invariant)
 
 
@@ -139,9 +131,8 @@ def logit_gap(model, prompt: list[int], prefix: list[int], a: int, b: int) -> fl
 
 
 def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: list[Completion]):
-    from dasrl.drafter import DraftParams
+    from dasrl.drafter import DraftParams, DraftStore, StoreConfig
     from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-    from dasrl.drafter import DraftStore, StoreConfig
 
     if name == "ngram":
         return NGramDrafter()
@@ -159,7 +150,6 @@ def _drafter(name: str, history: list[tuple[int, list[int], list[int]]], ref: li
 def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
                  progress: Callable[[str, int], Callable[[StepInfo], None]] | None = None) -> list[dict]:
     """One row per (variant, temperature). progress(name, total_tokens) returns an on_step callback."""
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
     from dasrl.policy import FixedBudget
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
@@ -178,10 +168,9 @@ def run_fidelity(model, tokenizer, cfg: FidelityConfig, *,
     everyone = list(range(len(prompts)))
     rows = []
     for temp in cfg.temperatures:
-        hist_sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
-        epoch1 = gen(f"history T={temp}", everyone, hist_sampling, [1000 + i for i in everyone])
-        history = [(pids[i], prompts[i], c.token_ids) for i, c in enumerate(epoch1)]
         sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
+        epoch1 = gen(f"history T={temp}", everyone, sampling, [1000 + i for i in everyone])
+        history = [(pids[i], prompts[i], c.token_ids) for i, c in enumerate(epoch1)]
         tag = f"T={temp}"
         ref = gen(f"{tag} reference", everyone, sampling, seeds)
         ref_out = {i: c.token_ids for i, c in enumerate(ref)}
@@ -211,7 +200,7 @@ def _with_gap(model, prompts, ref_out, d: Diff) -> Diff:
     if d.ref_token is None or d.token is None:
         return d
     gap = logit_gap(model, prompts[d.request], ref_out[d.request][: d.position], d.ref_token, d.token)
-    return Diff(d.request, d.position, d.ref_token, d.token, round(gap, 9))
+    return replace(d, logit_gap=round(gap, 9))
 
 
 def _head(variant, temp, cfg: FidelityConfig) -> dict:
@@ -222,8 +211,7 @@ def _head(variant, temp, cfg: FidelityConfig) -> dict:
 
 def _row(variant, temp, cfg, c: Comparison, diffs: list[Diff], *, reference_batch: int) -> dict:
     return {**_head(variant, temp, cfg), "reference_batch": reference_batch, "requests": c.requests,
-            "tokens": c.tokens,
-            "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
+            "tokens": c.tokens, "differing_tokens": c.differing_tokens, "differing_sequences": len(diffs),
             "exposed_tokens": c.exposed, "flip_rate": len(diffs) / c.exposed if c.exposed else 0.0,
             "first_diffs": [d.__dict__ for d in diffs]}
 
@@ -239,18 +227,18 @@ def shape_flip_rows(model, tokenizer, cfg: FidelityConfig, *, seeds: int = 16, r
     """Flips caused by the forward shape alone, on real logits: a few plain rollouts are teacher-forced
     once per sequence and once as a batch, and every output position is drawn under `seeds` keys from
     both logits (flips.py); the noise model's prediction at the measured sigma comes with each row."""
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
     from dasrl_lab.bench.flips import flip_row
 
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, PROBLEMS[:requests])
     rows = []
     for temp in cfg.temperatures:
-        outs = engine.generate(prompts, seeds=list(range(requests)), sampling=SamplingParams(temperature=temp,
-                               top_p=cfg.top_p), max_new_tokens=min(tokens, cfg.max_new_tokens))
+        sampling = SamplingParams(temperature=temp, top_p=cfg.top_p)
+        outs = engine.generate(prompts, seeds=list(range(requests)), sampling=sampling,
+                               max_new_tokens=min(tokens, cfg.max_new_tokens))
         seqs = [p + c.token_ids for p, c in zip(prompts, outs) if c.token_ids]
         starts = [len(p) for p, c in zip(prompts, outs) if c.token_ids]
-        r = flip_row(model, seqs, starts, SamplingParams(temperature=temp, top_p=cfg.top_p), seeds=seeds)
+        r = flip_row(model, seqs, starts, sampling, seeds=seeds)
         rows.append({**_head(f"forward shape (alone vs batch of {len(seqs)})", temp, cfg), "requests": len(seqs),
                      "tokens": r["draws"], "differing_tokens": r["flips"], "differing_sequences": r["flips"], **r})
         tick()
@@ -261,18 +249,12 @@ def sampler_cost_rows(model, tokenizer, cfg: FidelityConfig, *, batch: int = 32,
                       repeats: int = 15) -> list[dict]:
     """The sampler's time at `batch` rows of real logits against the engine's median plain-decoding step
     (forward + sampling + bookkeeping) at that batch, in the same process."""
-    import statistics
-    import time
-
-    from dasrl_lab.bench.engine import PROBLEMS, chat_prompts
-
     engine = SpecEngine(model, tokenizer, engine_config(cfg))
     prompts = chat_prompts(tokenizer, [PROBLEMS[i % len(PROBLEMS)] for i in range(batch)])
     infos: list[StepInfo] = []
     outs = engine.generate(prompts, seeds=list(range(batch)), sampling=SamplingParams(temperature=1.0),
                            max_new_tokens=steps, ignore_eos=True, on_step=infos.append)
-    # Wall time of each plain-decoding step at the full batch (elapsed between steps: whatever the
-    # engine's own split of it), and its forward where the engine reports one.
+    # each plain-decoding step's wall time at the full batch (whatever the engine's own split of it)
     step_ms = 1e3 * statistics.median(b.elapsed_s - a.elapsed_s for a, b in zip(infos[1:], infos[2:])
                                       if b.batch_size == batch)
     fwd = [getattr(i, "forward_s", 0.0) for i in infos[2:] if i.batch_size == batch]

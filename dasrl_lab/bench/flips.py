@@ -1,18 +1,8 @@
 """How often does last-bit logit noise flip a sampled token? Predicted and measured, for the engine's race.
 
-Model: the logits a sampler sees are the true ones plus independent noise delta_i ~ N(0, sigma^2) per
-token (what a different GEMM shape does to fp32 logits, to first order). For small sigma:
-
-Gumbel race: the draw flips when the two best perturbed scores swap. The density at 0 of the gap
-between the best (i) and the second best (j) is p_i p_j (the integral of p_i p_j e^{-2x} exp(-e^{-x})),
-1 - sum p^2 over all ordered pairs, and the noise closes a gap g with probability P(delta_j - delta_i > g),
-delta_j - delta_i ~ N(0, 2 sigma^2), whose positive part has mean sigma / sqrt(pi). So
-P(flip) = sigma (1 - sum p^2) / sqrt(pi) <= 0.56 sigma, whatever the size of the kept set. (The
-two-level race adds the block level: block log-masses carry noise of at most sigma, so the bound stays
-of the same order; measured below.)
-
-It ignores flips of the kept set itself (a top-k / top-p boundary token whose logit crosses the cut),
-which matter only when that token would be drawn. `measure` counts everything.
+The model (docs/sampling.md, "Flip probability under logit noise"): the sampler sees the true logits plus iid
+noise N(0, sigma^2) per token, and to first order P(flip) = sigma (1 - sum p^2) / sqrt(pi). It ignores flips
+of the kept set itself (a top-k / top-p boundary token crossing the cut); `measure` counts everything.
 """
 
 from __future__ import annotations

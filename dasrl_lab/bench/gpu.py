@@ -1,19 +1,10 @@
-"""`dasrl bench gpu` (and scripts/gpu-check.sh): the engine on a device, with no weights and no network.
-
-Three parts, each written to the JSON as soon as it is done (a timeout keeps what finished):
-
-(a) the exactness ladder on the device, with a randomly initialised small Llama in fp32: greedy and
-    seeded sampling (temperature, top-p, top-k), speculative == plain token for token, for a DraftStore
-    (chain and tree drafts, history from a first epoch) and the oracle drafter; the same checks in bf16
-    are reported, not required (bf16 kernels may round differently at different forward shapes);
-(b) calibration of the packed forward for randomly initialised models of the shapes of Qwen2.5-1.5B and
-    Qwen2.5-7B (bf16): c_base, c_tok, c_other, the fit's mean relative error (with and without the KV
-    term), and one packed forward against the padded shape it replaces;
-(c) the simulator's paper-math what-if (scaled to fit the time) priced with the measured 7B-shape
-    latency model beside the assumed one (sim/workloads.PAPER_LATENCY).
-
-`tiny=True` shrinks every shape (the CPU test of this path: tests/lab/test_gpu_check.py). Nothing here is a
-hard-coded result: every number in the JSON is measured or simulated in the run that writes it.
+"""`dasrl bench gpu` (and scripts/gpu-check.sh): the engine on a device, with no weights and no network
+(docs/benchmarks.md, "GPU check"). Three parts, each written to the JSON as soon as it is done (a timeout
+keeps what finished): (a) the exactness ladder with a random small Llama, fp32 required token for token, bf16
+reported (its kernels may round differently at other forward shapes); (b) calibration of the packed forward
+for random models of Qwen2.5-1.5B and -7B shapes in bf16; (c) the simulator's paper-math what-if (scaled)
+priced with the measured 7B-shape latency model beside the assumed one. `tiny=True` shrinks every shape (the
+CPU test of this path). Every number in the JSON is measured or simulated in the run that writes it.
 """
 
 from __future__ import annotations
@@ -61,7 +52,6 @@ class GPUCheckConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
 
-# ------------------------------------------------------------------------------------------ models
 def random_model(kind: str, shape: tuple, *, dtype, device, seed: int):
     """A randomly initialised causal LM of `shape` (see SHAPES) on `device`: kind 'llama' or 'qwen2'."""
     import torch
@@ -76,13 +66,6 @@ def random_model(kind: str, shape: tuple, *, dtype, device, seed: int):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.eval()
-
-
-def _sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ------------------------------------------------------------------------------------------ (a) ladder
@@ -103,12 +86,10 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
     """Speculative vs plain decoding on the device for every (sampler, drafter, budget); rows of results."""
     import torch
 
-    from dasrl.drafter import DraftParams
-    from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-    from dasrl.drafter import DraftStore, StoreConfig
-    from dasrl.engine import EngineConfig, SpecEngine, default_threads
-    from dasrl.engine import SamplingParams
+    from dasrl.drafter import DraftParams, DraftStore, StoreConfig
+    from dasrl.engine import EngineConfig, SamplingParams, SpecEngine, default_threads
     from dasrl.policy import FixedBudget
+    from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     shape = (64, 2, 4, 2, 128, 256, False) if cfg.tiny else (512, 4, 8, 2, 1536, 4096, False)
@@ -122,6 +103,10 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
                 "sampled": SamplingParams(temperature=0.8, top_p=0.9, top_k=50)}
     kw = dict(max_new_tokens=new, ignore_eos=True, seeds=seeds)
     rows = []
+
+    def add(sname: str, dname: str, k: int, plain, spec) -> None:
+        rows.append({"dtype": dtype_name, "sampler": sname, "drafter": dname, "budget": k, **_compare(plain, spec)})
+
     for sname, sp in samplers.items():
         plain = engine.generate(prompts, sampling=sp, **kw)
         futures = {i: c.token_ids for i, c in enumerate(plain)}
@@ -135,16 +120,14 @@ def ladder(cfg: GPUCheckConfig, dtype_name: str, log: Callable[[str], None]) -> 
                 engine.generate(prompts, sampling=sp, drafter=store,
                                 **{**kw, "seeds": [s + 7 * (i % 2) for i, s in enumerate(seeds)]})
                 store.end_step()
-                spec = engine.generate(prompts, sampling=sp, drafter=store, policy=FixedBudget(k), **kw)
-                rows.append({"dtype": dtype_name, "sampler": sname, "drafter": dname, "budget": k,
-                             **_compare(plain, spec)})
+                add(sname, dname, k, plain, engine.generate(prompts, sampling=sp, drafter=store,
+                                                            policy=FixedBudget(k), **kw))
         for dname, fut in (("oracle", futures), ("oracle-noisy", noisy)):
             for k in (1, 4, 16):
-                spec = engine.generate(prompts, sampling=sp, drafter=OracleDrafter(fut), policy=FixedBudget(k), **kw)
-                rows.append({"dtype": dtype_name, "sampler": sname, "drafter": dname, "budget": k,
-                             **_compare(plain, spec)})
-        spec = engine.generate(prompts, sampling=sp, drafter=NGramDrafter(), policy=FixedBudget(8), **kw)
-        rows.append({"dtype": dtype_name, "sampler": sname, "drafter": "ngram", "budget": 8, **_compare(plain, spec)})
+                add(sname, dname, k, plain, engine.generate(prompts, sampling=sp, drafter=OracleDrafter(fut),
+                                                            policy=FixedBudget(k), **kw))
+        add(sname, "ngram", 8, plain, engine.generate(prompts, sampling=sp, drafter=NGramDrafter(),
+                                                      policy=FixedBudget(8), **kw))
     for r in rows:
         r["vacuous"] = r["accepted"] == 0 and r["drafter"] != "ngram"  # equality with nothing accepted proves nothing
         log(f"ladder {r['dtype']} {r['sampler']:<7} {r['drafter']:<12} k={r['budget']:<2} "
@@ -158,14 +141,15 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     """Fit the packed forward's latency for a random model of SHAPES[name] in bf16 on the device."""
     import torch
 
-    from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency, time_forward
     from dasrl.engine import EngineConfig, SpecEngine, default_threads
     from dasrl.policy import LatencyModel
+    from dasrl_lab.bench.engine import CalibrationGrid, calibrate, fit_latency, packed_vs_padded
 
     shape = (TINY_SHAPES if cfg.tiny else SHAPES)[name]
     t0 = time.perf_counter()
     model = random_model("qwen2", shape, dtype=torch.bfloat16, device=cfg.device, seed=cfg.seed)
-    _sync(cfg.device)
+    if torch.device(cfg.device).type == "cuda":
+        torch.cuda.synchronize(cfg.device)
     build_s = time.perf_counter() - t0
     engine = SpecEngine(model, config=EngineConfig(num_threads=cfg.threads or default_threads()))
     grid = (CalibrationGrid(batch_sizes=(1, 2), tokens_per_row=(1, 4), contexts=(16, 32), repeats=1) if cfg.tiny
@@ -177,23 +161,18 @@ def calibrate_shape(cfg: GPUCheckConfig, name: str, log: Callable[[str], None]) 
     secs = [s["seconds"] for s in samples]
     linear = LatencyModel.fit(n, secs)
     rows, draft, ctx = (4, 3, 16) if cfg.tiny else (32, 16, 256)
-    packed = time_forward(engine, batch=rows, q=[1 + draft] + [1] * (rows - 1), context=ctx, repeats=grid.repeats)
-    padded = time_forward(engine, batch=rows, q=1 + draft, context=ctx, repeats=grid.repeats)
+    pv = packed_vs_padded(engine, fitted, rows=rows, draft=draft, context=ctx, repeats=grid.repeats)
     out = {"shape": dict(zip(("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "tied"), shape)),
            "params": int(sum(p.numel() for p in model.parameters())), "dtype": "bf16",
            "build_s": round(build_s, 2), "grid": asdict(grid), "samples": samples,
            "latency": fitted.to_dict(), "fit_mean_rel_error": err,
            "latency_linear": linear.to_dict(), "fit_mean_rel_error_linear": linear.mean_rel_error(n, secs),
-           "c_base_over_c_tok": fitted.c_base / fitted.c_tok if fitted.c_tok > 0 else None,
-           "packed_vs_padded": {"rows": rows, "draft": draft, "context": ctx, "packed_s": packed, "padded_s": padded,
-                                "packed_tokens": rows + draft, "padded_tokens": rows * (1 + draft),
-                                "predicted_packed_s": float(fitted.predict(rows + draft, rows * ctx, ctx)),
-                                "padded_over_packed": padded / packed}}
+           "c_base_over_c_tok": fitted.c_base / fitted.c_tok if fitted.c_tok > 0 else None, "packed_vs_padded": pv}
     log(f"calibrate {name} ({out['params'] / 1e9:.2f}B params, bf16): c_base {fitted.c_base * 1e3:.2f} ms, "
         f"c_tok {fitted.c_tok * 1e6:.1f} us, c_other {fitted.c_other * 1e9:.2f} ns/row-ctx token, c_draft_kv "
         f"{fitted.c_draft_kv * 1e9:.2f} ns/drafting-row ctx token, fit error "
-        f"{err:.1%} (linear {out['fit_mean_rel_error_linear']:.1%}); packed {packed * 1e3:.1f} ms vs padded "
-        f"{padded * 1e3:.1f} ms")
+        f"{err:.1%} (linear {out['fit_mean_rel_error_linear']:.1%}); packed {pv['packed_s'] * 1e3:.1f} ms vs padded "
+        f"{pv['padded_s'] * 1e3:.1f} ms")
     del engine, model
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -294,6 +273,7 @@ def run(cfg: GPUCheckConfig, json_path: Path | None, log: Callable[[str], None] 
 def register(app, bench) -> None:
     import typer
 
+    from dasrl_lab.bench import config_errors
     from dasrl_lab.cli_args import between, max_threads, output_file
 
     @bench.command("gpu")
@@ -311,11 +291,9 @@ def register(app, bench) -> None:
         shapes (bf16), the paper-math what-if with the measured latency (scripts/gpu-check.sh)."""
         import os
 
-        try:
+        with config_errors():
             cfg = GPUCheckConfig(device=device, tiny=tiny, threads=threads or None,
                                  parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
         path = json_out or (Path(os.environ["OUT"]) / "gpu-check.json" if os.environ.get("OUT") else None)
         try:
             doc = run(cfg, path, log=print)

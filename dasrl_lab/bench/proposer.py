@@ -1,14 +1,8 @@
 """`dasrl bench proposer`: the host seconds a vLLM proposer takes per engine step, by batch size, without
-vLLM: DASProposer.propose_batch (index the new tokens, count what was accepted, price, draft, trim) beside
-vLLM's own `suffix` proposer (arctic-inference's SuffixDecodingCache driven as vLLM drives it), each
-called as vLLM's model runner calls it, on the same input batch (the fields of vLLM's InputBatch and its
-`requests` dict, built outside the timed call).
-
-vLLM runs the proposer on the host between two forwards (custom_class turns async scheduling off), so on
-a GPU these seconds add to every step: a 7B forward on an H100 is ~6-20 ms. The workload: B / 4 prompts x
-4 siblings re-sampling an earlier step's responses (random token ids, 8 tokens changed per row), each row
-emitting its accepted draft and one more token; step 1 (with step 0 as history) is timed while every row
-is live (the full batch: the case where a fixed per-row cost weighs most).
+vLLM: DASProposer.propose_batch beside vLLM's own `suffix` proposer, each called as vLLM's model runner
+calls it on the same input batch (docs/benchmarks.md, "Proposer host seconds"). vLLM runs the proposer on
+the host between two forwards (custom_class turns async scheduling off): on a GPU these seconds add to
+every step.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class ProposerBenchConfig:
 
 
 class RunnerBatch:
-    """The fields of the model runner's input batch (vLLM's InputBatch, v1/worker/gpu_input_batch.py) that both
-    proposers read, as vLLM keeps them: numpy rows and counts, the id -> row dict."""
+    """The fields of vLLM's InputBatch (v1/worker/gpu_input_batch.py) that both proposers read, as vLLM keeps them."""
 
     def __init__(self, req_ids: list[str], prompt_lens: list[int], token_rows: np.ndarray, num_tokens: list[int]) -> None:
         self.req_ids = req_ids
@@ -124,11 +117,8 @@ def run_one(cfg: ProposerBenchConfig, batch: int, policy: dict, seed: int = 0) -
     answers = [rng.integers(1000, 30000, cfg.length).tolist() for _ in range(batch // 4)]
     width = cfg.prompt_len + cfg.length + cfg.k + 1
     suffix = policy["policy"] == "suffix"
-    if suffix:
-        prop = VLLMSuffixProposer(cfg.k, width)
-        drafted = accepted = 0
-    else:
-        prop = das_proposer(policy, cfg.k, width)
+    prop = VLLMSuffixProposer(cfg.k, width) if suffix else das_proposer(policy, cfg.k, width)
+    drafted = accepted = 0
     times: list[float] = []
     for step in range(2):
         truth = []
@@ -180,9 +170,8 @@ def run_one(cfg: ProposerBenchConfig, batch: int, policy: dict, seed: int = 0) -
 
 
 def policies(latency: Optional[Path], suffix: bool = True) -> list[dict]:
-    """fixed k (every row drafts), das priced by `latency` (a latency.json; None: the prior of the proposer's
-    device, a GPU server's: dasrl.policy.GPU_LATENCY, the 7B-H100 profile), and vLLM's `suffix` when `suffix`
-    and arctic-inference imports. Plain vLLM runs no proposer: 0 host seconds."""
+    """fixed k (every row drafts), das priced by `latency` (None: a GPU server's prior, dasrl.policy.GPU_LATENCY),
+    and vLLM's `suffix` when `suffix` and arctic-inference imports. Plain vLLM runs no proposer."""
     from dasrl_lab.drafters.arctic import arctic_available
 
     das = {"policy": "das", "latency_floor": False} | ({"latency": str(latency)} if latency else {})
@@ -195,9 +184,11 @@ COLUMNS = [("batch", "B", "{}"), ("policy", "policy", "{}"), ("host_ms_per_step"
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
-    from dasrl.atomic import write_json
-    from dasrl_lab.cli_args import json_option, rows_table
     from rich.console import Console
+
+    from dasrl_lab.bench import config_errors, write_json_out
+    from dasrl_lab.cli_args import json_option, rows_table
+    from dasrl_lab.drafters.arctic import arctic_status
 
     @bench.command("proposer")
     def bench_proposer(
@@ -211,15 +202,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Host seconds per engine step of the vLLM proposer (no vLLM): fixed, das and vLLM's suffix, by batch
         size."""
-        try:
+        with config_errors():
             cfg = ProposerBenchConfig(batches=tuple(int(b) for b in batches.split(",")))
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
         rows, pols = [], policies(latency, suffix)
         console = Console()
         if suffix and not any(p["policy"] == "suffix" for p in pols):
-            from dasrl_lab.drafters.arctic import arctic_status
-
             console.print(f"vLLM's suffix left out: arctic-inference does not import ({arctic_status()}); "
                           "`make arctic-install`")
         for b in cfg.batches:
@@ -231,6 +218,4 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 best = sorted(pol_runs, key=lambda r: r["host_ms_per_step"])[len(pol_runs) // 2]
                 rows.append(best | {"host_ms_repeats": [r["host_ms_per_step"] for r in pol_runs]})
         console.print(rows_table("dasrl bench proposer", rows, COLUMNS))
-        if json_out is not None:
-            write_json(json_out, rows)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, rows, console)

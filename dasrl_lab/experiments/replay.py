@@ -1,10 +1,7 @@
-"""Offline acceptance: replay the recorded trace through a drafter in the simulator.
-
-With the lossless position-keyed sampler a draft is accepted exactly up to its longest prefix that
-matches the recorded continuation, so replaying the trace gives the acceptance the engine would see (the
-simulator's batched replay: siblings in flight, the drafter's window rolling per step). Speculation
-latency is the measured time of the drafter's propose calls (TimedDrafter).
-"""
+"""Offline acceptance: replay the recorded trace through a drafter in the simulator (its batched replay:
+siblings in flight, the drafter's window rolling per step). With the lossless position-keyed sampler a draft
+is accepted exactly up to its longest prefix matching the recorded continuation, so this is the acceptance
+the engine would see. Speculation latency is the measured time of the drafter's propose calls."""
 
 from __future__ import annotations
 
@@ -54,8 +51,7 @@ class TimedDrafter(_Wrapper):
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
         self.propose_s, self.calls, self.rows = 0.0, 0, 0
-        self.per_step: list[dict] = []
-        """[{propose_s, calls, rows}] per finished step."""
+        self.per_step: list[dict] = []  # {propose_s, calls, rows} per finished step
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
         t0 = time.perf_counter()
@@ -72,9 +68,8 @@ class TimedDrafter(_Wrapper):
 
 
 class StaticDrafter(_Wrapper):
-    """A history drafter frozen after its first `learn_steps` steps: a DraftStore that folds those steps
-    into its index and discards every later one (DraftStore.discard_step), so it drafts from a fixed
-    index while the policy drifts. Live requests are still indexed within a step as the store's mode says."""
+    """A DraftStore frozen after its first `learn_steps` steps (later ones: DraftStore.discard_step), so it
+    drafts from a fixed index while the policy drifts; live requests are indexed as the store's mode says."""
 
     def __init__(self, config: StoreConfig = StoreConfig(), *, learn_steps: int = 1) -> None:
         if learn_steps < 1:
@@ -115,11 +110,10 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
            budget: int = REPLAY_BUDGET, on_step=None) -> list[ReplayStep]:
     """Replay the trace's steps through `drafter` at a fixed budget; the acceptance and propose time of each."""
     timed = TimedDrafter(drafter)
-    steps = group_steps(responses)
     max_new = max((len(r.response_ids) for r in responses), default=1)
     sim = Simulator(drafter=timed, policy="fixed", policy_kw={"k": budget}, config=SimConfig(), label=label)
     out = []
-    for i, (step, rs) in enumerate(steps):
+    for i, (step, rs) in enumerate(group_steps(responses)):
         st = sim.run_step(step, rs, max_new_tokens=max_new + 1)
         t = timed.per_step[-1]
         out.append(ReplayStep(step=step, accepted_per_round=st.accepted_per_row_forward,
@@ -130,6 +124,13 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
         if on_step is not None:
             on_step(i)
     return out
+
+
+def replay_each(ctx, description: str, drafters: dict[str, Drafter]) -> dict[str, list[ReplayStep]]:
+    """Each drafter replayed over the experiments' recorded rollouts (ctx.responses()), under one progress bar."""
+    responses = ctx.responses()
+    with ctx.progress(description, len({int(r.step) for r in responses}) * len(drafters)) as advance:
+        return {k: replay(responses, d, label=k, on_step=lambda i: advance()) for k, d in drafters.items()}
 
 
 def totals(steps: Sequence[ReplayStep], *, skip_first: bool = True) -> dict:

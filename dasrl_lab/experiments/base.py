@@ -79,10 +79,10 @@ class Experiment:
     """Measures, returns the outcome."""
 
 
-def figure(draw: Callable, **subplots) -> Callable[[Path], None]:
-    """An Outcome's figure: draw(fig, axes) on fresh pyplot subplots (subplots' arguments), saved as PNG."""
+def figure(draw: Callable, *grid: int, **subplots) -> Callable[[Path], None]:
+    """An Outcome's figure: draw(fig, axes) on fresh pyplot.subplots(*grid, **subplots), saved as PNG."""
     def write(path: Path) -> None:
-        fig, axes = pyplot().subplots(**subplots)
+        fig, axes = pyplot().subplots(*grid, **subplots)
         draw(fig, axes)
         save_figure(fig, path)
     return write

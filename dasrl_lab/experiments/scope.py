@@ -42,7 +42,7 @@ def run(ctx: Context) -> Outcome:
         + (_collection_note(ctx, g, p) if ctx.options.source is None else f"(Replay of {ctx.replayed()[0]}.)"))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()}
                    | {f"µs/token {k}": v["propose_us_per_token"] for k, v in tot.items()},
-                   rows=rows, figure=figure(draw, nrows=1, ncols=2, figsize=(9, 3.4)), comparison=comparison,
+                   rows=rows, figure=figure(draw, 1, 2, figsize=(9, 3.4)), comparison=comparison,
                    details={"budget": REPLAY_BUDGET, "totals": tot}, table=[{"scope": k, **v} for k, v in tot.items()])
 
 

@@ -72,11 +72,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         # A --source run writes beside, not over, the collection run's figures and docs/results.md.
         out = out or Path("runs/experiments" + (f"-{Path(source).name}" if source else ""))
         results = results or (None if source else Path("docs/results.md"))
-        collect = tuple((k, v) for k, v in dict(steps=steps, prompts=prompts, samples=samples,
-                                                 max_new_tokens=max_new_tokens, variant_every=variant_every).items()
-                        if v is not None)
-        if preset is not None:
-            collect += (("preset", preset),)
+        given = dict(steps=steps, prompts=prompts, samples=samples, max_new_tokens=max_new_tokens,
+                     variant_every=variant_every, preset=preset)
+        collect = tuple((k, v) for k, v in given.items() if v is not None)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect, source=source,
@@ -166,7 +164,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"(priced recorded forwards: median |error| {summ['median_abs_error_priced']:.1%})")
         if json_out is not None:
             write_json(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
-                                  "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ, "rows": [r.to_dict() for r in rows]})
+                                  "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ,
+                                  "rows": [r.to_dict() for r in rows]})
             console.print(f"wrote {json_out}")
         if png is not None:
             scatter(rows, png, title=f"simulator vs engine ({summ['rows']} steps x variants)")
@@ -178,12 +177,9 @@ def _help(name: str) -> str:
     import ast
     import inspect
 
-    from dasrl_lab.experiments import validate
+    from dasrl_lab.experiments.validate import StepOverhead
 
-    tree = ast.parse(inspect.getsource(validate.StepOverhead))
-    body = tree.body[0].body
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and a.target.id == name and isinstance(b, ast.Expr):
-            return f"{b.value.value} (seconds)"
-    return name
+    body = ast.parse(inspect.getsource(StepOverhead)).body[0].body
+    return next((f"{b.value.value} (seconds)" for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
+                 and a.target.id == name and isinstance(b, ast.Expr)), name)
 

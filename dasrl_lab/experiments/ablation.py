@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dasrl_lab.experiments.base import REAL, SIM, Context, Experiment, Outcome, figure
+from dasrl_lab.experiments.base import (REAL, SIM, Context, Experiment, Outcome, figure, latency_model,
+                                        modeled_s)
 from dasrl_lab.experiments.collect import UNBOUNDED_CAP
-from dasrl_lab.experiments.timing import latency_model, modeled_s
 from dasrl_lab.sim.simulator import SimConfig, group_steps, simulate
 from dasrl_lab.sim.workloads import generate, get_workload
 

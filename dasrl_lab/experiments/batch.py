@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
-from dasrl_lab.experiments.timing import latency_model, modeled_curve
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure, latency_model, modeled_curve
 
 
 def collapse_stats(curve: list[list[float]]) -> dict:

@@ -5,9 +5,8 @@ each reaches."""
 
 from __future__ import annotations
 
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure, latency_model, modeled_s
 from dasrl_lab.experiments.collect import VARIANTS
-from dasrl_lab.experiments.timing import latency_model, modeled_s
 
 DRAFTERS = ("das", "global", "ngram", "oracle")
 RUNS = ("none",) + DRAFTERS

@@ -9,8 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from dasrl_lab.experiments.base import REAL, Context, Experiment, Outcome
-from dasrl_lab.experiments.timing import latency_model
+from dasrl_lab.experiments.base import REAL, Context, Experiment, Outcome, latency_model
 from dasrl_lab.experiments.validate import scatter, summary, validate
 
 

@@ -11,26 +11,33 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft, Drafter, DrafterBase
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl_lab.trace import Response
+from dasrl.drafter import Draft, Drafter, DrafterBase, DraftStore
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.trace import Response
 
 REPLAY_BUDGET = 16
 """Draft tokens per request per verification round in every replay (a fixed budget: drafters compared
 at equal budget, so acceptance differences are the drafter's)."""
 
 
-class _Wrapper(DrafterBase):
-    """A Drafter that hands every call to `inner`; subclasses change what they wrap."""
+class TimedDrafter(DrafterBase):
+    """A Drafter that hands every call to `inner` and times its propose calls, per step (one entry per end_step)."""
 
-    inner: Drafter
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.propose_s, self.calls, self.rows = 0.0, 0, 0
+        self.per_step: list[dict] = []  # {propose_s, calls, rows} per finished step
 
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self.inner.start(req_id, problem_id, prompt_ids)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        return self.inner.propose(req_ids, budgets)
+        t0 = time.perf_counter()
+        out = self.inner.propose(req_ids, budgets)
+        self.propose_s += time.perf_counter() - t0
+        self.calls += 1
+        self.rows += len(req_ids)
+        return out
 
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         self.inner.observe(req_id, tokens)
@@ -43,46 +50,19 @@ class _Wrapper(DrafterBase):
 
     def end_step(self) -> None:
         self.inner.end_step()
-
-
-class TimedDrafter(_Wrapper):
-    """A Drafter that times another's propose calls, per step (one entry per end_step)."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.propose_s, self.calls, self.rows = 0.0, 0, 0
-        self.per_step: list[dict] = []  # {propose_s, calls, rows} per finished step
-
-    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        t0 = time.perf_counter()
-        out = self.inner.propose(req_ids, budgets)
-        self.propose_s += time.perf_counter() - t0
-        self.calls += 1
-        self.rows += len(req_ids)
-        return out
-
-    def end_step(self) -> None:
-        self.inner.end_step()
         self.per_step.append({"propose_s": self.propose_s, "calls": self.calls, "rows": self.rows})
         self.propose_s, self.calls, self.rows = 0.0, 0, 0
 
 
-class StaticDrafter(_Wrapper):
-    """A DraftStore frozen after its first `learn_steps` steps (later ones: DraftStore.discard_step), so it
-    drafts from a fixed index while the policy drifts; live requests are indexed as the store's mode says."""
-
-    def __init__(self, config: StoreConfig = StoreConfig(), *, learn_steps: int = 1) -> None:
-        if learn_steps < 1:
-            raise ValueError(f"learn_steps must be >= 1, got {learn_steps}")
-        self.inner = self.store = DraftStore(config)
-        self.learn_steps, self.learned = learn_steps, 0
+class StaticDrafter(DraftStore):
+    """A DraftStore frozen after its first step (later ones: DraftStore.discard_step), so it drafts from a
+    fixed index while the policy drifts; live requests are indexed as the store's mode says."""
 
     def end_step(self) -> None:
-        if self.learned < self.learn_steps:
-            self.store.end_step()
-            self.learned += 1
+        if self.step == 0:
+            super().end_step()
         else:
-            self.store.discard_step()
+            self.discard_step()
 
 
 @dataclass

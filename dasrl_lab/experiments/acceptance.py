@@ -51,7 +51,8 @@ def run(ctx: Context) -> Outcome:
            "a response repeats its own text (there are no siblings: one sample per problem per step)."))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()},
                    rows=rows, figure=figure(draw, figsize=(7, 3.6)), comparison=comparison,
-                   details={"budget": REPLAY_BUDGET, "totals": tot, "last_quarter": {"history": late_h, "static": late_s}},
+                   details={"budget": REPLAY_BUDGET, "totals": tot,
+                            "last_quarter": {"history": late_h, "static": late_s}},
                    table=[{"drafter": k, **v} for k, v in tot.items()])
 
 

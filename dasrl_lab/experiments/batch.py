@@ -66,7 +66,8 @@ def run(ctx: Context) -> Outcome:
         f"smaller: generations are capped at {col.config.max_new_tokens} tokens (the paper's run to thousands).")
     return Outcome(summary={"modeled_none_s": m_none["makespan_s"], "modeled_das_s": m_das["makespan_s"],
                             "measured_none_s": w_none["makespan_s"], "measured_das_s": w_das["makespan_s"],
-                            "tail_fraction_none": m_none["tail_fraction"], "das_draft_width_in_tail": round(tail_share, 3)},
+                            "tail_fraction_none": m_none["tail_fraction"],
+                            "das_draft_width_in_tail": round(tail_share, 3)},
                    rows=rows, figure=figure(draw, 1, 2, figsize=(11, 3.6), sharey=True),
                    comparison=comparison, details={"step": rec["step"], "stats": stats, "load": rec["load"],
                                                    "latency": lat.to_dict(), "latency_source": lat_src},

@@ -36,8 +36,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                     "(default: docs/results.md; none with --source)."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = model_option("Model of the real rollouts."),
-        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short.",
-                                             callback=preset_name),
+        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations "
+                                                        "| short.", callback=preset_name),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
                                             callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3).",
@@ -52,8 +52,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                         f"run's in {', '.join(REPLAYS)} (the only ones run then): "
                                                         f"'champ', or a trace / JSONL / Parquet / VeRL folder as "
                                                         f"`dasrl whatif` reads."),
-        champ_model: str = typer.Option("GPT-4 Turbo", help="--source champ: whose solutions (default: the most text)."),
-        problems: int = typer.Option(60, callback=between(0, 270), help="--source champ: the first N problems (0 = all)."),
+        champ_model: str = typer.Option("GPT-4 Turbo",
+                                        help="--source champ: whose solutions (default: the most text)."),
+        problems: int = typer.Option(60, callback=between(0, 270),
+                                     help="--source champ: the first N problems (0 = all)."),
     ) -> None:
         """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
         the simulator where a figure needs paper scale."""

@@ -75,8 +75,8 @@ def run(ctx: Context) -> Outcome:
                        "batch_sizes": grid.batch_sizes, "tokens_per_row": grid.tokens_per_row,
                        "contexts": grid.contexts, "repeats": grid.repeats}},
                    table=[{"fit": name, "c_base ms": round(fit.c_base * 1e3, 2), "c_tok ms": round(fit.c_tok * 1e3, 3),
-                           "mean rel. error": f"{err:.1%}"}
-                          for name, fit, err in (("linear (paper)", linear, lin_err), ("+ KV term (dasrl)", full, full_err))])
+                           "mean rel. error": f"{err:.1%}"} for name, fit, err in (
+                              ("linear (paper)", linear, lin_err), ("+ KV term (dasrl)", full, full_err))])
 
 
 EXPERIMENT = Experiment("latency", "Latency model: forward time vs tokens, linear fit and its error", "Fig. 8", run)

@@ -53,7 +53,8 @@ def write_results(out: Path, results_md: Path) -> Path:
              "Rollout times are given two ways. *Measured*: wall seconds. *Modeled*: the forward-latency model "
              "applied to every forward the engine actually ran (rows x positions per row, padding included, and "
              "the context read) plus the measured drafting time — what the same forwards cost on a quiet machine "
-             "(experiment 6's fit when it fits within 15%, else the CPU default, dasrl.policy.latency.CPU_LATENCY). On a "
+             "(experiment 6's fit when it fits within 15%, else the CPU default, dasrl.policy.latency.CPU_LATENCY). "
+             "On a "
              "machine shared with other jobs the wall clock swings by several x between runs minutes apart "
              "(compare the baseline and oracle wall times of the same step in section 9), so comparisons lean on "
              "the modeled times; both are in every table and JSON.", "",
@@ -61,8 +62,9 @@ def write_results(out: Path, results_md: Path) -> Path:
              "below are copies.", ""]
     if kinds == ["quick"]:
         full = CollectConfig()
-        lines += [f"**This is the quick run.** The full set is `dasrl experiments --out runs/experiments` (collection: "
-                  f"{full.steps} GRPO steps x {full.prompts} prompts x {full.samples} samples, <= {full.max_new_tokens} "
+        lines += [f"**This is the quick run.** The full set is `dasrl experiments --out runs/experiments` "
+                  f"(collection: {full.steps} GRPO steps x {full.prompts} prompts x {full.samples} samples, <= "
+                  f"{full.max_new_tokens} "
                   f"tokens, variants every {full.variant_every} steps; calibrate's full grid; the simulator at scale "
                   f"{sim_scale(False)[0]}).", ""]
     number = {name: i + 1 for i, name in enumerate(EXPERIMENTS)}

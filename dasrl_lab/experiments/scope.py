@@ -36,7 +36,8 @@ def run(ctx: Context) -> Outcome:
         f"global {g['accepted_per_round']:.2f}, problem {p['accepted_per_round']:.2f}, problem+request "
         f"{pr['accepted_per_round']:.2f}; propose time per output token {g['propose_us_per_token']:.1f} / "
         f"{p['propose_us_per_token']:.1f} / {pr['propose_us_per_token']:.1f} µs. "
-        + ("The acceptance ordering matches the paper's. " if pr['accepted_per_round'] >= p['accepted_per_round'] >= g['accepted_per_round']
+        + ("The acceptance ordering matches the paper's. "
+           if pr['accepted_per_round'] >= p['accepted_per_round'] >= g['accepted_per_round']
            else "The acceptance ordering differs from the paper's. ")
         + "(The global index holds the live requests too, as problem+request does; problem holds history only.) "
         + (_collection_note(ctx, g, p) if ctx.options.source is None else f"(Replay of {ctx.replayed()[0]}.)"))
@@ -50,9 +51,9 @@ def _collection_note(ctx: Context, g: dict, p: dict) -> str:
     """Why the GRPO collection run's numbers look as they do (its problem count, its forward time)."""
     vs = ctx.collection().variant_steps()
     fwd_ms = 1e3 * sum(r["baseline"]["rollout_s"] for r in vs) / max(sum(r["baseline"]["forwards"] for r in vs), 1)
-    return ((f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat template and "
-             f"arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of diverse problems. "
-             if g['accepted_per_round'] >= p['accepted_per_round'] else "")
+    return ((f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat "
+             f"template and arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of "
+             f"diverse problems. " if g['accepted_per_round'] >= p['accepted_per_round'] else "")
             + f"Drafting costs microseconds per token against ~{fwd_ms:.0f} ms per measured forward here: on a CPU "
               f"speculation latency is not what limits the rollout.")
 

@@ -78,7 +78,8 @@ def run(ctx: Context) -> Outcome:
 
     comparison = (
         f"Paper Fig. 2: rollouts of a prompt overlap strongly across epochs, most with the nearest ones "
-        f"(near-diagonal structure). Here, over {len(steps)} GRPO steps of SmolLM2: {lag[1] if len(lag) > 1 else float('nan'):.0%} "
+        f"(near-diagonal structure). Here, over {len(steps)} GRPO steps of SmolLM2: "
+        f"{lag[1] if len(lag) > 1 else float('nan'):.0%} "
         f"of a rollout's {N}-grams occur in the previous step's rollouts of its prompt, {far:.0%} at the largest "
         f"lag ({len(lag) - 1} steps); siblings in the same step share {lag[0]:.0%}. "
         + ("The decay with lag is the paper's recency structure; " if len(lag) > 2 and lag[1] > far else

@@ -101,7 +101,7 @@ class StepRow:
     drafted_by_class: dict = field(default_factory=dict)
     """DAS drafted tokens per length class (where the allowance went)."""
     kl_to_initial: float = 0.0
-    """KL(initial policy || policy after this step's update) per token, on step 0's first two samples a problem."""
+    """KL(initial policy || policy after this step's update) per token, on step 0's first two samples per problem."""
 
 
 class KLProbe:

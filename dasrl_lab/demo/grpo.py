@@ -1,15 +1,11 @@
 """A minimal GRPO update: group-normalised advantages, token-mean policy-gradient loss, one step.
 
-On-policy with a single update per batch, the clipped ratio is 1, so the GRPO gradient is the
-advantage-weighted log-likelihood gradient. Only the top `train_layers` decoder layers (and the final
-norm) are trained: on 2 CPU cores a full backward of a 135M model would dominate the demo's time.
-
-The loss is a sum over sequences, so the update groups them freely: sequences are sorted by length and
-packed into micro-batches under a token budget (little padding), the decoder runs without the
-full-vocabulary head, and the head and log-softmax are applied only at the positions that predict a
-completion token, in chunks, with their gradient written out by hand (d log p / d logits = onehot -
-softmax). The gradient is that of the plain algorithm (full logits, log_softmax, gather) up to float
-rounding; tests/lab/test_grpo.py checks this against it.
+On-policy with a single update per batch the clipped ratio is 1, so the gradient is the advantage-weighted
+log-likelihood gradient. Only the top `train_layers` decoder layers (and the final norm) are trained: on 2 CPU
+cores a full backward of a 135M model would dominate the demo. The loss is a sum over sequences, so they are
+packed by length into micro-batches under a token budget, and the head and log-softmax run only at the
+positions that predict a completion token, in chunks, their gradient written by hand (onehot - softmax): the
+plain algorithm's gradient up to float rounding (tests/lab/test_grpo.py).
 """
 
 from __future__ import annotations
@@ -47,9 +43,8 @@ def advantages(rewards: Sequence[float], groups: Sequence[Hashable]) -> np.ndarr
 
 
 def micro_batches(lengths: Sequence[int], max_seqs: int, max_tokens: int) -> list[list[int]]:
-    """Indices of `lengths` grouped for the update: longest first, each group as many of the next
-    longest as fit both `max_seqs` and `max_tokens` (group size x its longest length); a sequence longer
-    than `max_tokens` forms a group of its own. Ties keep their input order."""
+    """Indices of `lengths` grouped for the update: longest first, each group as many of the next longest as
+    fit `max_seqs` and `max_tokens` (group size x its longest length; a longer one goes alone), ties in order."""
     if max_seqs < 1 or max_tokens < 1:
         raise ValueError(f"micro-batch limits must be >= 1, got max_seqs={max_seqs}, max_tokens={max_tokens}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -87,15 +82,12 @@ class GRPOTrainer:
         if not len(prompts) == len(completions) == len(adv):
             raise ValueError(f"step needs one prompt, completion and advantage per sequence; got "
                              f"{len(prompts)}, {len(completions)}, {len(adv)}")
-        cfg = self.config
         self.model.train()
         n_tokens = max(1, sum(len(c) for c in completions))
-        live = [i for i in range(len(prompts)) if len(completions[i])]  # empty completions add no loss
-        lengths = [len(prompts[i]) + len(completions[i]) - 1 for i in live]  # the input rows below
         total = 0.0
         self.opt.zero_grad()
-        for group in micro_batches(lengths, cfg.micro_batch, cfg.micro_tokens):
-            total += self._micro_batch([live[g] for g in group], prompts, completions, adv, n_tokens)
+        for idx in self._groups(prompts, completions):
+            total += self._micro_batch(idx, prompts, completions, adv, n_tokens)
         self.opt.step()
         self.model.eval()
         return total
@@ -103,12 +95,9 @@ class GRPOTrainer:
     @torch.no_grad()
     def logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> np.ndarray:
         """log p(token) of every completion token under the current weights (no temperature), end to end."""
-        live = [i for i in range(len(prompts)) if len(completions[i])]
-        lengths = [len(prompts[i]) + len(completions[i]) - 1 for i in live]
         out: dict[int, np.ndarray] = {}
         head = self.model.get_output_embeddings()
-        for group in micro_batches(lengths, self.config.micro_batch, self.config.micro_tokens):
-            idx = [live[g] for g in group]
+        for idx in self._groups(prompts, completions):
             ids, rows, cols, targets = self._inputs(idx, prompts, completions)
             sel = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[rows, cols]
             lp = torch.cat([torch.log_softmax(head(sel[s:s + self.config.head_chunk]).float(), -1)
@@ -116,7 +105,14 @@ class GRPOTrainer:
                             for s in range(0, len(sel), self.config.head_chunk)]).numpy()
             ends = np.cumsum([len(completions[i]) for i in idx])
             out.update(zip(idx, np.split(lp, ends[:-1])))
-        return np.concatenate([out[i] for i in live]) if live else np.zeros(0, np.float32)
+        return np.concatenate([out[i] for i in sorted(out)]) if out else np.zeros(0, np.float32)
+
+    def _groups(self, prompts, completions) -> list[list[int]]:
+        """The sequences with a completion (an empty one adds no loss), as micro-batches of their indices."""
+        live = [i for i in range(len(prompts)) if len(completions[i])]
+        lengths = [len(prompts[i]) + len(completions[i]) - 1 for i in live]  # the input rows of _inputs
+        return [[live[g] for g in group]
+                for group in micro_batches(lengths, self.config.micro_batch, self.config.micro_tokens)]
 
     def _inputs(self, idx: list[int], prompts, completions):
         """The sequences `idx` as one right-padded batch [b, L] (prompt + completion[:-1]: the last

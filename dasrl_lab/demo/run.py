@@ -1,12 +1,11 @@
 """The demo loop: each step, the same prompts are rolled out by a baseline session (plain decoding) and a
 DAS session (history drafter + length-aware policy) from the same weights and seeds; the outputs must be
-identical; the policy is updated once with GRPO on them; both sessions roll their windows.
-"""
+identical; the policy is updated once with GRPO on them; both sessions roll their windows."""
 
 from __future__ import annotations
 
-import time
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,10 +16,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl_lab.tasks import PRESETS, Task, chat_ids, preset, reward
 from dasrl.engine import SamplingParams
 from dasrl.rollout import Rollout, RolloutSession, SessionConfig
+from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
+from dasrl_lab.tasks import PRESETS, Task, chat_ids, preset, reward
 from dasrl_lab.trace import Response, TraceWriter
 
 
@@ -33,8 +32,7 @@ class DemoConfig:
     model: str = "smollm2-135m"
     """Model: the embedded default, a local HF folder, or a hub id (online only)."""
     steps: int = 3
-    """GRPO steps (every prompt comes back each step; 3 keeps `make demo` near 10 minutes on two cores: a math
-    step costs ~70 s plain + ~70 s DAS + ~30 s of GRPO there)."""
+    """GRPO steps (every prompt comes back each step; 3 keeps `make demo` near 10 minutes on two cores)."""
     prompts: int = PRESETS["math"].prompts
     """Distinct problems."""
     samples: int = PRESETS["math"].samples
@@ -103,8 +101,7 @@ class StepRow:
     drafted_by_class: dict = field(default_factory=dict)
     """DAS drafted tokens per length class (where the allowance went)."""
     kl_to_initial: float = 0.0
-    """KL(initial policy || policy after this step's update) per token, estimated on step 0's first two
-    samples of each problem: how far GRPO has moved the policy."""
+    """KL(initial policy || policy after this step's update) per token, on step 0's first two samples per problem."""
 
 
 class KLProbe:
@@ -127,8 +124,7 @@ def tail_share(curve: Sequence[tuple[float, int]], rows: int, *, live_fraction: 
     since start, live rows) per engine step, the rows of step i live from curve[i-1]'s time to curve[i]'s."""
     if len(curve) < 2:
         return 0.0
-    t = np.array([c[0] for c in curve])
-    live = np.array([c[1] for c in curve])
+    t, live = np.array([c[0] for c in curve]), np.array([c[1] for c in curve])
     dt = np.diff(t)  # step i (i >= 1) took dt[i-1] with live[i] rows
     return float(dt[live[1:] <= live_fraction * rows].sum() / max(t[-1] - t[0], 1e-12))
 
@@ -184,16 +180,51 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     prompts, answers, pids = step_batch(tok, tasks, cfg.samples)
     trace = TraceWriter(out / "trace")
     rows: list[StepRow] = []
-    kl: list[KLProbe] = []  # made at step 0
+    kl: KLProbe | None = None  # made at step 0
     responses: list[tuple[int, list[Response]]] = []  # the DAS rollouts of each step, for the GPU prediction
     console.print(f"GRPO demo ({cfg.preset}): {cfg.prompts} prompts x {cfg.samples} samples, {cfg.steps} steps, "
                   f"<= {cfg.max_new_tokens} new tokens, T={cfg.temperature}; report in {out}")
     try:
         for step in range(cfg.steps):
-            rows.append(_one_step(step, cfg=cfg, base=base, das=das, trainer=trainer, prompts=prompts,
-                                  answers=answers, pids=pids, tok=tok, sampling=sampling, trace=trace,
-                                  console=console, kl=kl, responses=responses))
-            r = rows[-1]
+            results = {}
+            order = [("baseline", base), ("DAS", das)] if step % 2 == 0 else [("DAS", das), ("baseline", base)]
+            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[live]} live rows"),
+                          TimeElapsedColumn(), console=console, transient=True) as progress:
+                for name, sess in order:
+                    task = progress.add_task(f"step {step} {name:8s}", total=len(prompts), live=len(prompts))
+
+                    def tick(info, task=task):
+                        progress.update(task, completed=len(prompts) - info.batch_size, live=info.batch_size)
+
+                    t0 = time.perf_counter()
+                    results[name] = (sess.generate(prompts, problem_ids=pids, sampling=sampling,
+                                                   max_new_tokens=cfg.max_new_tokens, on_step=tick,
+                                                   stop_lines=preset(cfg.preset).stop_lines),
+                                     time.perf_counter() - t0)
+            (b_out, b_s), (d_out, d_s) = results["baseline"], results["DAS"]
+            rewards = {name: score(tok, outs, answers, step=step) for name, outs in (("baseline", b_out),
+                                                                                      ("DAS", d_out))}
+            t0 = time.perf_counter()
+            kl = kl or KLProbe(trainer, prompts, d_out, cfg.samples)
+            loss = trainer.step(prompts, [o.completion_ids for o in d_out], advantages(rewards["DAS"], pids))
+            moved = kl.kl()
+            train_s = time.perf_counter() - t0  # the KL probe's forwards included
+            responses.append((step, trace_rows(step, d_out, rewards["DAS"])))
+            trace.write_step(responses[-1][1])
+            base.end_step()
+            das.end_step()
+            h, lengths = das.history[-1], np.array([len(o.completion_ids) for o in b_out])
+            r = StepRow(
+                step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
+                baseline_forwards=base.history[-1].forwards, tokens_per_row_forward=h.tokens_per_row_forward,
+                drafted=h.drafted, accepted=h.accepted, mean_reward_baseline=float(np.mean(rewards["baseline"])),
+                mean_reward_das=float(np.mean(rewards["DAS"])), train_s=train_s, loss=loss,
+                identical=all(x.completion_ids == y.completion_ids for x, y in zip(b_out, d_out)),
+                at_limit_fraction=float(np.mean([o.finish_reason == "length" for o in b_out])),
+                tail_share=tail_share(base.history[-1].batch_curve, len(prompts)),
+                median_tokens=float(np.median(lengths)), max_tokens=int(lengths.max()),
+                drafted_by_class=dict(h.drafted_by_class), kl_to_initial=moved)
+            rows.append(r)
             console.print(f"step {step}: baseline {r.baseline_s:.1f}s  DAS {r.das_s:.1f}s  speedup "
                           f"{r.speedup:.2f}x  tokens/forward {r.tokens_per_row_forward:.2f}  reward "
                           f"{r.mean_reward_baseline:.3f} / {r.mean_reward_das:.3f}  KL {r.kl_to_initial:.2g}  "
@@ -208,49 +239,6 @@ def run_demo(cfg: DemoConfig, *, console: Console | None = None) -> Path:
     _final_table(rows, console)
     console.print(f"report: {out / 'report.md'}")
     return out
-
-
-def _one_step(step: int, *, cfg: DemoConfig, base: RolloutSession, das: RolloutSession, trainer: GRPOTrainer,
-              prompts, answers, pids, tok, sampling, trace: TraceWriter, console: Console,
-              kl: list[KLProbe], responses: list) -> StepRow:
-    results = {}
-    order = [("baseline", base), ("DAS", das)] if step % 2 == 0 else [("DAS", das), ("baseline", base)]
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[live]} live rows"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        for name, sess in order:
-            task = progress.add_task(f"step {step} {name:8s}", total=len(prompts), live=len(prompts))
-
-            def tick(info, task=task):
-                progress.update(task, completed=len(prompts) - info.batch_size, live=info.batch_size)
-
-            t0 = time.perf_counter()
-            results[name] = (sess.generate(prompts, problem_ids=pids, sampling=sampling,
-                                           max_new_tokens=cfg.max_new_tokens, on_step=tick,
-                                           stop_lines=preset(cfg.preset).stop_lines),
-                             time.perf_counter() - t0)
-    (b_out, b_s), (d_out, d_s) = results["baseline"], results["DAS"]
-    identical = all(x.completion_ids == y.completion_ids for x, y in zip(b_out, d_out))
-    rewards = {name: score(tok, outs, answers, step=step) for name, outs in (("baseline", b_out), ("DAS", d_out))}
-    t0 = time.perf_counter()
-    if not kl:
-        kl.append(KLProbe(trainer, prompts, d_out, cfg.samples))
-    loss = trainer.step(prompts, [o.completion_ids for o in d_out], advantages(rewards["DAS"], pids))
-    moved = kl[0].kl()
-    train_s = time.perf_counter() - t0  # the KL probe's forwards included
-    responses.append((step, trace_rows(step, d_out, rewards["DAS"])))
-    trace.write_step(responses[-1][1])
-    base.end_step()
-    das.end_step()
-    h = das.history[-1]
-    lengths = np.array([len(o.completion_ids) for o in b_out])
-    extra = dict(at_limit_fraction=float(np.mean([o.finish_reason == "length" for o in b_out])),
-                 tail_share=tail_share(base.history[-1].batch_curve, len(prompts)),
-                 median_tokens=float(np.median(lengths)), max_tokens=int(lengths.max()),
-                 drafted_by_class=dict(h.drafted_by_class), kl_to_initial=moved)
-    return StepRow(**extra, step=step, baseline_s=b_s, das_s=d_s, speedup=b_s / d_s, das_forwards=h.forwards,
-                   baseline_forwards=base.history[-1].forwards, tokens_per_row_forward=h.tokens_per_row_forward,
-                   drafted=h.drafted, accepted=h.accepted, mean_reward_baseline=float(np.mean(rewards["baseline"])),
-                   mean_reward_das=float(np.mean(rewards["DAS"])), identical=identical, train_s=train_s, loss=loss)
 
 
 def _final_table(rows: list[StepRow], console: Console) -> None:

@@ -6,11 +6,10 @@ long-tail workload, assumed 7B-on-GPU latency: `dasrl bench ablation`)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
-from dasrl_lab.experiments.base import REAL, SIM, Context, Experiment, Outcome, pyplot, save_figure
+from dasrl_lab.experiments.base import (REAL, SIM, Context, Experiment, Outcome, figure, latency_model,
+                                        modeled_s)
 from dasrl_lab.experiments.collect import UNBOUNDED_CAP
-from dasrl_lab.experiments.timing import latency_model, modeled_s
 from dasrl_lab.sim.simulator import SimConfig, group_steps, simulate
 from dasrl_lab.sim.workloads import generate, get_workload
 
@@ -28,24 +27,24 @@ def sim_scale(quick: bool) -> tuple[float, int]:
 def run(ctx: Context) -> Outcome:
     col = ctx.collection()
     lat, lat_src = latency_model(ctx)
+    names = ("none", "unbounded", "das")
     real_rows = []
     for rec in col.variant_steps():
-        runs = {"none": rec["baseline"], "unbounded": rec["variants"]["unbounded"], "das": rec["variants"]["das"]}
+        runs = {"none": rec["baseline"], **{k: rec["variants"][k] for k in names[1:]}}
         real_rows.append({"source": "real", "step": rec["step"],
                           **{f"{k}_s": round(modeled_s(v, lat), 3) for k, v in runs.items()},
                           **{f"{k}_wall_s": v["rollout_s"] for k, v in runs.items()},
                           **{f"{k}_forwards": v["forwards"] for k, v in runs.items()},
                           "load_1m": rec["load"][0] if rec["load"] else None})
-    real = {k: sum(r[f"{k}_s"] for r in real_rows) for k in ("none", "unbounded", "das")}
-    wall = {k: sum(r[f"{k}_wall_s"] for r in real_rows) for k in ("none", "unbounded", "das")}
+    real = {k: sum(r[f"{k}_s"] for r in real_rows) for k in names}
+    wall = {k: sum(r[f"{k}_wall_s"] for r in real_rows) for k in names}
     scale, steps = sim_scale(ctx.options.quick)
     wl = get_workload("long-tail")
     responses = generate(replace(wl.config.scaled(scale), steps=steps))
     cfg = SimConfig(latency=wl.latency, warmup=1)
-    sim = {}
     with ctx.progress("simulating long-tail (Fig. 12)", len(SIM_RUNS) * steps) as advance:
-        for label, (d, p) in SIM_RUNS.items():
-            sim[label] = simulate(responses, drafter=d, policy=p, config=cfg, progress=lambda i: advance())
+        sim = {label: simulate(responses, drafter=d, policy=p, config=cfg, progress=lambda i: advance())
+               for label, (d, p) in SIM_RUNS.items()}
     sim_t = {k: r.total.makespan for k, r in sim.items()}
     sim_rows = [{"source": "simulator", "step": s.step, "run": k, "makespan_s": round(s.makespan, 3),
                  "proposed": s.proposed, "accepted": s.accepted} for k, r in sim.items() for s in r.steps]
@@ -54,10 +53,8 @@ def run(ctx: Context) -> Outcome:
     n_problems = len({r.problem_id for r in responses})
     per_step = len(responses) // max(len(group_steps(responses)), 1)
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-        names = ("none", "unbounded", "das")
+    def draw(fig, axes) -> None:
+        a, b = axes
         colors = {"none": "#999", "unbounded": "#c44e52", "das": "#4c72b0"}
         w = 0.27
         for i, k in enumerate(names):
@@ -72,7 +69,6 @@ def run(ctx: Context) -> Outcome:
         b.set_title(f"simulator: long-tail x{scale}, 7B-on-GPU latency", fontsize=10)
         for ax in (a, b):
             ax.grid(alpha=0.3, axis="y")
-        save_figure(fig, path)
 
     comparison = (
         f"Paper Fig. 12: distribution-aware budgets cut the makespan by about {PAPER_GAIN:.0%} against "
@@ -94,15 +90,17 @@ def run(ctx: Context) -> Outcome:
         f"forward (experiment 6), and in the simulator the whole step (hundreds of rows) is one static batch, so "
         f"unbounded drafting pays for many rejected tokens at full batch; the paper's engine batches and "
         f"prices tokens differently. Simulator numbers are predictions from a latency model, not measurements.")
-    return Outcome(summary={"real_das_vs_unbounded": round(-real_gain, 3), "real_das_vs_none": round(real["das"] / real["none"] - 1, 3),
+    return Outcome(summary={"real_das_vs_unbounded": round(-real_gain, 3),
+                            "real_das_vs_none": round(real["das"] / real["none"] - 1, 3),
                             "sim_das_vs_unbounded": round(-sim_gain, 3), "paper_das_vs_unbounded": -PAPER_GAIN},
-                   rows=real_rows + sim_rows, figure=figure, comparison=comparison, source=f"{REAL} + {SIM}",
+                   rows=real_rows + sim_rows, figure=figure(draw, 1, 2, figsize=(10, 3.6)),
+                   comparison=comparison, source=f"{REAL} + {SIM}",
                    details={"real_modeled_s": real, "real_wall_s": wall, "latency_source": lat_src,
                             "latency": lat.to_dict(), "sim_makespan_s": sim_t, "sim_scale": scale, "sim_steps": steps,
                             "sim_latency": wl.latency.to_dict(),
                             "sim": {k: r.total.to_dict() for k, r in sim.items()}},
                    table=[{"run": k, "real, modeled s": round(real[k], 2), "real, wall s": round(wall[k], 2),
-                           "simulated makespan s": round(sim_t[k], 2)} for k in ("none", "unbounded", "das")])
+                           "simulated makespan s": round(sim_t[k], 2)} for k in names])
 
 
 EXPERIMENT = Experiment("ablation", "Budget ablation: no speculation vs unbounded vs distribution-aware",

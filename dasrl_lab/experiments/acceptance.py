@@ -4,11 +4,9 @@ rollouts: StaticDrafter), at the same fixed budget; the history drafter should t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dasrl.drafter import DraftStore, StoreConfig
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
-from dasrl_lab.experiments.replay import REPLAY_BUDGET, StaticDrafter, replay, totals
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
+from dasrl_lab.experiments.replay import REPLAY_BUDGET, StaticDrafter, replay_each, totals
 
 
 def drafters() -> dict[str, object]:
@@ -20,14 +18,8 @@ def drafters() -> dict[str, object]:
 
 
 def run(ctx: Context) -> Outcome:
-    responses = ctx.responses()
     what, step_name = ctx.replayed()
-    n_steps = len({int(r.step) for r in responses})
-    results = {}
-    ds = drafters()
-    with ctx.progress("replaying: history vs static", n_steps * len(ds)) as advance:
-        for name, d in ds.items():
-            results[name] = replay(responses, d, label=name, on_step=lambda i: advance())
+    results = replay_each(ctx, "replaying: history vs static", drafters())
     rows = [{"drafter": k, **s.to_dict()} for k, v in results.items() for s in v]
     tot = {k: totals(v) for k, v in results.items()}
     hist, stat = results["history (window 16)"], results["static (step 0 only)"]
@@ -36,9 +28,7 @@ def run(ctx: Context) -> Outcome:
     late_s = totals(stat[late:], skip_first=False)["accepted_per_round"]
     gap = tot["history (window 16)"]["accepted_per_round"] - tot["static (step 0 only)"]["accepted_per_round"]
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(7, 3.6))
+    def draw(fig, ax) -> None:
         for k, v in results.items():
             ax.plot([s.step for s in v], [s.accepted_per_round for s in v], marker="o", ms=3, label=k)
         ax.set_xlabel(step_name)
@@ -46,7 +36,6 @@ def run(ctx: Context) -> Outcome:
         ax.set_title(f"Acceptance over steps (trace replay, budget {REPLAY_BUDGET})")
         ax.legend()
         ax.grid(alpha=0.3)
-        save_figure(fig, path)
 
     comparison = (
         f"Paper Fig. 4: a drafter built from the latest rollouts keeps its acceptance as the policy drifts, "
@@ -58,11 +47,12 @@ def run(ctx: Context) -> Outcome:
            "The gap does not grow over this run (little drift to track). ")
         + f"With live siblings and the request itself indexed too (problem+request, the DAS default) acceptance "
           f"is {tot['DAS default (problem+request)']['accepted_per_round']:.2f}: "
-        + ("samples of one step resemble each other." if any(r.sample for r in responses) else
+        + ("samples of one step resemble each other." if any(r.sample for r in ctx.responses()) else
            "a response repeats its own text (there are no siblings: one sample per problem per step)."))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()},
-                   rows=rows, figure=figure, comparison=comparison,
-                   details={"budget": REPLAY_BUDGET, "totals": tot, "last_quarter": {"history": late_h, "static": late_s}},
+                   rows=rows, figure=figure(draw, figsize=(7, 3.6)), comparison=comparison,
+                   details={"budget": REPLAY_BUDGET, "totals": tot,
+                            "last_quarter": {"history": late_h, "static": late_s}},
                    table=[{"drafter": k, **v} for k, v in tot.items()])
 
 

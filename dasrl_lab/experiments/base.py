@@ -1,5 +1,8 @@
 """What every experiment shares: the options of a run, the context (model, cached collection, progress
-bars), the Outcome an experiment returns, and how it is written (PNG, JSON, CSV; all atomic)."""
+bars), the Outcome an experiment returns, how it is written (PNG, JSON, CSV; all atomic), and rollout time
+two ways. Measured: wall seconds (on a shared machine, with other jobs' load). Modeled: the fitted latency
+model (experiment 6) applied to every forward the rollout ran (rows x positions per row, padding included,
+and the context read), plus the measured drafting time: what the same forwards cost here unloaded."""
 
 from __future__ import annotations
 
@@ -15,14 +18,18 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dasrl.atomic import atomic_write, write_json
-from dasrl_lab.plots import pyplot, save_figure  # noqa: F401 (the experiments' figures)
+from dasrl.atomic import MAX_JSON_BYTES, atomic_write, read_json, write_json
+from dasrl.policy import LatencyModel
 from dasrl_lab.experiments.machine import load_avg
+from dasrl_lab.plots import pyplot, save_figure
 from dasrl_lab.sim.sources import ChampSource
+from dasrl_lab.sim.workloads import CPU_LATENCY
 
 REAL = "real rollouts (SmolLM2-135M, this machine)"
 REAL_FORWARDS = "real engine forwards (SmolLM2-135M, this machine)"
 SIM = "simulator (synthetic workload, assumed 7B-on-GPU latency)"
+MAX_FIT_ERROR = 0.15
+"""Experiment 6's fit is used only when its mean relative error is at most this (a quiet machine)."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +47,7 @@ class RunOptions:
     collect: tuple[tuple[str, int], ...] = ()
     """Overrides of the collection run's CollectConfig fields, as (name, value) pairs."""
     source: str | None = None
-    """Recorded rollouts the trace-replay experiments replay instead of the collection run's trace:
-    'champ' or a path dasrl_lab.sim.sources.load reads (None: the collection run)."""
+    """What the trace-replay experiments replay: 'champ', a path sources.load reads, or None (the collection)."""
     champ: ChampSource = ChampSource(model="GPT-4 Turbo", problems=60)
     """Which CHAMP solutions when source is 'champ' (GPT-4 Turbo: the most text of the four models)."""
 
@@ -80,15 +86,22 @@ class Experiment:
     """Measures, returns the outcome."""
 
 
+def figure(draw: Callable, *grid: int, **subplots) -> Callable[[Path], None]:
+    """An Outcome's figure: draw(fig, axes) on fresh pyplot.subplots(*grid, **subplots), saved as PNG."""
+    def write(path: Path) -> None:
+        fig, axes = pyplot().subplots(*grid, **subplots)
+        draw(fig, axes)
+        save_figure(fig, path)
+    return write
+
+
 class Context:
     """One `dasrl experiments` invocation: options, console, and what experiments share, made once on
     first use: the model and the collection run (cached on disk under the out folder)."""
 
     def __init__(self, options: RunOptions, console: Console) -> None:
         self.options, self.console = options, console
-        self._model = None
-        self._collection = None
-        self._responses = None
+        self._model = self._collection = self._responses = None
 
     def model(self):
         """(model, tokenizer), fp32, loaded on first use."""
@@ -106,9 +119,9 @@ class Context:
         if self._collection is None:
             from dasrl_lab.experiments.collect import CollectConfig, ensure_collection
 
-            cfg = CollectConfig.quick(self.options.model) if self.options.quick else CollectConfig(
-                model=self.options.model)
-            self._collection = ensure_collection(replace(cfg, **dict(self.options.collect)), self)
+            o = self.options
+            cfg = CollectConfig.quick(o.model) if o.quick else CollectConfig(model=o.model)
+            self._collection = ensure_collection(replace(cfg, **dict(o.collect)), self)
         return self._collection
 
     def responses(self):
@@ -141,19 +154,12 @@ class Context:
                       TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=self.console,
                       transient=True) as prog:
             task = prog.add_task(description, total=total, note="")
-
-            def advance(n: float = 1, **fields) -> None:
-                prog.update(task, advance=n, **fields)
-
-            yield advance
+            yield lambda n=1, **fields: prog.update(task, advance=n, **fields)
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols)
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     w.writeheader()
     w.writerows(rows)
     atomic_write(path, lambda f: f.write(buf.getvalue().encode()))
@@ -167,7 +173,8 @@ def run_experiment(exp: Experiment, ctx: Context) -> dict:
     outcome = exp.run(ctx)
     png = folder / f"{exp.name}.png"
     outcome.figure(png)
-    o = ctx.options
+    o, col = ctx.options, ctx._collection
+    c = col.config if col is not None else None
     doc = {"format": "dasrl-experiment/1", "name": exp.name, "title": exp.title, "paper": exp.paper,
            "source": outcome.source if o.source is None else f"replay of {ctx.replayed()[0]}, SmolLM2 tokenizer",
            "quick": o.quick, "command": o.command,
@@ -176,8 +183,11 @@ def run_experiment(exp: Experiment, ctx: Context) -> dict:
                              + ([] if o.source is None else [f"--source {shlex.quote(o.source)}"] + (
                                  [f"--champ-model {shlex.quote(o.champ.model)} --problems {o.champ.problems}"]
                                  if o.source == "champ" else []))),
-           "collect": dict(ctx.options.collect),
-           "collection": _collection_note(ctx),
+           "collect": dict(o.collect),
+           "collection": None if c is None else (
+               f"GRPO collection run: {c.steps} steps x {c.prompts} prompts x {c.samples} samples, <= "
+               f"{c.max_new_tokens} tokens, T={c.sampling().temperature}, engine variants on steps "
+               f"{c.variant_steps} ({col.wall_s / 60:.1f} min)"),
            "summary": outcome.summary, "comparison": outcome.comparison, "table": outcome.table,
            "details": outcome.details, "figure": png.name, "seconds": round(time.perf_counter() - t0, 1),
            "load_before": load0, "load_after": load_avg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -186,12 +196,34 @@ def run_experiment(exp: Experiment, ctx: Context) -> dict:
     return doc
 
 
-def _collection_note(ctx: Context) -> str | None:
-    """One line on the collection run the experiment used (None if it used none)."""
-    col = ctx._collection
-    if col is None:
-        return None
-    c = col.config
-    return (f"GRPO collection run: {c.steps} steps x {c.prompts} prompts x {c.samples} samples, <= {c.max_new_tokens} "
-            f"tokens, T={c.sampling().temperature}, engine variants on steps {c.variant_steps} "
-            f"({col.wall_s / 60:.1f} min)")
+def latency_model(ctx) -> tuple[LatencyModel, str]:
+    """Experiment 6's fit (with the KV term) when it ran under this out folder and fits well; else the
+    CPU figures measured on this project's machine unloaded (dasrl.policy.CPU_LATENCY)."""
+    f = ctx.options.out / "latency" / "latency.json"
+    if f.exists():
+        d = read_json(f, MAX_JSON_BYTES, follow_symlinks=True)
+        err = d["summary"]["kv_fit_rel_error"]
+        if err <= MAX_FIT_ERROR:
+            return LatencyModel.from_dict(d["details"]["with_kv"], source=str(f)), "fitted in experiment 6"
+        note = f"experiment 6's fit missed by {err:.0%} on the loaded machine, so "
+    else:
+        note = "experiment 6 not run, so "
+    c = CPU_LATENCY
+    return c, (note + f"the CPU default (dasrl.policy.latency.CPU_LATENCY, one thread): {c.c_base * 1e3:.0f} ms + "
+                      f"{c.c_tok * 1e3:.1f} ms/token + {c.c_other * 1e6:.0f} µs per row-context token + "
+                      f"{c.c_draft_kv * 1e6:.0f} µs per drafting-row context token + {c.c_draft * 1e3:.1f} ms per "
+                      f"forward with a drafting row")
+
+
+def modeled_s(summary: dict, latency: LatencyModel) -> float:
+    """Modeled seconds of one recorded rollout (see the module docstring)."""
+    return sum(latency.price(shape) for shape in summary["shapes"]) + summary.get("draft_s", 0.0)
+
+
+def modeled_curve(summary: dict, latency: LatencyModel) -> list[list[float]]:
+    """[(modeled end time of forward k, live rows)]: the batch curve on the modeled clock."""
+    t, out = 0.0, []
+    for shape in summary["shapes"]:
+        t += latency.price(shape)
+        out.append([round(t, 4), shape[0]])
+    return out

@@ -4,12 +4,9 @@ weights and seeds (the collection run's last variant step)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
-from dasrl_lab.experiments.timing import latency_model, modeled_curve
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure, latency_model, modeled_curve
 
 
 def collapse_stats(curve: list[list[float]]) -> dict:
@@ -39,11 +36,9 @@ def run(ctx: Context) -> Outcome:
     extra = [(r, n - r) for r, n, *_ in runs["DAS"]["shapes"][1:]]  # decode forwards: (rows, draft tokens paid)
     paid = sum(x for _, x in extra)
     tail_share = sum(x for r, x in extra if r <= full / 4) / paid if paid else 0.0
-    m, w = stats["modeled"], stats["measured"]
+    (m_none, m_das), (w_none, w_das) = (stats[c].values() for c in ("modeled", "measured"))
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    def draw(fig, axes) -> None:
         for ax, (c, curves) in zip(axes, clocks.items()):
             for k, v in curves.items():
                 ax.step([0.0] + [p[0] for p in v], [v[0][1]] + [p[1] for p in v], where="pre",
@@ -54,28 +49,28 @@ def run(ctx: Context) -> Outcome:
         axes[0].set_ylabel("live rows (effective batch)")
         axes[0].set_title("wall clock (shared machine)")
         axes[1].set_title("latency model x the forwards run")
-        fig.suptitle(f"Batch collapse, step {rec['step']}: {col.config.prompts}x{col.config.samples} rollouts, SmolLM2-135M")
-        save_figure(fig, path)
+        fig.suptitle(f"Batch collapse, step {rec['step']}: {col.config.prompts}x{col.config.samples} rollouts, "
+                     f"SmolLM2-135M")
 
     comparison = (
         f"Paper Fig. 1: the batch collapses to a few stragglers that set the step time, and speculation "
         f"shortens that tail. Here (real engine, step {rec['step']}, {full} rows): on the modeled clock (the "
         f"latency model, {lat_src}, applied to each forward the engine ran) the batch spends "
-        f"{m['no speculation']['tail_fraction']:.0%} of the {m['no speculation']['makespan_s']:.1f} s step with "
-        f"at most a quarter of its rows live (time-weighted mean batch {m['no speculation']['mean_batch']:.1f}); "
-        f"DAS takes {m['DAS']['makespan_s']:.1f} s ({m['no speculation']['makespan_s'] / max(m['DAS']['makespan_s'], 1e-9):.2f}x), "
+        f"{m_none['tail_fraction']:.0%} of the {m_none['makespan_s']:.1f} s step with "
+        f"at most a quarter of its rows live (time-weighted mean batch {m_none['mean_batch']:.1f}); "
+        f"DAS takes {m_das['makespan_s']:.1f} s ({m_none['makespan_s'] / max(m_das['makespan_s'], 1e-9):.2f}x), "
         f"and {tail_share:.0%} of the draft width it paid for was in forwards with at most a quarter of the rows "
         f"live (the per-forward allowance gives a full batch little or no draft width). Measured wall "
-        f"clock: {w['no speculation']['makespan_s']:.1f} s vs {w['DAS']['makespan_s']:.1f} s, at load "
+        f"clock: {w_none['makespan_s']:.1f} s vs {w_das['makespan_s']:.1f} s, at load "
         f"{rec['load']} (the machine is shared; see the JSON). The collapse has the paper's shape; its scale is "
         f"smaller: generations are capped at {col.config.max_new_tokens} tokens (the paper's run to thousands).")
-    return Outcome(summary={"modeled_none_s": m["no speculation"]["makespan_s"], "modeled_das_s": m["DAS"]["makespan_s"],
-                            "measured_none_s": w["no speculation"]["makespan_s"], "measured_das_s": w["DAS"]["makespan_s"],
-                            "tail_fraction_none": m["no speculation"]["tail_fraction"],
+    return Outcome(summary={"modeled_none_s": m_none["makespan_s"], "modeled_das_s": m_das["makespan_s"],
+                            "measured_none_s": w_none["makespan_s"], "measured_das_s": w_das["makespan_s"],
+                            "tail_fraction_none": m_none["tail_fraction"],
                             "das_draft_width_in_tail": round(tail_share, 3)},
-                   rows=rows, figure=figure, comparison=comparison,
-                   details={"step": rec["step"], "stats": stats, "load": rec["load"], "latency": lat.to_dict(),
-                            "latency_source": lat_src},
+                   rows=rows, figure=figure(draw, 1, 2, figsize=(11, 3.6), sharey=True),
+                   comparison=comparison, details={"step": rec["step"], "stats": stats, "load": rec["load"],
+                                                   "latency": lat.to_dict(), "latency_source": lat_src},
                    table=[{"clock": c, "run": k, **v} for c, st in stats.items() for k, v in st.items()])
 
 

@@ -36,8 +36,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                     "(default: docs/results.md; none with --source)."),
         no_results: bool = typer.Option(False, "--no-results", help="Do not write the markdown."),
         model: str = model_option("Model of the real rollouts."),
-        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations | short.",
-                                             callback=preset_name),
+        preset: Optional[str] = typer.Option(None, help="Collection run: task set, math (default) | enumerations "
+                                                        "| short.", callback=preset_name),
         steps: Optional[int] = typer.Option(None, help="Collection run: GRPO steps (default 24; quick 3).",
                                             callback=between(1, MAX_STEPS)),
         prompts: Optional[int] = typer.Option(None, help="Collection run: distinct problems (default 6; quick 3).",
@@ -52,8 +52,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                         f"run's in {', '.join(REPLAYS)} (the only ones run then): "
                                                         f"'champ', or a trace / JSONL / Parquet / VeRL folder as "
                                                         f"`dasrl whatif` reads."),
-        champ_model: str = typer.Option("GPT-4 Turbo", help="--source champ: whose solutions (default: the most text)."),
-        problems: int = typer.Option(60, callback=between(0, 270), help="--source champ: the first N problems (0 = all)."),
+        champ_model: str = typer.Option("GPT-4 Turbo",
+                                        help="--source champ: whose solutions (default: the most text)."),
+        problems: int = typer.Option(60, callback=between(0, 270),
+                                     help="--source champ: the first N problems (0 = all)."),
     ) -> None:
         """Reproduce the DAS paper's measurements (docs/results.md): real rollouts on the embedded model,
         the simulator where a figure needs paper scale."""
@@ -72,11 +74,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         # A --source run writes beside, not over, the collection run's figures and docs/results.md.
         out = out or Path("runs/experiments" + (f"-{Path(source).name}" if source else ""))
         results = results or (None if source else Path("docs/results.md"))
-        collect = tuple((k, v) for k, v in dict(steps=steps, prompts=prompts, samples=samples,
-                                                 max_new_tokens=max_new_tokens, variant_every=variant_every).items()
-                        if v is not None)
-        if preset is not None:
-            collect += (("preset", preset),)
+        given = dict(steps=steps, prompts=prompts, samples=samples, max_new_tokens=max_new_tokens,
+                     variant_every=variant_every, preset=preset)
+        collect = tuple((k, v) for k, v in given.items() if v is not None)
         console = Console()
         command = "dasrl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         ctx = Context(RunOptions(out=out, quick=quick, model=model, command=command, collect=collect, source=source,
@@ -166,7 +166,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"(priced recorded forwards: median |error| {summ['median_abs_error_priced']:.1%})")
         if json_out is not None:
             write_json(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
-                                  "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ, "rows": [r.to_dict() for r in rows]})
+                                  "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ,
+                                  "rows": [r.to_dict() for r in rows]})
             console.print(f"wrote {json_out}")
         if png is not None:
             scatter(rows, png, title=f"simulator vs engine ({summ['rows']} steps x variants)")
@@ -178,12 +179,9 @@ def _help(name: str) -> str:
     import ast
     import inspect
 
-    from dasrl_lab.experiments import validate
+    from dasrl_lab.experiments.validate import StepOverhead
 
-    tree = ast.parse(inspect.getsource(validate.StepOverhead))
-    body = tree.body[0].body
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and a.target.id == name and isinstance(b, ast.Expr):
-            return f"{b.value.value} (seconds)"
-    return name
+    body = ast.parse(inspect.getsource(StepOverhead)).body[0].body
+    return next((f"{b.value.value} (seconds)" for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
+                 and a.target.id == name and isinstance(b, ast.Expr)), name)
 

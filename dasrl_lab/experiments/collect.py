@@ -1,12 +1,8 @@
 """The shared collection run: a GRPO loop on the embedded model (the demo's pieces) that records every
 step's rollouts to a Parquet trace and, on some steps, rolls the same prompts out again with each engine
-variant (same weights, same seeds): the numbers behind experiments 1, 8 and 9. Every variant must
-reproduce the baseline's tokens exactly (lossless speculation); a mismatch stops the run.
-
-On steps without variants, each variant session takes the baseline's rollouts into its history
-(RolloutSession.record), so its drafter and length statistics are those of a session that ran every
-step. Cached under <out>/collect-<key>/ (key = hash of the config): reruns and later experiments reuse it.
-"""
+variant (same weights and seeds), which must reproduce the baseline's tokens exactly: the numbers behind
+experiments 1, 8 and 9. On the other steps each variant session takes the baseline's rollouts into its
+history (RolloutSession.record), as if it had run every step. Cached under <out>/collect-<key>/."""
 
 from __future__ import annotations
 
@@ -19,17 +15,16 @@ from pathlib import Path
 from typing import Callable
 
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json
-from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
-from dasrl_lab.demo.run import score, step_batch, trace_rows
-from dasrl_lab.tasks import preset
-from dasrl.drafter import DraftParams, Drafter
-from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
-from dasrl.drafter import StoreConfig
+from dasrl.drafter import DraftParams, Drafter, StoreConfig
 from dasrl.engine import SamplingParams
 from dasrl.policy import POLICIES, BudgetPolicy, ClassCaps
-from dasrl_lab.policies import make_lab_policy
-from dasrl_lab.experiments.machine import load_avg
 from dasrl.rollout import Rollout, RolloutSession, SessionConfig, StepSummary, speculation_policy
+from dasrl_lab.demo.grpo import GRPOConfig, GRPOTrainer, advantages
+from dasrl_lab.demo.run import score, step_batch, trace_rows
+from dasrl_lab.drafters.baselines import NGramDrafter, OracleDrafter
+from dasrl_lab.experiments.machine import load_avg
+from dasrl_lab.policies import make_lab_policy
+from dasrl_lab.tasks import preset
 from dasrl_lab.trace import Trace, TraceWriter, read_trace
 
 FORMAT = "dasrl-experiments-collect/3"
@@ -112,11 +107,8 @@ class Variant:
     """A fresh OracleDrafter per step, told the baseline's outputs of that step."""
 
     def session_config(self, seed: int) -> SessionConfig:
-        """The SessionConfig of this variant's session (validate-sim rebuilds its policy from it)."""
-        # counting=False: the variants compare history drafters as the paper does (and validate-sim replays
-        # them with a DraftStore); counting drafts are measured by `dasrl demo` and `dasrl bench engine`.
-        # fit_latency=False: the policy prices with one fixed model, so the simulator can replay the session
-        # draft for draft (an online fit follows this machine's timings, which no replay can know).
+        # counting=False: the variants compare history drafters, as the paper does and validate-sim replays.
+        # fit_latency=False: one fixed price model, so the simulator can replay the session draft for draft.
         return SessionConfig(speculate=True, policy=self.policy if self.policy in POLICIES else "das",
                              policy_kw=self.policy_kw if self.policy in POLICIES else (), store=self.store,
                              seed=seed, draft_allowance=None if self.allowance else NO_ALLOWANCE, counting=False,
@@ -128,8 +120,7 @@ class Variant:
                               policy=self.session_policy(seed))
 
     def session_policy(self, seed: int) -> BudgetPolicy:
-        """The variant's policy: the library's by name (the session's own), or the lab's as itself (the replay
-        of validate-sim rebuilds it the same way)."""
+        """The library's policy by name (the session's own), or the lab's as itself (validate-sim's too)."""
         if self.policy in POLICIES:
             return speculation_policy(self.session_config(seed))
         return make_lab_policy(self.policy, **dict(self.policy_kw))
@@ -152,12 +143,9 @@ VARIANTS: tuple[Variant, ...] = (
 BASELINE = "none"
 
 
-def summary_dict(s: StepSummary, shapes: list[list[int]], forward_times: list[float] | None = None,
-                 points: int = 300) -> dict:
-    """What the experiments keep of one rollout: totals, the batch curve, each forward's shape
-    [rows, input tokens (packed), cached context tokens read] for the latency model, and where the time
-    went: each forward's measured seconds, the drafting and the verification seconds, so validate-sim can
-    tell the latency model's error from the step's overhead."""
+def summary_dict(s: StepSummary, shapes: list[list[int]], forward_times: list[float], points: int = 300) -> dict:
+    """What the experiments keep of one rollout: totals, the batch curve, each forward's shape (for the
+    latency model) and where the time went (so validate-sim can tell the model's error from the overhead)."""
     curve = s.batch_curve
     if len(curve) > points:
         idx = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
@@ -167,7 +155,7 @@ def summary_dict(s: StepSummary, shapes: list[list[int]], forward_times: list[fl
             "tokens_per_row_forward": round(s.tokens_per_row_forward, 4),
             "batch_curve": [[round(t, 4), int(b)] for t, b in curve], "shapes": shapes,
             "draft_s": round(s.draft_s, 4), "verify_s": round(s.verify_s, 4), "forward_s": round(s.forward_s, 4),
-            **({} if forward_times is None else {"forward_times": [round(t, 5) for t in forward_times]})}
+            "forward_times": [round(t, 5) for t in forward_times]}
 
 
 @dataclass
@@ -180,12 +168,8 @@ class Collection:
     """One record per step: step, train_s, loss, mean_reward, load, baseline, variants {name: summary}."""
     wall_s: float
 
-    @property
-    def trace_path(self) -> Path:
-        return self.folder / "trace"
-
     def trace(self) -> Trace:
-        return read_trace(self.trace_path)
+        return read_trace(self.folder / "trace")
 
     def variant_steps(self) -> list[dict]:
         return [s for s in self.steps if s["variants"]]
@@ -231,8 +215,7 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
     trainer = GRPOTrainer(model, cfg.grpo)
     trace = TraceWriter(folder / "trace", vocab_size=int(model.get_output_embeddings().weight.shape[0]))
     records: list[dict] = []
-    n_var = len(cfg.variant_steps)
-    total = (cfg.steps + n_var * len(VARIANTS)) * len(prompts)
+    total = (cfg.steps + len(cfg.variant_steps) * len(VARIANTS)) * len(prompts)
     ctx.console.print(f"collection: {cfg.steps} GRPO steps of {cfg.prompts} prompts x {cfg.samples} samples "
                       f"(<= {cfg.max_new_tokens} tokens); engine variants on steps {cfg.variant_steps}")
     with ctx.progress("collecting rollouts", total) as advance:
@@ -272,8 +255,7 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
             rec["mean_reward"] = sum(rewards) / len(rewards)
             rec["load_after"] = load_avg()
             trace.write_step(trace_rows(step, ref, rewards))
-            base.end_step()
-            for sess in sessions.values():
+            for sess in (base, *sessions.values()):
                 sess.end_step()
             records.append(rec)
             # After every step, so a run cut short (killed, out of memory) keeps what it measured:
@@ -281,8 +263,9 @@ def run_collection(cfg: CollectConfig, ctx, folder: Path) -> Collection:
             write_json(folder / "collect.json", _doc(cfg, records, time.perf_counter() - t_start, complete=False),
                        indent=None)
             var = "  ".join(f"{k} {v['rollout_s']:.1f}s" for k, v in rec["variants"].items())
-            ctx.console.print(f"step {step}: baseline {rec['baseline']['rollout_s']:.1f}s, train {rec['train_s']:.1f}s"
-                              f"{'  ' + var if var else ''}  (load {rec['load'][0] if rec['load'] else '?'})")
+            ctx.console.print(f"step {step}: baseline {rec['baseline']['rollout_s']:.1f}s, train "
+                              f"{rec['train_s']:.1f}s{'  ' + var if var else ''}  "
+                              f"(load {rec['load'][0] if rec['load'] else '?'})")
     wall = time.perf_counter() - t_start
     write_json(folder / "collect.json", _doc(cfg, records, wall, complete=True), indent=None)
     ctx.console.print(f"collection: {cfg.steps} steps in {wall / 60:.1f} min -> {folder}")

@@ -5,13 +5,11 @@ each reaches."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure, latency_model, modeled_s
 from dasrl_lab.experiments.collect import VARIANTS
-from dasrl_lab.experiments.timing import latency_model, modeled_s
 
 DRAFTERS = ("das", "global", "ngram", "oracle")
+RUNS = ("none",) + DRAFTERS
 
 
 def fraction_of_oracle(t_none: float, t_x: float, t_oracle: float) -> dict:
@@ -27,27 +25,25 @@ def run(ctx: Context) -> Outcome:
     lat, lat_src = latency_model(ctx)
     rows = []
     for rec in col.variant_steps():
-        v = rec["variants"]
-        for k in ("none",) + DRAFTERS:
-            s = rec["baseline"] if k == "none" else v[k]
+        for k in RUNS:
+            s = rec["baseline"] if k == "none" else rec["variants"][k]
             rows.append({"step": rec["step"], "drafter": k, "rollout_s": round(modeled_s(s, lat), 3),
-                         "wall_s": s["rollout_s"], "forwards": s["forwards"],
-                         "drafted": s["drafted"], "accepted": s["accepted"],
+                         "wall_s": s["rollout_s"], "forwards": s["forwards"], "drafted": s["drafted"],
+                         "accepted": s["accepted"],
                          "tokens_per_row_forward": round(s["new_tokens"] / max(s["row_forwards"], 1), 4)})
-    tot = {k: sum(r["rollout_s"] for r in rows if r["drafter"] == k) for k in ("none",) + DRAFTERS}
-    wall = {k: sum(r["wall_s"] for r in rows if r["drafter"] == k) for k in ("none",) + DRAFTERS}
+
+    def total(field: str, names=RUNS) -> dict:
+        return {k: sum(r[field] for r in rows if r["drafter"] == k) for k in names}
+
+    tot, wall = total("rollout_s"), total("wall_s")
+    acc, drafted = total("accepted", DRAFTERS), total("drafted", DRAFTERS)
     fr = {k: fraction_of_oracle(tot["none"], tot[k], tot["oracle"]) for k in DRAFTERS}
-    acc = {k: sum(r["accepted"] for r in rows if r["drafter"] == k) for k in DRAFTERS}
-    drafted = {k: sum(r["drafted"] for r in rows if r["drafter"] == k) for k in DRAFTERS}
     steps = [rec["step"] for rec in col.variant_steps()]
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(8, 3.6))
-        names = ("none",) + DRAFTERS
-        w = 0.8 / len(names)
-        for i, k in enumerate(names):
-            ax.bar([j + (i - (len(names) - 1) / 2) * w for j in range(len(steps))],
+    def draw(fig, ax) -> None:
+        w = 0.8 / len(RUNS)
+        for i, k in enumerate(RUNS):
+            ax.bar([j + (i - (len(RUNS) - 1) / 2) * w for j in range(len(steps))],
                    [r["rollout_s"] for r in rows if r["drafter"] == k], w,
                    label=k if k in ("none", "oracle") else f"{k} ({fr[k]['ratio']:.0%} of oracle)")
         ax.set_xticks(range(len(steps)), [f"step {s}" for s in steps])
@@ -55,7 +51,6 @@ def run(ctx: Context) -> Outcome:
         ax.set_title("Drafters in the same engine, same steps, DAS budgets (SmolLM2-135M, CPU)")
         ax.legend(fontsize=8, ncol=2)
         ax.grid(alpha=0.3, axis="y")
-        save_figure(fig, path)
 
     desc = {v.name: v.description for v in VARIANTS}
     best = max(("das", "global", "ngram"), key=lambda k: fr[k]["speedup"])
@@ -63,7 +58,8 @@ def run(ctx: Context) -> Outcome:
         "Not in the paper (it compares against its own baselines); the issue's goals for this engine are DAS "
         ">= 1.3x the global suffix drafter and >= 75% of the oracle's speedup. Here, summed over steps "
         f"{steps}, modeled time (the latency model, {lat_src}, applied to the forwards each run made; the "
-        f"wall clock of this shared machine is in the table): speedup over no speculation DAS {fr['das']['speedup']:.2f}x, global suffix "
+        f"wall clock of this shared machine is in the table): speedup over no speculation DAS "
+        f"{fr['das']['speedup']:.2f}x, global suffix "
         f"{fr['global']['speedup']:.2f}x, n-gram {fr['ngram']['speedup']:.2f}x, oracle {fr['oracle']['speedup']:.2f}x; "
         f"DAS reaches {fr['das']['ratio']:.0%} of the oracle's speedup ({(fr['das']['gain'] or 0):.0%} of its gain) "
         f"and runs {tot['global'] / tot['das']:.2f}x the global drafter's speed. Fastest non-oracle drafter: "
@@ -73,13 +69,14 @@ def run(ctx: Context) -> Outcome:
     return Outcome(summary={f"speedup {k}": round(fr[k]["speedup"], 3) for k in DRAFTERS}
                    | {"das_fraction_of_oracle": round(fr["das"]["ratio"], 3),
                       "das_vs_global": round(tot["global"] / tot["das"], 3)},
-                   rows=rows, figure=figure, comparison=comparison,
-                   details={"modeled_s": tot, "wall_s": wall, "latency_source": lat_src, "fractions": fr, "descriptions": desc, "steps": steps},
+                   rows=rows, figure=figure(draw, figsize=(8, 3.6)), comparison=comparison,
+                   details={"modeled_s": tot, "wall_s": wall, "latency_source": lat_src, "fractions": fr,
+                            "descriptions": desc, "steps": steps},
                    table=[{"drafter": k, "what": desc.get(k, "plain decoding (baseline)"),
                            "modeled s": round(tot[k], 2), "wall s": round(wall[k], 2),
                            "speedup": f"{tot['none'] / tot[k]:.2f}x",
                            "of oracle speedup": f"{fr[k]['ratio']:.0%}" if k in fr else "-"}
-                          for k in ("none",) + DRAFTERS])
+                          for k in RUNS])
 
 
 EXPERIMENT = Experiment("drafters", "DAS vs global suffix vs n-gram vs oracle drafters, same engine and steps",

@@ -5,11 +5,10 @@ the mean and moves from step to step."""
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure, pyplot
 
 
 def length_table(responses) -> list[dict]:
@@ -41,10 +40,9 @@ def run(ctx: Context) -> Outcome:
         by_step[r["step"]].append(r)
     step_ratio = [max(x["max"] for x in v) / np.mean([x["mean"] for x in v]) for v in by_step.values()]
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    def draw(fig, axes) -> None:
+        a, b = axes
+        colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
         for i, p in enumerate(problems):
             sel = [r for r in rows if r["problem"] == p]
             c = colors[i % len(colors)]
@@ -63,7 +61,6 @@ def run(ctx: Context) -> Outcome:
         b.set_ylabel("max length")
         b.set_title("mean vs max, every (problem, step)")
         b.grid(alpha=0.3)
-        save_figure(fig, path)
 
     comparison = (
         f"Paper Fig. 9: within a problem the longest sample is far longer than the mean, and both move "
@@ -77,7 +74,8 @@ def run(ctx: Context) -> Outcome:
     return Outcome(summary={"max_over_mean_median": round(float(np.median(ratio)), 3),
                             "step_max_over_mean": round(float(np.median(step_ratio)), 3),
                             "mean_length_cv": round(float(np.mean(means_cv)), 3), "at_limit": round(at_limit, 3)},
-                   rows=rows, figure=figure, comparison=comparison,
+                   rows=rows, figure=figure(draw, 1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.4, 1]}),
+                   comparison=comparison,
                    details={"per_problem_cv": dict(zip(map(str, problems), [round(x, 4) for x in means_cv]))})
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from dasrl_lab.experiments import (ablation, acceptance, batch, drafters, latency, lengths, scope, similarity, simulator,
-                               window)
+from dasrl_lab.experiments import (ablation, acceptance, batch, drafters, latency, lengths, scope, similarity,
+                                   simulator, window)
 from dasrl_lab.experiments.base import Experiment
 
 EXPERIMENTS: "MappingProxyType[str, Experiment]" = MappingProxyType({m.EXPERIMENT.name: m.EXPERIMENT for m in (

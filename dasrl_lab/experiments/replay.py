@@ -1,10 +1,7 @@
-"""Offline acceptance: replay the recorded trace through a drafter in the simulator.
-
-With the lossless position-keyed sampler a draft is accepted exactly up to its longest prefix that
-matches the recorded continuation, so replaying the trace gives the acceptance the engine would see (the
-simulator's batched replay: siblings in flight, the drafter's window rolling per step). Speculation
-latency is the measured time of the drafter's propose calls (TimedDrafter).
-"""
+"""Offline acceptance: replay the recorded trace through a drafter in the simulator (its batched replay:
+siblings in flight, the drafter's window rolling per step). With the lossless position-keyed sampler a draft
+is accepted exactly up to its longest prefix matching the recorded continuation, so this is the acceptance
+the engine would see. Speculation latency is the measured time of the drafter's propose calls."""
 
 from __future__ import annotations
 
@@ -14,26 +11,33 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter import Draft, Drafter, DrafterBase
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl_lab.trace import Response
+from dasrl.drafter import Draft, Drafter, DrafterBase, DraftStore
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps
+from dasrl_lab.trace import Response
 
 REPLAY_BUDGET = 16
 """Draft tokens per request per verification round in every replay (a fixed budget: drafters compared
 at equal budget, so acceptance differences are the drafter's)."""
 
 
-class _Wrapper(DrafterBase):
-    """A Drafter that hands every call to `inner`; subclasses change what they wrap."""
+class TimedDrafter(DrafterBase):
+    """A Drafter that hands every call to `inner` and times its propose calls, per step (one entry per end_step)."""
 
-    inner: Drafter
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.propose_s, self.calls, self.rows = 0.0, 0, 0
+        self.per_step: list[dict] = []  # {propose_s, calls, rows} per finished step
 
     def start(self, req_id: Hashable, problem_id: Hashable | None, prompt_ids: Sequence[int]) -> None:
         self.inner.start(req_id, problem_id, prompt_ids)
 
     def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        return self.inner.propose(req_ids, budgets)
+        t0 = time.perf_counter()
+        out = self.inner.propose(req_ids, budgets)
+        self.propose_s += time.perf_counter() - t0
+        self.calls += 1
+        self.rows += len(req_ids)
+        return out
 
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         self.inner.observe(req_id, tokens)
@@ -46,48 +50,19 @@ class _Wrapper(DrafterBase):
 
     def end_step(self) -> None:
         self.inner.end_step()
-
-
-class TimedDrafter(_Wrapper):
-    """A Drafter that times another's propose calls, per step (one entry per end_step)."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.propose_s, self.calls, self.rows = 0.0, 0, 0
-        self.per_step: list[dict] = []
-        """[{propose_s, calls, rows}] per finished step."""
-
-    def propose(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[Draft]:
-        t0 = time.perf_counter()
-        out = self.inner.propose(req_ids, budgets)
-        self.propose_s += time.perf_counter() - t0
-        self.calls += 1
-        self.rows += len(req_ids)
-        return out
-
-    def end_step(self) -> None:
-        self.inner.end_step()
         self.per_step.append({"propose_s": self.propose_s, "calls": self.calls, "rows": self.rows})
         self.propose_s, self.calls, self.rows = 0.0, 0, 0
 
 
-class StaticDrafter(_Wrapper):
-    """A history drafter frozen after its first `learn_steps` steps: a DraftStore that folds those steps
-    into its index and discards every later one (DraftStore.discard_step), so it drafts from a fixed
-    index while the policy drifts. Live requests are still indexed within a step as the store's mode says."""
-
-    def __init__(self, config: StoreConfig = StoreConfig(), *, learn_steps: int = 1) -> None:
-        if learn_steps < 1:
-            raise ValueError(f"learn_steps must be >= 1, got {learn_steps}")
-        self.inner = self.store = DraftStore(config)
-        self.learn_steps, self.learned = learn_steps, 0
+class StaticDrafter(DraftStore):
+    """A DraftStore frozen after its first step (later ones: DraftStore.discard_step), so it drafts from a
+    fixed index while the policy drifts; live requests are indexed as the store's mode says."""
 
     def end_step(self) -> None:
-        if self.learned < self.learn_steps:
-            self.store.end_step()
-            self.learned += 1
+        if self.step == 0:
+            super().end_step()
         else:
-            self.store.discard_step()
+            self.discard_step()
 
 
 @dataclass
@@ -115,11 +90,10 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
            budget: int = REPLAY_BUDGET, on_step=None) -> list[ReplayStep]:
     """Replay the trace's steps through `drafter` at a fixed budget; the acceptance and propose time of each."""
     timed = TimedDrafter(drafter)
-    steps = group_steps(responses)
     max_new = max((len(r.response_ids) for r in responses), default=1)
     sim = Simulator(drafter=timed, policy="fixed", policy_kw={"k": budget}, config=SimConfig(), label=label)
     out = []
-    for i, (step, rs) in enumerate(steps):
+    for i, (step, rs) in enumerate(group_steps(responses)):
         st = sim.run_step(step, rs, max_new_tokens=max_new + 1)
         t = timed.per_step[-1]
         out.append(ReplayStep(step=step, accepted_per_round=st.accepted_per_row_forward,
@@ -130,6 +104,13 @@ def replay(responses: Sequence[Response], drafter: Drafter, *, label: str,
         if on_step is not None:
             on_step(i)
     return out
+
+
+def replay_each(ctx, description: str, drafters: dict[str, Drafter]) -> dict[str, list[ReplayStep]]:
+    """Each drafter replayed over the experiments' recorded rollouts (ctx.responses()), under one progress bar."""
+    responses = ctx.responses()
+    with ctx.progress(description, len({int(r.step) for r in responses}) * len(drafters)) as advance:
+        return {k: replay(responses, d, label=k, on_step=lambda i: advance()) for k, d in drafters.items()}
 
 
 def totals(steps: Sequence[ReplayStep], *, skip_first: bool = True) -> dict:

@@ -30,21 +30,12 @@ def md_table(rows: list[dict]) -> list[str]:
     return out + [""]
 
 
-def load_results(out: Path) -> list[dict]:
-    """The experiments' JSON documents found under out, in registry order."""
-    docs = []
-    for name in EXPERIMENTS:
-        f = out / name / f"{name}.json"
-        if f.exists():
-            docs.append(read_json(f, MAX_JSON_BYTES, follow_symlinks=True))
-    return docs
-
-
-def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -> Path:
-    """Write results_md from what is under out; PNGs are copied to `figures` (default: results_md's
-    folder / 'results')."""
-    docs = load_results(out)
-    figures = figures or results_md.parent / "results"
+def write_results(out: Path, results_md: Path) -> Path:
+    """Write results_md from the experiments' JSON under out (registry order); PNGs are copied to its folder's
+    results/."""
+    docs = [read_json(f, MAX_JSON_BYTES, follow_symlinks=True)
+            for f in (out / name / f"{name}.json" for name in EXPERIMENTS) if f.exists()]
+    figures = results_md.parent / "results"
     figures.mkdir(parents=True, exist_ok=True)
     kinds = sorted({"quick" if d["quick"] else ("custom" if d.get("collect") else "full") for d in docs})
     label = {("quick",): "QUICK RUN (`--quick`: small sizes, a smoke test; not the full figures)",
@@ -62,7 +53,8 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
              "Rollout times are given two ways. *Measured*: wall seconds. *Modeled*: the forward-latency model "
              "applied to every forward the engine actually ran (rows x positions per row, padding included, and "
              "the context read) plus the measured drafting time — what the same forwards cost on a quiet machine "
-             "(experiment 6's fit when it fits within 15%, else the CPU default, dasrl.policy.latency.CPU_LATENCY). On a "
+             "(experiment 6's fit when it fits within 15%, else the CPU default, dasrl.policy.latency.CPU_LATENCY). "
+             "On a "
              "machine shared with other jobs the wall clock swings by several x between runs minutes apart "
              "(compare the baseline and oracle wall times of the same step in section 9), so comparisons lean on "
              "the modeled times; both are in every table and JSON.", "",
@@ -70,8 +62,9 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
              "below are copies.", ""]
     if kinds == ["quick"]:
         full = CollectConfig()
-        lines += [f"**This is the quick run.** The full set is `dasrl experiments --out runs/experiments` (collection: "
-                  f"{full.steps} GRPO steps x {full.prompts} prompts x {full.samples} samples, <= {full.max_new_tokens} "
+        lines += [f"**This is the quick run.** The full set is `dasrl experiments --out runs/experiments` "
+                  f"(collection: {full.steps} GRPO steps x {full.prompts} prompts x {full.samples} samples, <= "
+                  f"{full.max_new_tokens} "
                   f"tokens, variants every {full.variant_every} steps; calibrate's full grid; the simulator at scale "
                   f"{sim_scale(False)[0]}).", ""]
     number = {name: i + 1 for i, name in enumerate(EXPERIMENTS)}
@@ -81,13 +74,13 @@ def write_results(out: Path, results_md: Path, *, figures: Path | None = None) -
         png = out / d["name"] / d["figure"]
         target = figures / f"{d['name']}.png"
         if png.exists():
-            atomic_write(target, lambda f, png=png: f.write(read_regular(png, MAX_JSON_BYTES, follow_symlinks=True)))
-        rel = target.relative_to(results_md.parent) if target.is_relative_to(results_md.parent) else target
+            atomic_write(target, lambda f, png=png: f.write(read_regular(png, MAX_JSON_BYTES,
+                                                                         follow_symlinks=True)))
         lines += [f"## {number[d['name']]}. {d['title']} ({d['paper']})", "",
                   f"Source: {d['source']}{' — quick run' if d['quick'] else ''}. Took {d['seconds']} s; load "
                   f"average {d['load_before']} before, {d['load_after']} after.", "",
                   *([f"Data: {d['collection']}.", ""] if d.get("collection") else []),
-                  f"![{d['name']}]({rel.as_posix()})", ""]
+                  f"![{d['name']}](results/{d['name']}.png)", ""]
         lines += md_table(d["table"]) if d.get("table") else []
         lines += ["Numbers: " + ", ".join(f"`{k}` = {_cell(v)}" for k, v in d["summary"].items()), "",
                   f"Command: `{d['rerun']}` (this run: `{d['command']}`)", "",

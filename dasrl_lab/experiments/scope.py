@@ -4,29 +4,20 @@ token, replaying the recorded trace at a fixed budget."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dasrl.drafter import MODES, DraftStore, StoreConfig
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
-from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay, totals
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
+from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay_each, totals
 
 
 def run(ctx: Context) -> Outcome:
-    responses = ctx.responses()
-    n_steps = len({int(r.step) for r in responses})
     order = ("global", "problem", "problem+request")
     assert set(order) == set(MODES)
-    results = {}
-    with ctx.progress("replaying: history scopes", n_steps * len(order)) as advance:
-        for mode in order:
-            results[mode] = replay(responses, DraftStore(StoreConfig(mode=mode)), label=mode,
-                                   on_step=lambda i: advance())
+    results = replay_each(ctx, "replaying: history scopes", {m: DraftStore(StoreConfig(mode=m)) for m in order})
     tot = {k: totals(v) for k, v in results.items()}
     rows = [{"scope": k, **s.to_dict()} for k, v in results.items() for s in v]
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    def draw(fig, axes) -> None:
+        a, b = axes
         a.bar(order, [tot[k]["accepted_per_round"] for k in order], color=["#999", "#4c72b0", "#dd8452"])
         a.set_ylabel("accepted tokens / round")
         a.set_title("acceptance")
@@ -37,7 +28,6 @@ def run(ctx: Context) -> Outcome:
             ax.grid(alpha=0.3, axis="y")
             ax.tick_params(axis="x", labelsize=8)
         fig.suptitle(f"Scope of the history (trace replay, window 16, budget {REPLAY_BUDGET})")
-        save_figure(fig, path)
 
     g, p, pr = (tot[k] for k in order)
     comparison = (
@@ -46,23 +36,24 @@ def run(ctx: Context) -> Outcome:
         f"global {g['accepted_per_round']:.2f}, problem {p['accepted_per_round']:.2f}, problem+request "
         f"{pr['accepted_per_round']:.2f}; propose time per output token {g['propose_us_per_token']:.1f} / "
         f"{p['propose_us_per_token']:.1f} / {pr['propose_us_per_token']:.1f} µs. "
-        + ("The acceptance ordering matches the paper's. " if pr['accepted_per_round'] >= p['accepted_per_round'] >= g['accepted_per_round']
+        + ("The acceptance ordering matches the paper's. "
+           if pr['accepted_per_round'] >= p['accepted_per_round'] >= g['accepted_per_round']
            else "The acceptance ordering differs from the paper's. ")
         + "(The global index holds the live requests too, as problem+request does; problem holds history only.) "
         + (_collection_note(ctx, g, p) if ctx.options.source is None else f"(Replay of {ctx.replayed()[0]}.)"))
     return Outcome(summary={f"accepted/round {k}": v["accepted_per_round"] for k, v in tot.items()}
                    | {f"µs/token {k}": v["propose_us_per_token"] for k, v in tot.items()},
-                   rows=rows, figure=figure, comparison=comparison, details={"budget": REPLAY_BUDGET, "totals": tot},
-                   table=[{"scope": k, **v} for k, v in tot.items()])
+                   rows=rows, figure=figure(draw, 1, 2, figsize=(9, 3.4)), comparison=comparison,
+                   details={"budget": REPLAY_BUDGET, "totals": tot}, table=[{"scope": k, **v} for k, v in tot.items()])
 
 
 def _collection_note(ctx: Context, g: dict, p: dict) -> str:
     """Why the GRPO collection run's numbers look as they do (its problem count, its forward time)."""
     vs = ctx.collection().variant_steps()
     fwd_ms = 1e3 * sum(r["baseline"]["rollout_s"] for r in vs) / max(sum(r["baseline"]["forwards"] for r in vs), 1)
-    return ((f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat template and "
-             f"arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of diverse problems. "
-             if g['accepted_per_round'] >= p['accepted_per_round'] else "")
+    return ((f"The global index does well here: {ctx.collection().config.prompts} problems sharing a chat "
+             f"template and arithmetic phrasing make a small, homogeneous history, unlike the paper's thousands of "
+             f"diverse problems. " if g['accepted_per_round'] >= p['accepted_per_round'] else "")
             + f"Drafting costs microseconds per token against ~{fwd_ms:.0f} ms per measured forward here: on a CPU "
               f"speculation latency is not what limits the rollout.")
 

@@ -4,12 +4,11 @@ so the closer the steps: the recency structure a windowed history drafter uses."
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
 
 N = 4
 """n of the n-grams compared."""
@@ -63,9 +62,8 @@ def run(ctx: Context) -> Outcome:
             for i, si in enumerate(steps) for j, sj in enumerate(steps)]
     far = lag[-1] if len(lag) > 1 else float("nan")
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]})
+    def draw(fig, axes) -> None:
+        a, b = axes
         im = a.imshow(m, origin="lower", cmap="viridis")
         a.set_xlabel("step j")
         a.set_ylabel("step i")
@@ -77,11 +75,11 @@ def run(ctx: Context) -> Outcome:
         b.set_ylabel("mean overlap")
         b.set_title("recency: overlap vs lag (0 = siblings)")
         b.grid(alpha=0.3)
-        save_figure(fig, path)
 
     comparison = (
         f"Paper Fig. 2: rollouts of a prompt overlap strongly across epochs, most with the nearest ones "
-        f"(near-diagonal structure). Here, over {len(steps)} GRPO steps of SmolLM2: {lag[1] if len(lag) > 1 else float('nan'):.0%} "
+        f"(near-diagonal structure). Here, over {len(steps)} GRPO steps of SmolLM2: "
+        f"{lag[1] if len(lag) > 1 else float('nan'):.0%} "
         f"of a rollout's {N}-grams occur in the previous step's rollouts of its prompt, {far:.0%} at the largest "
         f"lag ({len(lag) - 1} steps); siblings in the same step share {lag[0]:.0%}. "
         + ("The decay with lag is the paper's recency structure; " if len(lag) > 2 and lag[1] > far else
@@ -91,7 +89,8 @@ def run(ctx: Context) -> Outcome:
     return Outcome(summary={"overlap_siblings": round(lag[0], 3),
                             "overlap_lag1": round(lag[1], 3) if len(lag) > 1 else None,
                             "overlap_max_lag": round(far, 3)},
-                   rows=rows, figure=figure, comparison=comparison,
+                   rows=rows, figure=figure(draw, 1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]}),
+                   comparison=comparison,
                    details={"n": N, "steps": steps, "by_lag": [round(x, 4) for x in lag]},
                    table=[{"lag": d, "overlap": round(v, 3)} for d, v in enumerate(lag)
                           if d in (0, 1, 2, 4, 8, 16, 31) or d == len(lag) - 1])

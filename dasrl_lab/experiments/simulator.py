@@ -9,8 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from dasrl_lab.experiments.base import REAL, Context, Experiment, Outcome
-from dasrl_lab.experiments.timing import latency_model
+from dasrl_lab.experiments.base import REAL, Context, Experiment, Outcome, latency_model
 from dasrl_lab.experiments.validate import scatter, summary, validate
 
 
@@ -41,7 +40,8 @@ def run(ctx: Context) -> Outcome:
         "fitted overhead carries it. `dasrl validate-sim <out>` prints the same per row.")
     return Outcome(summary={"median_abs_error": s["median_abs_error"], "max_abs_error": s["max_abs_error"],
                             "exact_rows": s["exact_rows"], "rows": s["rows"]},
-                   rows=[r.to_dict() for r in rows], figure=figure, comparison=comparison, source=f"{REAL}, replayed by the simulator",
+                   rows=[r.to_dict() for r in rows], figure=figure, comparison=comparison,
+                   source=f"{REAL}, replayed by the simulator",
                    details={"latency": lat.to_dict(), "latency_source": lat_src, "summary": s},
                    table=[per_variant(v) for v in variants])
 

@@ -1,23 +1,14 @@
 """Simulator vs engine on a recorded collection run: `dasrl validate-sim RUN`.
 
-A collection run (dasrl_lab.experiments.collect; `<out>/collect-<key>/`) keeps every step's baseline
-rollouts (the trace) and the measured rollout time of every step; on its variant steps, the same for
-each engine variant, with its forward shapes and drafted / accepted counts. The replay here gives the
-simulator what each variant's session had:
-
-- the same drafter (a DraftStore of the variant's StoreConfig, n-gram, or a per-step oracle) and the
-  same policy object (`Variant.session_policy`: its budgets inside the
-  per-forward allowance, priced by the session's own latency model);
-- the same history: steps without variants are taken in as the session's `record()` took them;
-- the engine's batching (every row in one packed forward) and its prefill forward.
-
-Both are lossless replays of the same tokens, so drafted and accepted tokens and forwards must agree
-exactly (`exact` per row). Each forward is then priced with a latency model calibrated on this machine
-(`dasrl calibrate`), plus what a step costs beside its forwards (`StepOverhead`): the prediction.
-`priced_s` prices the engine's own recorded forward shapes the same way, so a gap between predicted and
-priced is the replay's, a gap between priced and measured the cost model's.
+A collection run (dasrl_lab.experiments.collect) keeps every step's baseline rollouts (the trace) and measured
+rollout time; on its variant steps, the same for each engine variant with its forward shapes and drafted /
+accepted counts. The replay gives the simulator what each variant's session had: its drafter, its policy object
+(`Variant.session_policy`), its history (record() on the steps without variants), the engine's batching. Both
+are lossless replays of the same tokens, so drafted and accepted tokens and forwards must agree exactly
+(`exact`). The prediction prices each forward with a latency model plus `StepOverhead`; `priced_s` prices the
+engine's own recorded forwards the same way, so a gap between predicted and priced is the replay's, a gap
+between priced and measured the cost model's.
 """
-
 from __future__ import annotations
 
 import statistics
@@ -29,10 +20,11 @@ import numpy as np
 
 from dasrl.atomic import MAX_JSON_BYTES, read_json
 from dasrl.drafter import DraftStore
-from dasrl_lab.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl.policy import LatencyModel, nonnegative_lstsq
-from dasrl_lab.trace import read_trace
+from dasrl_lab.experiments.collect import BASELINE, FORMAT, VARIANTS, Variant
 from dasrl_lab.sim.simulator import Simulator, StepStats
+from dasrl_lab.trace import read_trace
+
 
 @dataclass(frozen=True)
 class StepOverhead:
@@ -51,11 +43,9 @@ class StepOverhead:
     @classmethod
     def measure(cls, rollouts: list[dict], latency: LatencyModel,
                 priced: list[float] | None = None) -> "StepOverhead":
-        """Fitted to recorded rollouts: each one's wall seconds beyond its recorded forwards priced by
-        `latency` (rollout_s - priced forwards) on its forwards, row-forwards and drafted tokens (least
-        squares relative to each rollout's time, coefficients >= 0). What the latency model leaves out
-        and scales with the step's work (sampling, verification, drafting, Python) lands here. `priced`:
-        the rollouts' forwards already priced by `latency` (else priced here)."""
+        """Fitted to recorded rollouts: the wall seconds beyond their forwards priced by `latency` (`priced`, when
+        given) on forwards, row-forwards and drafted tokens (least squares relative to each rollout's time,
+        coefficients >= 0): what the latency model leaves out and scales with the step's work."""
         if len(rollouts) < 3:
             raise ValueError(f"measuring the step overhead needs >= 3 recorded rollouts, got {len(rollouts)}")
         if priced is None:
@@ -93,8 +83,7 @@ class Row:
 
     @property
     def exact(self) -> bool:
-        return self.forwards[0] == self.forwards[1] and self.drafted[0] == self.drafted[1] \
-            and self.accepted[0] == self.accepted[1]
+        return all(sim == engine for sim, engine in (self.forwards, self.drafted, self.accepted))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -124,10 +113,8 @@ def _price(lat: LatencyModel, shapes) -> float:
 def _simulator(variant: Variant | None, seed: int) -> Simulator:
     if variant is None:
         return Simulator(drafter="none", policy="none", label=BASELINE)
-    policy = variant.session_policy(seed)
-    if variant.oracle:
-        return Simulator(drafter="oracle", policy=policy, label=variant.name)  # a fresh oracle per step
-    drafter = variant.drafter() if variant.drafter else DraftStore(variant.store)
+    policy = variant.session_policy(seed)  # "oracle": the simulator makes a fresh one per step
+    drafter = "oracle" if variant.oracle else variant.drafter() if variant.drafter else DraftStore(variant.store)
     return Simulator(drafter=drafter, policy=policy, label=variant.name)
 
 
@@ -181,17 +168,13 @@ def replay(folder: Path, *, progress: Callable[[str], None] | None = None) -> tu
     return doc, out
 
 
-def _rollouts(doc: dict) -> list[tuple[str, int, dict]]:
-    return [(name, rec["step"], meas) for rec in doc["steps"]
-            for name, meas in [(BASELINE, rec["baseline"]), *rec["variants"].items()]]
-
-
 def validate(folder: Path, *, latency: LatencyModel, overhead: StepOverhead | None = StepOverhead(),
              progress: Callable[[str], None] | None = None) -> list[Row]:
     """One Row per (variant, step) of the collection in `folder`. `overhead=None`: measured from the
     run itself (StepOverhead.measure on every other recorded rollout: the predicted one is left out)."""
     doc, sims = replay(folder, progress=progress)
-    recorded = _rollouts(doc)
+    recorded = [(name, rec["step"], meas) for rec in doc["steps"]
+                for name, meas in [(BASELINE, rec["baseline"]), *rec["variants"].items()]]
     priced_fwd = [_price(latency, m["shapes"]) for _, _, m in recorded]  # each recorded rollout priced once
     rows = []
     for i, (name, step, meas) in enumerate(recorded):

@@ -3,35 +3,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dasrl.drafter import DraftStore, StoreConfig
-from dasrl_lab.experiments.base import Context, Experiment, Outcome, pyplot, save_figure
-from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay, totals
+from dasrl_lab.experiments.base import Context, Experiment, Outcome, figure
+from dasrl_lab.experiments.replay import REPLAY_BUDGET, replay_each, totals
 
 WINDOWS = (1, 4, 16, 32, 0)
 """Steps of history kept (0 = all)."""
 
 
-def label(w: int) -> str:
-    return "all" if w == 0 else str(w)
-
-
 def run(ctx: Context) -> Outcome:
-    responses = ctx.responses()
-    n_steps = len({int(r.step) for r in responses})
-    results = {}
-    with ctx.progress("replaying: window sizes", n_steps * len(WINDOWS)) as advance:
-        for w in WINDOWS:
-            results[label(w)] = replay(responses, DraftStore(StoreConfig(window=w)), label=f"window {label(w)}",
-                                       on_step=lambda i: advance())
+    results = replay_each(ctx, "replaying: window sizes",
+                          {"all" if w == 0 else str(w): DraftStore(StoreConfig(window=w)) for w in WINDOWS})
     tot = {k: totals(v) for k, v in results.items()}
     rows = [{"window": k, **s.to_dict()} for k, v in results.items() for s in v]
-    names = list(results)
+    names, n_steps = list(results), len(results["all"])
 
-    def figure(path: Path) -> None:
-        plt = pyplot()
-        fig, a = plt.subplots(figsize=(6.5, 3.6))
+    def draw(fig, a) -> None:
         a.plot(names, [tot[k]["accepted_per_round"] for k in names], marker="o", color="#4c72b0")
         a.set_xlabel("window (steps of history)")
         a.set_ylabel("accepted tokens / round", color="#4c72b0")
@@ -40,7 +27,6 @@ def run(ctx: Context) -> Outcome:
         b.set_ylabel("propose µs per output token", color="#dd8452")
         a.grid(alpha=0.3)
         a.set_title(f"Window size (trace replay of {n_steps} steps, budget {REPLAY_BUDGET})")
-        save_figure(fig, path)
 
     same = [k for k in names if k != "all" and int(k) >= n_steps - 1]
     comparison = (
@@ -55,7 +41,7 @@ def run(ctx: Context) -> Outcome:
         + "The latency differences are microseconds per token: with a per-problem index of a few thousand "
           "tokens the suffix-tree walk hardly grows; at paper scale (millions of tokens per window) it does.")
     return Outcome(summary={f"accepted/round w={k}": v["accepted_per_round"] for k, v in tot.items()},
-                   rows=rows, figure=figure, comparison=comparison,
+                   rows=rows, figure=figure(draw, figsize=(6.5, 3.6)), comparison=comparison,
                    details={"budget": REPLAY_BUDGET, "totals": tot, "trace_steps": n_steps},
                    table=[{"window": k, **v} for k, v in tot.items()])
 

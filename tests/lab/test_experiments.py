@@ -79,11 +79,11 @@ def test_static_drafter_does_not_change_after_step_0():
     history = DraftStore(StoreConfig(mode="problem+request"))
     for d in (static, history):
         _feed(d, 0, [a])
-    frozen = static.store.num_tokens
+    frozen = static.num_tokens
     for d in (static, history):
         _feed(d, 1, [b, b])
         _feed(d, 2, [b])
-    assert static.store.num_tokens == frozen and static.store.step == 1
+    assert static.num_tokens == frozen and static.step == 1
     assert history.num_tokens > frozen
     for d in (static, history):  # after b's first 8 tokens, only the history has seen what follows
         d.start("q", 0, [1, 2, 3])

@@ -131,8 +131,11 @@ class RolloutWorker:
         m.to("cuda" if torch.cuda.is_available() else "cpu").eval()
         self.session = RolloutSession(m, self.tokenizer, config)
 
-    def generate(self, prompts, **kw):
-        return self.session.generate(prompts, **kw), self.session.history[-1]
+    def generate(self, prompts, *, problem_ids, seeds, samples, sampling, max_new_tokens, stop_token_ids, stop_lines):
+        rollouts = self.session.generate(prompts, problem_ids=problem_ids, seeds=seeds, samples=samples,
+                                         sampling=sampling, max_new_tokens=max_new_tokens,
+                                         stop_token_ids=stop_token_ids, stop_lines=stop_lines)
+        return rollouts, self.session.history[-1]
 
     def end_step(self) -> None:
         self.session.end_step()

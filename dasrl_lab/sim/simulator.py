@@ -295,7 +295,8 @@ class Simulator:
     def run_step(self, step: int, responses: Sequence[Response], *, max_new_tokens: int) -> StepStats:
         """replay_step under this simulator's batching, each forward priced by its latency model."""
         cfg = self.config
-        targets = {rid: np.asarray(r.response_ids, np.int32) for rid, r in zip(request_ids(step, len(responses)), responses)}
+        targets = {rid: np.asarray(r.response_ids, np.int32)
+                   for rid, r in zip(request_ids(step, len(responses)), responses)}
         st = replay_step(self.for_step(targets), self.policy, step, responses, max_new_tokens=max_new_tokens,
                          max_batch=cfg.max_batch, continuous=cfg.batch_mode == "continuous")
         points = []

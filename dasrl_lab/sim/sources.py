@@ -102,7 +102,9 @@ def _row(d, file, line, *, step_field="step", pid_field="problem_id", prompt_fie
     pid = d.get(pid_field) if pid_field else None
     if pid is None:
         if prompt is None:
-            raise _bad(file, line, pid_field or prompt_field, "missing (it keys the problem)" if not pid_field else f"missing, and no {prompt_field!r} to key the problem by")
+            why = (f"missing, and no {prompt_field!r} to key the problem by" if pid_field
+                   else "missing (it keys the problem)")
+            raise _bad(file, line, pid_field or prompt_field, why)
         pid = prompt if isinstance(prompt, str) else tuple(prompt)
     elif isinstance(pid, bool) or not isinstance(pid, (str, int, np.integer)):
         raise _bad(file, line, pid_field, f"must be a string or an integer, got {pid!r}")
@@ -182,7 +184,8 @@ def champ_rows(src: ChampSource) -> list[_Row]:
     variants = src.variants or champ.VARIANTS
     unknown = [v for v in variants if v not in champ.VARIANTS]
     if unknown:
-        raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; valid: {', '.join(champ.VARIANTS)}")
+        raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; "
+                          f"valid: {', '.join(champ.VARIANTS)}")
     if not 1 <= src.samples <= len(variants):
         raise SourceError(f"champ: samples per step must be in [1, {len(variants)}] (the variants), got {src.samples}")
     if src.problems < 0:

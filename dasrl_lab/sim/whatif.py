@@ -42,7 +42,8 @@ class WhatifConfig:
             raise ValueError(f"draft cap K must be >= 1, got {self.cap}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
-            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(METHODS)}")
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; "
+                             f"valid: {', '.join(METHODS)}")
 
 
 def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
@@ -227,7 +228,8 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
     if jobs == 1 or len(tasks) == 1:
         for i, (src, steps, kind, m, prof, policy, label) in enumerate(tasks):
             name = named[src][0]
-            tick = (lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n)) if progress else None
+            tick = ((lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n))
+                    if progress else None)
             reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
     else:
         import multiprocessing
@@ -264,5 +266,6 @@ def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg
              tokenizer_name: str, started: float, extra: dict | None = None) -> dict:
     rows = [r for res in results for r in res.rows(profiles, cfg)]
     return {"format": FORMAT, "source": source, "tokenizer": tokenizer_name, "cap": cfg.cap,
-            "branching": cfg.store.params.branching, "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
+            "branching": cfg.store.params.branching, "methods": list(cfg.methods),
+            "profiles": [p.to_dict() for p in profiles],
             "elapsed_s": round(time.perf_counter() - started, 1), **(extra or {}), "rows": rows}

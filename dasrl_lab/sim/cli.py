@@ -7,19 +7,18 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
-from dasrl.atomic import write_json
-from dasrl_lab.cli_args import MAX_COUNT, MAX_SCALE, MAX_STEPS, MIN_SCALE, MAX_WORKERS, between, input_file, json_option, output_file
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl.drafter import MAX_DRAFT
-from dasrl.drafter import StoreConfig
-from dasrl_lab.policies import ALL_POLICIES as POLICIES
+from dasrl.atomic import write_json
+from dasrl.drafter import MAX_DRAFT, StoreConfig
 from dasrl.policy import LatencyModel
+from dasrl_lab.cli_args import (MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, MIN_SCALE, between, input_file,
+                                json_option, output_file)
+from dasrl_lab.policies import ALL_POLICIES as POLICIES
 from dasrl_lab.trace import Response, TraceError, read_trace, summarize, write_trace
-from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, group_steps, simulate
+from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, StepStats, group_steps, simulate
 from dasrl_lab.sim.workloads import CPU_LATENCY, WORKLOADS, generate, get_workload
 
 console = Console()
@@ -96,26 +95,22 @@ def _run_all(runs: dict[str, tuple[str, str]], responses, cfg: SimConfig, k: int
     return out
 
 
-def _table(title: str, results: dict[str, SimResult], baseline: str) -> Table:
+def _table(title: str, rows: dict[str, StepStats], baseline: str | None = None) -> Table:
+    """A row per run, with its speedup over `baseline`'s makespan; without a baseline, a row per step."""
     t = Table(title=title)
-    for c in ("run", "makespan s", "speedup", "forwards", "proposed", "accepted", "acc/row-fwd", "eff. batch"):
+    speedup = ("speedup",) if baseline else ()
+    for c in ("run" if baseline else "step", "makespan s", *speedup, "forwards", "proposed", "accepted",
+              "acc/row-fwd", "eff. batch"):
         t.add_column(c, justify="left" if c == "run" else "right")
-    base = results[baseline].total.makespan
-    for label, r in results.items():
-        T = r.total
-        t.add_row(label, f"{T.makespan:.2f}", f"{base / T.makespan:.2f}x" if T.makespan else "-", str(T.forwards),
-                  str(T.proposed), str(T.accepted), f"{T.accepted_per_row_forward:.2f}", f"{T.effective_batch:.1f}")
-    return t
-
-
-def _steps_table(r: SimResult) -> Table:
-    t = Table(title=f"per step: {r.drafter}/{r.policy}")
-    for c in ("step", "makespan s", "forwards", "proposed", "accepted", "acc/row-fwd", "eff. batch"):
-        t.add_column(c, justify="right")
-    for s in r.steps:
-        t.add_row(str(s.step), f"{s.makespan:.2f}", str(s.forwards), str(s.proposed), str(s.accepted),
+    for label, s in rows.items():
+        cells = [f"{rows[baseline].makespan / s.makespan:.2f}x" if s.makespan else "-"] if baseline else []
+        t.add_row(label, f"{s.makespan:.2f}", *cells, str(s.forwards), str(s.proposed), str(s.accepted),
                   f"{s.accepted_per_row_forward:.2f}", f"{s.effective_batch:.1f}")
     return t
+
+
+def _totals(results: dict[str, SimResult]) -> dict[str, StepStats]:
+    return {label: r.total for label, r in results.items()}
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -158,8 +153,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 f"oracle/{policy}": ("oracle", policy)}
         results = _run_all(runs, responses, cfg, k)
         main = results[f"{drafter}/{policy}"]
-        console.print(_steps_table(main))
-        console.print(_table(f"{source}: {len(responses)} responses, latency {lat}", results, "none"))
+        console.print(_table(f"per step: {main.drafter}/{main.policy}", {str(s.step): s for s in main.steps}))
+        console.print(_table(f"{source}: {len(responses)} responses, latency {lat}", _totals(results), "none"))
         lat_source = (f"calibrated ({latency})" if latency else
                       f"the {workload} workload's assumption, not measured" if w else "SimConfig's default, assumed")
         console.print(f"latency: {lat_source}. Expected error: the simulator against the engine's measured rollout "
@@ -209,7 +204,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         runs = {"unbounded": (drafter, "unbounded"), "das": (drafter, "das"), "optimal": (drafter, "optimal"),
                 "fixed(4)": (drafter, "fixed"), "none": ("none", "none")}
         results = _run_all(runs, responses, cfg, 4)
-        console.print(_table(f"ablation on {source} (drafter {drafter})", results, "unbounded"))
+        console.print(_table(f"ablation on {source} (drafter {drafter})", _totals(results), "unbounded"))
         gain = 1 - results["das"].total.makespan / results["unbounded"].total.makespan
         console.print(f"distribution-aware vs unbounded: makespan {-gain:+.1%} (paper, Figure 12: "
                       f"{-PAPER_ABLATION:+.0%})")
@@ -247,7 +242,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if not counts or min(counts) < 1 or max(counts) > MAX_WORKERS:
             raise typer.BadParameter(f"--workers needs counts from 1 to {MAX_WORKERS}, got {workers!r}")
         try:
-            lat = {"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency) or LatencyModel.load(latency)
+            lat = ({"workload": _workload(workload).latency, "cpu": CPU_LATENCY}.get(latency)
+                   or LatencyModel.load(latency))
         except (ValueError, OSError) as e:
             raise typer.BadParameter(f"{latency!r}: {e}", param_hint="'--latency'") from None
         responses, _, source = _load_responses(None, workload, scale, steps, warmup)

@@ -1,17 +1,10 @@
 """The history oracle: the headroom every history drafter is measured against (issue 35 item 1).
 
-At every position it drafts the best continuation the history holds: for each source (the problem's
-window with its in-flight siblings, the request's own text, and every problem's rollouts, finished in the
-window or in flight), the context's longest match in that source (the drafters' match rule: suffix up
-to max_match, among the newest MAX_OCCURRENCES candidates); among every occurrence of those matches, the
-one whose continuation agrees longest with the tokens the request will actually emit. Knowing the future,
-it proposes exactly that agreeing prefix, so every drafted token is accepted: tokens per forward of this
-drafter at a cap K bound what any drafter that picks a source and an occurrence of its longest match
-(scored by anything) could reach on the same history at that cap. It is not a bound on drafters that
-match differently (a shorter match, a longer max_match, another window).
-
-It keeps its history in a DraftStore of the same config as das's (so the same window, decay and live
-siblings), with the cross-problem source on, plus an index of each request's own text.
+At every position it drafts, among every occurrence of the context's longest match in each source (the
+problem's window with in-flight siblings, the request's own text, every problem's rollouts), the one whose
+continuation agrees longest with what the request will emit, exactly that agreeing prefix: a bound for any
+drafter that picks a source and an occurrence by the same match rule on the same history (not for one that
+matches differently). Its history: a DraftStore of das's config with the cross-problem source on.
 """
 
 from __future__ import annotations
@@ -21,9 +14,8 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from dasrl.drafter import DraftBatch, budget_array
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.drafter import Cursor, SuffixIndex, best_continuation_batch, token_array
+from dasrl.drafter import (Cursor, DraftBatch, DraftStore, StoreConfig, SuffixIndex, best_continuation_batch,
+                           budget_array, token_array)
 
 
 class HistoryOracle:

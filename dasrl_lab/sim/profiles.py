@@ -1,18 +1,8 @@
 """Latency profiles that price a replayed forward on hardware this project does not have.
 
-Every shipped profile is *assumed*: derived from first principles, not measured, until a device runs
-`dasrl bench gpu` (or `dasrl calibrate`) and a measured file replaces it (`dasrl whatif --latency`).
-The derivation, per forward of the packed batch (LatencyModel: c_base + c_tok * tokens + c_other * kv):
-
-- c_base = weight bytes read once per forward / achievable memory bandwidth + a fixed per-step
-  framework overhead (scheduler, sampler, graph launch). Decoding is memory-bound: every forward streams
-  all weights (the input embedding table excepted: only the rows of the batch's tokens are read).
-- c_tok = 2 x matmul parameters (FLOPs per token) / achievable dense bf16 throughput. The sum
-  c_base + c_tok * n approximates the roofline max(memory, compute): it is exact at both ends and up to
-  2x pessimistic at the knee (n ~ c_base / c_tok, a few hundred tokens on these cards).
-- c_other = KV-cache bytes per context token (2 x layers x kv_heads x head_dim x 2 bytes) / achievable
-  bandwidth: each row reads its whole context once per forward. Attention FLOPs are left out (small
-  against the weights' at these contexts) and so is c_draft_kv (vLLM verifies drafts in the same kernels).
+Every shipped profile is *assumed*: derived from first principles (docs/whatif.md, "Latency profiles"), not
+measured, until a device runs `dasrl bench gpu` (or `dasrl calibrate`) and a measured file replaces it
+(`dasrl whatif --latency`). c_draft_kv is left out: vLLM verifies drafts in the same kernels.
 """
 
 from __future__ import annotations
@@ -79,8 +69,8 @@ def derive(model: str, card: str) -> Profile:
     hidden, layers, heads, kv, *_ = shape
     kv_bytes = 2 * layers * kv * (hidden // heads) * BYTES
     bw_eff, flops_eff = bw * MEM_EFFICIENCY, flops * FLOP_EFFICIENCY
-    matmul_params = streamed  # every streamed weight takes part in one multiply-add per token
-    lat = LatencyModel(c_base=streamed * BYTES / bw_eff + STEP_OVERHEAD_S, c_tok=2 * matmul_params / flops_eff,
+    # every streamed weight takes part in one multiply-add per token
+    lat = LatencyModel(c_base=streamed * BYTES / bw_eff + STEP_OVERHEAD_S, c_tok=2 * streamed / flops_eff,
                        c_other=kv_bytes / bw_eff)
     weights = total * BYTES
     if weights >= mem:
@@ -104,11 +94,7 @@ a step of long reasoning rollouts."""
 
 
 def shipped() -> list[Profile]:
-    out = []
-    for name in SHIPPED:
-        model, card = name.rsplit("-", 1)
-        out.append(derive(model, card))
-    return out
+    return [derive(*name.rsplit("-", 1)) for name in SHIPPED]
 
 
 def measured(name: str, latency: LatencyModel, source: str) -> Profile:

@@ -1,16 +1,7 @@
 """Trace-driven simulator: how long would these rollouts take with this drafter and policy?
 
-Each RL step of the trace is replayed. Every response is "generated" by the target = its recorded
-tokens; a draft token is accepted iff it equals the recorded token at its position (for tree drafts, the
-matching child is followed), which is exactly what lossless verification with a position-keyed sampler
-does; the target's own token follows the accepted run. Every forward costs the LatencyModel's prediction
-for its tokens (rows + draft tokens) and KV reads (sum of row contexts); a row's first forward is its
-prefill, as in the engine: its prompt's tokens, nothing cached, no draft. Drafts come from the engine's own
-propose -> cap -> trim path (dasrl.policy.propose). The drafter sees what a real one would: the window of
-earlier steps and the tokens of in-flight siblings as they are verified.
-
-Batching: `static` runs waves of max_batch requests, each wave until its last request finishes;
-`continuous` refills a finished row's slot at the next forward.
+Each step is replayed as the engine would run it, the recorded tokens standing in for the target
+(docs/simulator.md); every forward is priced by a LatencyModel.
 """
 
 from __future__ import annotations
@@ -61,48 +52,32 @@ class SimConfig:
             raise ValueError(f"store must be a StoreConfig, got {self.store!r}")
 
 
-# ------------------------------------------------------------------------------ drafters
+# A drafter name -> (SimConfig -> for_step), where for_step(the step's recorded responses by request id) is
+# the drafter of that step: one object for the whole trace, but a fresh oracle per step.
+ForStep = Callable[[dict], object]
 
 
-class _Persistent:
-    """One drafter object for the whole trace (history drafters, n-gram)."""
-
-    def __init__(self, drafter) -> None:
-        self.drafter = drafter
-
-    def for_step(self, futures: dict) -> object:
-        return self.drafter
+def _persistent(drafter) -> ForStep:
+    return lambda futures: drafter
 
 
-class _Oracle:
-    """A fresh oracle per step, told the recorded responses."""
-
-    def for_step(self, futures: dict) -> object:
-        return OracleDrafter(futures)
-
-
-class _NoDrafter:
-    def for_step(self, futures: dict) -> None:
-        return None
-
-
-def _store(mode: str, *, windowed: bool = True) -> Callable[[SimConfig], _Persistent]:
+def _store(mode: str, *, windowed: bool = True) -> Callable[[SimConfig], ForStep]:
     """A DraftStore; windowed=False keeps every past rollout at full weight (one ever-growing global
     tree, as ArcticInference's / vLLM's `suffix` cache does)."""
-    def make(cfg: SimConfig) -> _Persistent:
+    def make(cfg: SimConfig) -> ForStep:
         sc = replace(cfg.store, mode=mode) if windowed else replace(cfg.store, mode=mode, window=0, decay=1.0)
-        return _Persistent(DraftStore(sc))
+        return _persistent(DraftStore(sc))
     return make
 
 
-DRAFTERS: dict[str, Callable[[SimConfig], object]] = {
+DRAFTERS: dict[str, Callable[[SimConfig], ForStep]] = {
     "das": _store("problem+request"),
     "problem": _store("problem"),
     "global": _store("global", windowed=False),
     "global-window": _store("global"),
-    "ngram": lambda cfg: _Persistent(NGramDrafter()),
-    "oracle": lambda cfg: _Oracle(),
-    "none": lambda cfg: _NoDrafter(),
+    "ngram": lambda cfg: _persistent(NGramDrafter()),
+    "oracle": lambda cfg: OracleDrafter,
+    "none": lambda cfg: lambda futures: None,
 }
 
 
@@ -111,9 +86,6 @@ def make_drafter(name: str, cfg: SimConfig):
         return DRAFTERS[name](cfg)
     except KeyError:
         raise ValueError(f"unknown drafter {name!r}; valid drafters: {', '.join(DRAFTERS)}") from None
-
-
-# ------------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -138,11 +110,9 @@ class StepStats:
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(time, live rows) at each forward, downsampled."""
     host_s: float = 0.0
-    """Seconds this process spent proposing drafts (budgets, drafter, trim) and feeding the drafter the
-    emitted tokens: the CPU work a serving engine does between two forwards (replay_step measures it)."""
+    """Seconds spent proposing drafts and observing tokens: the CPU work between two forwards."""
     shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
-    """(rows, tokens, cached context tokens read, those of the drafting rows) of every forward, in order:
-    what a latency model prices (LatencyModel.price)."""
+    """(rows, tokens, cached context tokens read, those of the drafting rows) of every forward, in order."""
 
     @property
     def accepted_per_row_forward(self) -> float:
@@ -180,14 +150,10 @@ class SimResult:
                 "steps": [s.to_dict(timeline=True) for s in self.steps]}
 
 
-# ------------------------------------------------------------------------------- replay
-
-
 def replay_targets(batch: DraftBatch, recorded: np.ndarray, start: np.ndarray, gen: np.ndarray,
                    length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The target at every input of a replayed batch, for the engine's accept rule (dasrl.engine.accepted_counts):
-    row b's recorded continuation is recorded[start[b] + gen[b] : start[b] + length[b]]; the input of a node at
-    depth d (the pending token: d = -1) targets its token at d + 1, -1 past its end. Returns (targets, starts)."""
+    """(targets, starts) for dasrl.engine.accepted_counts: row b continues recorded[start[b] + gen[b] :
+    start[b] + length[b]]; a node at depth d (the pending token: -1) targets its token d + 1, -1 past the end."""
     n = batch.lengths  # [B]
     starts = np.concatenate([[0], np.cumsum(n + 1)]).astype(np.int64)  # [B+1]
     row = np.repeat(np.arange(n.size), n + 1)  # [T+B] row of each input
@@ -217,14 +183,11 @@ def request_ids(step: int, n: int) -> list[tuple[int, int]]:
 
 def replay_step(drafter, policy: BudgetPolicy, step: int, responses: Sequence[Response], *, max_new_tokens: int,
                 max_batch: int = 0, continuous: bool = False) -> StepStats:
-    """The one replay loop (the simulator prices it, `dasrl whatif` and the vLLM validation price its shapes):
-    the step's responses as requests `request_ids(step, n)`, at most `max_batch` live at once (0: all), a
-    finished row's slot refilled at the next forward when `continuous`, else waves. Each forward is the
-    engine's: a row's first is its prefill (its prompt, nothing cached, no draft; the engine asks no policy
-    when every row is there), the others draft by propose -> cap -> trim, a draft is accepted by the engine's
-    rule (dasrl.engine.accepted_counts) on the recorded tokens, finished rows swap-removed last first. Fills
-    every count, the forward shapes and host_s; pricing is the caller's. The per-row work runs on the flat
-    draft batch: CHAMP-sized replays hold millions of tokens per drafter."""
+    """The one replay loop (simulator, `dasrl whatif`, vLLM validation): requests `request_ids(step, n)`, at
+    most `max_batch` live (0: all), freed rows refilled at the next forward when `continuous`, else waves.
+    Each forward is the engine's (prefill first, then propose -> cap -> trim and its accept rule; finished
+    rows swap-removed last first). Fills counts, shapes and host_s; the caller prices. Flat batches: CHAMP
+    replays hold millions of tokens."""
     n = len(responses)
     rids = request_ids(step, n)
     targets = [np.asarray(r.response_ids, np.int32) for r in responses]
@@ -302,15 +265,14 @@ class Simulator:
 
     def __init__(self, *, drafter: str | Drafter = "das", policy: str | BudgetPolicy = "das",
                  config: SimConfig = SimConfig(), policy_kw: dict | None = None, label: str | None = None) -> None:
-        """`drafter`: a name from DRAFTERS, or any Drafter object, used for every step (its own window and
-        history rules apply; SimConfig.store does not). `policy`: a make_lab_policy name (with `policy_kw`; das is priced by SimConfig.latency) or
-        a policy object (e.g. a session's ForwardAllowance, to replay what that session decided). `label`
-        names the drafter in the result (default: the name, or the object's class name)."""
+        """`drafter`: a DRAFTERS name or a Drafter object kept for every step (SimConfig.store then does not
+        apply). `policy`: a make_lab_policy name (with `policy_kw`) or a policy object (e.g. a session's).
+        `label` names the drafter in the result (default: the name, or the object's class name)."""
         self.config = config
         if isinstance(drafter, str):
-            self.drafter_name, self.drafters = label or drafter, make_drafter(drafter, config)
+            self.drafter_name, self.for_step = label or drafter, make_drafter(drafter, config)
         else:
-            self.drafter_name, self.drafters = label or type(drafter).__name__, _Persistent(drafter)
+            self.drafter_name, self.for_step = label or type(drafter).__name__, _persistent(drafter)
         if isinstance(policy, str):
             self.policy_name, self.policy = policy, make_lab_policy(policy, latency=config.latency, **(policy_kw or {}))
         elif policy_kw:
@@ -333,8 +295,9 @@ class Simulator:
     def run_step(self, step: int, responses: Sequence[Response], *, max_new_tokens: int) -> StepStats:
         """replay_step under this simulator's batching, each forward priced by its latency model."""
         cfg = self.config
-        targets = {rid: np.asarray(r.response_ids, np.int32) for rid, r in zip(request_ids(step, len(responses)), responses)}
-        st = replay_step(self.drafters.for_step(targets), self.policy, step, responses, max_new_tokens=max_new_tokens,
+        targets = {rid: np.asarray(r.response_ids, np.int32)
+                   for rid, r in zip(request_ids(step, len(responses)), responses)}
+        st = replay_step(self.for_step(targets), self.policy, step, responses, max_new_tokens=max_new_tokens,
                          max_batch=cfg.max_batch, continuous=cfg.batch_mode == "continuous")
         points = []
         for shape in st.shapes:
@@ -347,9 +310,8 @@ class Simulator:
 
     def record(self, step: int, responses: Sequence[Response]) -> None:
         """Take a step's responses into history without replaying them, as RolloutSession.record() and
-        end_step() do: a DraftStore (or a drafter wrapping one) indexes them, the policy's length history
-        counts them, then both end the step (acceptance statistics learn nothing: nothing was drafted)."""
-        drafter = self.drafters.for_step({})
+        end_step() do (acceptance statistics learn nothing: nothing was drafted)."""
+        drafter = self.for_step({})
         add = getattr(drafter, "add_rollout", None)  # a DraftStore, or a drafter wrapping one (counting)
         lengths = getattr(self.policy, "lengths", None)
         for r in responses:

@@ -1,25 +1,10 @@
-"""Recorded rollouts for `dasrl whatif`, turned into the simulator's Responses (token ids).
-
-Sources:
-- `champ`: CHAMP's recorded solutions of one model (dasrl_lab.champ); variants play the RL steps,
-  `samples` variants per problem form one step (the step's G in-flight siblings; the last step takes what is
-  left when G does not divide the variants).
-- a VeRL `trainer.rollout_data_dir`: VeRL 0.9.1 writes `{global_step}.jsonl` per step
-  (RayPPOTrainer._write_generations), one JSON object a line with "input" (the prompt, decoded with
-  skip_special_tokens), "output" (the response, decoded the same way), "gts", "score", "step", plus
-  extra reward fields; the prompt text is the problem key (GRPO siblings share it).
-- a JSONL or Parquet file of rows `step`, `problem_id` or `prompt`, `response` (text or token ids), and
-  optionally `prompt` (text or token ids) beside a problem_id;
-- our own traces (dasrl_lab.trace, Parquet with format metadata): token ids as recorded.
+"""Recorded rollouts for `dasrl whatif` (CHAMP, a VeRL rollout_data_dir, JSONL / Parquet rows, our traces;
+docs/whatif.md, "Sources"), turned into the simulator's Responses (token ids).
 
 Bad input raises SourceError naming the file, the line (1-based; a Parquet row index) and the field,
-before anything is replayed or written. Files are opened by dasrl.atomic.open_regular: a FIFO, a device or
-a folder where a file should be is refused, not read.
-
-A row without a prompt (none given, empty text, no ids; a VeRL line whose `input` is empty) replays with a
-one-token stand-in prompt (token 0): its problem id keys its history, and the one token is all the prefill
-the replay prices for it. The drafters index prompt and response alike, so a made-up prompt of more tokens
-would feed them text nobody generated.
+before anything is replayed or written; a FIFO, a device or a folder where a file should be is refused.
+A row without a prompt replays with a one-token stand-in: a longer made-up prompt would feed the drafters
+(which index prompts too) text nobody generated.
 """
 
 from __future__ import annotations
@@ -47,7 +32,7 @@ class SourceError(ValueError):
 MAX_SOURCE_BYTES = 2**33
 """Largest source file read (8 GiB of JSONL or Parquet: far more rollouts than a replay holds in memory)."""
 STAND_IN_PROMPT = (0,)
-"""The prompt of a row recorded without one (module docstring)."""
+"""The prompt of a row recorded without one."""
 _STEP_FILE = re.compile(r"[0-9]+\.jsonl")
 """A VeRL step file's name: ASCII digits only (str.isdigit() also takes '²', which int() refuses)."""
 
@@ -70,9 +55,8 @@ class ChampSource:
     problems: int = 0
     """The first N problems (0 = all 270)."""
     copies: bool = False
-    """Keep a solution that repeats an earlier variant's of the same problem verbatim (the dataset holds such
-    copies: "No C w/o H" is the 0-Shot solution for every problem); off, they are left out, since no RL
-    re-sample repeats hundreds of tokens and a copy inflates every history drafter."""
+    """Keep a solution that repeats an earlier variant's verbatim ("No C w/o H" is the 0-Shot one for every
+    problem); off, since no RL re-sample repeats hundreds of tokens and a copy inflates every history drafter."""
 
 
 @dataclass
@@ -118,7 +102,9 @@ def _row(d, file, line, *, step_field="step", pid_field="problem_id", prompt_fie
     pid = d.get(pid_field) if pid_field else None
     if pid is None:
         if prompt is None:
-            raise _bad(file, line, pid_field or prompt_field, "missing (it keys the problem)" if not pid_field else f"missing, and no {prompt_field!r} to key the problem by")
+            why = (f"missing, and no {prompt_field!r} to key the problem by" if pid_field
+                   else "missing (it keys the problem)")
+            raise _bad(file, line, pid_field or prompt_field, why)
         pid = prompt if isinstance(prompt, str) else tuple(prompt)
     elif isinstance(pid, bool) or not isinstance(pid, (str, int, np.integer)):
         raise _bad(file, line, pid_field, f"must be a string or an integer, got {pid!r}")
@@ -178,7 +164,7 @@ def _tokenized(rows: list[_Row], tokenize: Tokenize, source: str, vocab_size: in
     ids = iter(tokenize(texts) if texts else [])
     resp = [next(ids) if isinstance(r.response, str) else r.response for r in rows]
     prompts = [next(ids) if isinstance(r.prompt, str) else r.prompt for r in rows]
-    prompts = [p if p else list(STAND_IN_PROMPT) for p in prompts]  # none, "" or []: module docstring
+    prompts = [p if p else list(STAND_IN_PROMPT) for p in prompts]  # none, "" or []
     out, seen = [], {}
     for r, p, a in zip(rows, prompts, resp):
         k = (r.step, r.key)
@@ -198,7 +184,8 @@ def champ_rows(src: ChampSource) -> list[_Row]:
     variants = src.variants or champ.VARIANTS
     unknown = [v for v in variants if v not in champ.VARIANTS]
     if unknown:
-        raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; valid: {', '.join(champ.VARIANTS)}")
+        raise SourceError(f"champ: unknown variant(s) {', '.join(map(repr, unknown))}; "
+                          f"valid: {', '.join(champ.VARIANTS)}")
     if not 1 <= src.samples <= len(variants):
         raise SourceError(f"champ: samples per step must be in [1, {len(variants)}] (the variants), got {src.samples}")
     if src.problems < 0:
@@ -241,17 +228,15 @@ def load(source: str | Path, tokenize: Tokenize, *, champ: ChampSource = ChampSo
         rows = [r for f in sorted(files, key=lambda f: int(f.stem))
                 for r in _jsonl(f, pid_field=None, prompt_field="input", resp_field="output")]
         return _tokenized(rows, tokenize, str(path), vocab_size)
-    if path.suffix == ".jsonl":
-        return _tokenized(_jsonl(path), tokenize, str(path), vocab_size)
-    if path.suffix == ".parquet":
-        return _tokenized(_parquet(path), tokenize, str(path), vocab_size)
+    if path.suffix in (".jsonl", ".parquet"):
+        rows = _jsonl(path) if path.suffix == ".jsonl" else _parquet(path)
+        return _tokenized(rows, tokenize, str(path), vocab_size)
     raise SourceError(f"{path}: expected 'champ', a folder (VeRL rollout_data_dir or a dasrl trace), "
                       f"a .jsonl or a .parquet file")
 
 
 def hf_tokenizer(folder: str | Path | None):
-    """A local HF tokenizer folder (None: the embedded SmolLM2's). A path that is not a folder, a folder
-    without tokenizer files, or files transformers cannot load: SourceError naming the folder."""
+    """A local HF tokenizer folder (None: the embedded SmolLM2's); SourceError naming a folder it cannot load."""
     from transformers import AutoTokenizer
 
     if folder is None:

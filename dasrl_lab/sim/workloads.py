@@ -1,13 +1,7 @@
-"""Synthetic long-tail RL rollout workloads, for tests and paper-scale what-ifs.
+"""Synthetic long-tail RL rollout workloads, for tests and paper-scale what-ifs (docs/simulator.md).
 
-Each problem owns a sequence of *slots*; a slot has a few alternative *segments* (reasoning moves), each a
-problem-specific run of tokens, often preceded by a phrase from a bank shared by every problem (the
-boilerplate of reasoning text: what makes one global index ambiguous). A sample picks one alternative per
-slot (Zipf-weighted), concatenates them up to its length and gets a little token noise. Lengths are
-log-normal per problem (a per-problem median, itself log-normal across problems) plus a few runaway
-generations that loop on their last segment until the length limit. From step to step the policy drifts:
-each alternative is replaced by a fresh one with probability `drift`, and each problem's median moves a
-little.
+Each problem owns *slots* of alternative *segments* (reasoning moves), often after a phrase from a bank
+shared by every problem: the boilerplate that makes one global index ambiguous.
 """
 
 from __future__ import annotations
@@ -102,11 +96,8 @@ class Workload:
     """One line on what it models."""
 
 
-# Latency of the paper setting: the one 7B/H100 profile (dasrl.policy.GPU_LATENCY = sim/profiles.derive of
-# Qwen2.5-7B bf16 on an H100, from its datasheet; an assumption until a device measures it).
+# The paper setting's latency: Qwen2.5-7B bf16 on an H100 (profiles.derive; assumed until a device measures it).
 PAPER_LATENCY = GPU_LATENCY
-# The CPU engine here (SmolLM2-135M fp32): ~50 ms per forward, ~2.5 ms per token, ~4 ms per 1k
-# row-context tokens.
 
 WORKLOADS: dict[str, Workload] = {
     "tiny": Workload(WorkloadConfig(problems=6, samples=4, steps=3, vocab=512, max_len=256, median_len=60,

@@ -17,9 +17,21 @@ from dasrl.policy.base import FixedBudget
 from dasrl_lab.trace import Response, write_trace
 from dasrl_lab.sim import profiles, sources, whatif
 from dasrl_lab.sim.simulator import SimConfig, Simulator, group_steps, replay_step
-from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter, earliest_longest_match
+from dasrl_lab.sim.vllm_baselines import VLLMNGramDrafter
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def earliest_longest_match(ctx: np.ndarray, min_n: int, max_n: int) -> int | None:
+    """Start of the continuation vLLM's ngram proposer drafts: after the earliest occurrence (ending
+    before the last token) of the longest suffix n-gram of `ctx` with min_n <= n <= max_n; None if none."""
+    total = ctx.size
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
+        if hits.size:
+            return int(hits[0]) + n
+    return None
 
 
 @pytest.fixture(scope="module")

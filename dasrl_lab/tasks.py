@@ -229,20 +229,15 @@ def reward(completion: str, answer: int | tuple[int, ...] | str) -> float:
         return math_reward(completion, answer)
     nums = NUMBER.findall(completion)
     if isinstance(answer, tuple):
-        return _list_reward([float(x) for x in nums], answer)
+        found = 0
+        for x in map(float, nums):  # greedy in-order match: each expected number found after the previous one
+            if found < len(answer) and x == answer[found]:
+                found += 1
+        extra = max(0, len(nums) - 4 * len(answer)) / len(answer)  # rambling on far past the list
+        return max(0.0, found / len(answer) - 0.5 * extra)
     if not nums:
         return 0.0
     pred = float(nums[-1])
     if pred == answer:
         return 1.0
     return 0.5 * max(0.0, 1.0 - abs(pred - answer) / (abs(answer) + 1.0))
-
-
-def _list_reward(nums: list[float], expected: tuple[int, ...]) -> float:
-    i = 0
-    for x in nums:  # greedy in-order match: each expected number found after the previous one
-        if i < len(expected) and x == expected[i]:
-            i += 1
-    found = i / len(expected)
-    extra = max(0, len(nums) - 4 * len(expected)) / len(expected)  # rambling on far past the list
-    return max(0.0, found - 0.5 * extra)

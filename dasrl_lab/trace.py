@@ -294,7 +294,8 @@ def validate(table: pa.Table, *, source: str, vocab_size: int | None = None, row
         col = table.column(c)
         if col.null_count:
             raise _bad(source, row0 + int(np.flatnonzero(col.is_null().to_numpy())[0]), c, "null")
-    for c in ("step", "sample") + (("problem_id",) if pa.types.is_integer(table.schema.field("problem_id").type) else ()):
+    int_pid = pa.types.is_integer(table.schema.field("problem_id").type)
+    for c in ("step", "sample") + (("problem_id",) if int_pid else ()):
         v = table.column(c).to_numpy()
         if (v < 0).any():
             i = int(np.flatnonzero(v < 0)[0])

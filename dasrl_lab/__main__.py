@@ -1,8 +1,5 @@
-"""The `dasrl` command (and `python -m dasrl_lab`): the lab's typer app, or one line saying how to get it.
-
-`pip install dasrl` installs this command without the lab's dependencies (typer, rich, matplotlib, the
-engine, ...). Then the command prints which module is missing and the extra to install, and exits 2, rather
-than crashing with a traceback. The app itself is dasrl_lab.cli:app.
+"""The `dasrl` command (and `python -m dasrl_lab`): the lab's typer app, dasrl_lab.cli:app, or, where `pip install
+dasrl` left out the lab's dependencies, one line naming the missing module and the extra (exit 2).
 """
 
 from __future__ import annotations

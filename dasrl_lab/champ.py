@@ -1,17 +1,12 @@
 """CHAMP (champ-dataset 1.0.0, PyPI, MIT): 270 competition-math problems with answers and, per problem,
 72 recorded solutions (4 models x 18 prompt variants) -- real reasoning text that nobody here wrote.
 
-Layout of `champ_dataset/dataset_files/v0.json` (checked against the 1.0.0 wheel):
-`problems[id]` holds `_text` (the statement, markup removed), `_answer`, `category` and
-`conversations[f"{model}|{variant}"]["messages"]`, a list of `{role, text, error}` with roles "System",
-"User", "Imputation" (5-Shot's worked examples) and "Model.<name>". Every conversation ends with the
-model's solution, a User turn "Now, summarize the answer above ..." and the one-sentence summary; the
-"Name C"/"Example C" variants put concept turns before the problem. The solution is therefore the
-message just before that summarize turn, and its prompt the User turn just before the solution. A
-solution cut at the API's length limit carries error "LENGTH_CURRENT" (text kept; RL truncates too).
-
-The JSON is read through importlib.resources and parsed once per process (~72 MB, 1-2 s). The package's
-own `__init__` needs only natsort, a declared dependency of the wheel.
+In `champ_dataset/dataset_files/v0.json` (1.0.0), `problems[id]` holds `_text`, `_answer`, `category` and
+`conversations[f"{model}|{variant}"]["messages"]` ({role, text, error}). Every conversation ends with the
+model's solution, a User turn "Now, summarize the answer above ..." and the summary, so the solution is the
+message before that turn and its prompt the User turn before it (concept turns may come earlier). A solution
+cut at the API's length limit carries error "LENGTH_CURRENT" (text kept; RL truncates too). The JSON
+(~72 MB) is parsed once per process.
 """
 
 from __future__ import annotations

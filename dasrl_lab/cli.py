@@ -1,8 +1,5 @@
-"""The `dasrl` command line: demo | bench | simulate | calibrate | trace | experiments.
-
-Each command module (dasrl_lab/bench/*_cli.py and gpu.py for the benchmarks, the cli modules of demo, sim
-and experiments) has a `register(app, bench)` function that adds its commands; this file only assembles
-them.
+"""The `dasrl` command line: demo | bench | simulate | calibrate | trace | experiments, assembled from the
+command modules' `register(app, bench)` functions.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ bench = typer.Typer(help="Benchmarks, side by side against baselines; each write
                     no_args_is_help=True)
 app.add_typer(bench, name="bench")
 
-# Modules with a `register(app, bench)`; each adds its commands (this order is the order of --help).
+# This order is the order of --help.
 REGISTRARS = [
     "dasrl_lab.bench.drafter_cli",
     "dasrl_lab.bench.engine_cli",

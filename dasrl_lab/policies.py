@@ -1,23 +1,13 @@
 """The paper's closed form and the ablation policies: tools of the lab's simulator and experiments, not of
 the library (whose one policy is the priced session policy, `dasrl.policy.make_policy`).
 
-The closed form (DAS, arXiv 2511.13841). Request i has expected (remaining) length l_i, capacity k_i and
-efficiency alpha_i; with a total draft budget p_i it needs
-
-    N_i(p) = l_i * (1 - (1 - exp(-alpha_i p / l_i)) / k_i)
-
-forwards (the curve the closed form inverts: 1/k_i is the fraction of its tokens drafts can cover at
-most, alpha_i/k_i the accepted tokens per drafted token at small budgets). Minimising the step time
-c_base * N_fwd + c_tok * sum_i p_i subject to N_i(p_i) <= N_fwd gives
-
-    p_i* = -(l_i / alpha_i) ln(1 - k_i (1 - N_fwd / l_i))      for l_i > N_fwd, else 0,
-    c_base = c_tok * sum_{l_i > N_fwd} k_i / (alpha_i (1 - k_i + k_i N_fwd / l_i)).
-
-The step time is convex in N_fwd and the right-hand side decreases in it, so `solve_n_fwd` bisects on
-the sign of the difference (jumps where a request drops out included).
+The closed form (DAS, arXiv 2511.13841; derived in docs/policy.md): with request i's expected length l_i,
+capacity k_i and efficiency alpha_i, the step time is least at the N_fwd where
+c_base = c_tok * sum_{l_i > N_fwd} k_i / (alpha_i (1 - k_i + k_i N_fwd / l_i)), and then
+p_i* = -(l_i / alpha_i) ln(1 - k_i (1 - N_fwd / l_i)) for l_i > N_fwd, else 0.
 
 Registry (`make_lab_policy`): the library's das / fixed / none, plus `classes` (DAS's class caps, unpriced:
-the paper's policy as its simulator replays it, `ClassPolicy`), `unbounded`, `optimal` and `confidence`.
+the paper's policy as its simulator replays it), `unbounded`, `optimal` and `confidence`.
 """
 
 from __future__ import annotations
@@ -31,9 +21,6 @@ import numpy as np
 from dasrl.drafter import Draft, DraftBatch
 from dasrl.policy import (GPU_LATENCY, POLICIES, ClassCaps, LatencyModel, LengthClassifier, LengthConfig, PolicyBase,
                           RequestState, make_policy)
-
-# ----------------------------------------------------------------------------- closed form
-
 
 def _params(l, k, alpha):
     l = np.atleast_1d(np.asarray(l, dtype=np.float64))
@@ -60,8 +47,8 @@ def marginal_sum(n_fwd: float, *, l, k, alpha) -> float:
 
 
 def solve_n_fwd(*, l, k, alpha, c_base: float, c_tok: float, n_min: float = 1.0, tol: float = 1e-9) -> float:
-    """The N_fwd of the optimum: where c_base - c_tok * marginal_sum(N) changes sign, in
-    [max(n_min, floor), max l] (floor = max_i l_i (1 - 1/k_i), below which no budget suffices)."""
+    """The N_fwd of the optimum: where c_base - c_tok * marginal_sum(N) changes sign (the step time is convex
+    in it), in [max(n_min, floor), max l]; below floor = max_i l_i (1 - 1/k_i) no budget suffices."""
     l, k, a = _params(l, k, alpha)
     if c_base < 0 or c_tok < 0:
         raise ValueError(f"c_base and c_tok must be >= 0, got c_base={c_base}, c_tok={c_tok}")
@@ -84,10 +71,7 @@ def solve_n_fwd(*, l, k, alpha, c_base: float, c_tok: float, n_min: float = 1.0,
         return lo
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if h(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if h(mid) < 0 else (lo, mid)
         if hi - lo <= tol * max(1.0, hi):
             break
     return hi
@@ -102,9 +86,6 @@ def optimal_budgets(*, l, k, alpha, n_fwd: float) -> np.ndarray:
     with np.errstate(divide="ignore"):
         out[live] = np.where(arg > 0, -(l[live] / a[live]) * np.log(np.maximum(arg, 1e-300)), np.inf)
     return out
-
-
-# ------------------------------------------------------------------------- estimation
 
 
 @dataclass(frozen=True)
@@ -190,13 +171,9 @@ class AcceptanceStats:
         self._obs, self._est = dict(list(obs.items())[-self.prior.max_problems:]), {}
 
 
-# ---------------------------------------------------------------------------- policies
-
-
 class HistoryPolicy(PolicyBase):
-    """A policy that learns the lengths of finished requests (LengthClassifier). A request is finished
-    when it disappears from the states passed to `budgets`, or when `finish(state)` / `end_step()` is
-    called explicitly (the simulator does; the engine may)."""
+    """A policy that learns the lengths of finished requests: those gone from the states passed to `budgets`,
+    or passed to `finish(state)` / left at `end_step()`."""
 
     def __init__(self, *, lengths: LengthClassifier | None = None, length_config: LengthConfig = LengthConfig(),
                  max_len: int | None = None) -> None:
@@ -284,8 +261,6 @@ class OptimalPolicy(HistoryPolicy):
             raise ValueError(f"optimal limit must be >= 0, got {limit}")
         self.latency, self.limit = latency, limit
         self.acceptance = acceptance if acceptance is not None else AcceptanceStats(prior)
-        """(k, alpha) per problem: the closed form's own acceptance model (finished requests' totals)."""
-        self.last_n_fwd: float | None = None
 
     def _learn(self, state: RequestState) -> None:
         super()._learn(state)
@@ -299,7 +274,6 @@ class OptimalPolicy(HistoryPolicy):
                                      float(s.max_new_tokens)) - s.generated) for s in states])
         ka = np.array([self.acceptance.estimate(s.problem_id) for s in states])
         n = solve_n_fwd(l=rem, k=ka[:, 0], alpha=ka[:, 1], c_base=self.latency.c_base, c_tok=self.latency.c_tok)
-        self.last_n_fwd = n
         p = optimal_budgets(l=rem, k=ka[:, 0], alpha=ka[:, 1], n_fwd=n)
         per_fwd = np.where(p > 0, np.ceil(np.minimum(p / max(n, 1.0), self.limit)), 0)
         return [int(x) for x in per_fwd]
@@ -342,12 +316,8 @@ def trim_draft(d: Draft, threshold: float) -> Draft:
     return Draft(d.tokens[keep], parents, d.probs[keep], d.match_len)
 
 
-LAB_POLICIES: dict[str, type] = {
-    "classes": ClassPolicy,
-    "unbounded": UnboundedBudget,
-    "optimal": OptimalPolicy,
-    "confidence": ConfidencePolicy,
-}
+LAB_POLICIES: dict[str, type] = {"classes": ClassPolicy, "unbounded": UnboundedBudget, "optimal": OptimalPolicy,
+                                 "confidence": ConfidencePolicy}
 ALL_POLICIES = (*POLICIES, *LAB_POLICIES)
 """Every policy name the lab's tools take: the library's (das = the priced session policy) and the lab's."""
 

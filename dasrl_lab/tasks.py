@@ -1,22 +1,15 @@
 """Task sets with verifiable answers, and the presets the demo, the engine bench and the experiments run.
 
-`math` (the default) is the workload an RL user runs: competition-math statements from CHAMP
-(dasrl_lab/champ.py) under the model's chat template and default system turn, each followed by a request to
-solve it briefly and end with a line "The answer is X." (MATH_INSTRUCTION), G = 8
-samples at temperature 0.6 (the paper's: a 135M model at RL's default 1.0 writes text no history predicts;
-`--temperature 1.0` is one flag away), top-p 1.0, and a stop at the end of that
-final line, so that samples end where the model ends them rather than at the limit. The reward compares
-the stated answer with CHAMP's (normalised text, or exact numbers) plus a small credit for the fixed form.
+`math` (the default) is the workload an RL user runs: CHAMP statements (dasrl_lab/champ.py) under the chat
+template's default system turn, each asking for a final line "The answer is X." (MATH_INSTRUCTION), G = 8
+samples at temperature 0.6 (the paper's: at RL's 1.0 a 135M model writes text no history predicts), top-p
+1.0, stopped at the end of that line so that samples end where the model ends them. The reward compares
+the stated answer with CHAMP's, plus a small credit for the fixed form.
 
-The toy presets use generated problems in two families, so that lengths differ by problem:
-
-- **number** problems (arithmetic, one- and multi-step word problems): short answers, rewarded on the
-  final number (partial credit that falls with the distance);
-- **list** problems (count, list the even numbers, a multiplication table): long, enumerating answers,
-  rewarded on how much of the expected sequence appears, in order.
-
-`enumerations` mixes them: most samples end early, a few problems run many times longer, and the
-generation limit sits far above the median (a toy long tail). `short` is the earlier demo setting (arithmetic only, 128 tokens): the limit cuts off the tail.
+The toy presets generate problems of two families, so that lengths differ by problem: **number** problems
+(short answers, partial credit that falls with the distance) and **list** problems (long enumerations,
+rewarded on how much of the expected sequence appears, in order). `enumerations` mixes them (a toy long
+tail under a far limit); `short` is arithmetic only at 128 tokens (the limit cuts off the tail).
 """
 
 from __future__ import annotations
@@ -30,16 +23,13 @@ import numpy as np
 
 SYSTEM = "You are a helpful assistant. Solve the problem step by step, then give the final answer as a number."
 MATH_INSTRUCTION = 'Solve it briefly, then write the final answer on its own line as "The answer is X."'
-"""Follows the statement in the user turn; the system turn is the model's own default. Measured on
-SmolLM2-135M at T = 1, top-p 1 (8 short CHAMP statements x 4 samples, 512 tokens): 19% of samples at the
-limit, median 99 tokens; a custom system prompt asking for step-by-step work and the same final line
-left 62% at the limit. The model rarely writes the final line either way (1 and 3 of 32)."""
+"""Follows the statement in the user turn, under the model's own default system turn: on SmolLM2-135M a custom
+system prompt asking for step-by-step work left 62% of samples at the 512-token limit, this 19%."""
 ANSWER_PHRASE = "The answer is"
 """The fixed final-answer form; the math preset stops a sample at the end of the line that holds it."""
 FORMAT_CREDIT = 0.1
-"""Math reward for the fixed form stating a wrong number: a 135M model is rarely right, and GRPO needs
-reward differences within a group to move at all. No credit for a form without a number ("The answer is
-X." copied from the prompt)."""
+"""Math reward for the fixed form stating a wrong number (a 135M model is rarely right, and GRPO needs reward
+differences within a group); none without a number ("The answer is X." copied from the prompt)."""
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _ANSWER = re.compile(re.escape(ANSWER_PHRASE) + r":?[ \t]*([^\n]*?)(?=\.[ \t]|\.?[ \t]*(?:\n|$))", re.IGNORECASE)
@@ -125,9 +115,7 @@ class Preset:
     def tasks(self, n: int | None = None, *, seed: int = 0) -> list[Task]:
         """The preset's first n problems (n = its prompts when None); seed draws the generated families."""
         n = self.prompts if n is None else n
-        if self.families == ("champ",):
-            return champ_tasks(n)
-        return make_tasks(n, seed=seed, families=self.families)
+        return champ_tasks(n) if self.families == ("champ",) else make_tasks(n, seed=seed, families=self.families)
 
 
 PRESETS: dict[str, Preset] = {
@@ -241,20 +229,15 @@ def reward(completion: str, answer: int | tuple[int, ...] | str) -> float:
         return math_reward(completion, answer)
     nums = NUMBER.findall(completion)
     if isinstance(answer, tuple):
-        return _list_reward([float(x) for x in nums], answer)
+        found = 0
+        for x in map(float, nums):  # greedy in-order match: each expected number found after the previous one
+            if found < len(answer) and x == answer[found]:
+                found += 1
+        extra = max(0, len(nums) - 4 * len(answer)) / len(answer)  # rambling on far past the list
+        return max(0.0, found / len(answer) - 0.5 * extra)
     if not nums:
         return 0.0
     pred = float(nums[-1])
     if pred == answer:
         return 1.0
     return 0.5 * max(0.0, 1.0 - abs(pred - answer) / (abs(answer) + 1.0))
-
-
-def _list_reward(nums: list[float], expected: tuple[int, ...]) -> float:
-    i = 0
-    for x in nums:  # greedy in-order match: each expected number found after the previous one
-        if i < len(expected) and x == expected[i]:
-            i += 1
-    found = i / len(expected)
-    extra = max(0, len(nums) - 4 * len(expected)) / len(expected)  # rambling on far past the list
-    return max(0.0, found - 0.5 * extra)

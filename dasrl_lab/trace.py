@@ -1,27 +1,22 @@
-"""The lab's rollout traces in Parquet: one row per response (the demo, the experiments and `dasrl bench vllm`
-write them; the simulator, whatif and the validations replay them).
+"""The lab's rollout traces in Parquet, one row per response: the demo, the experiments and `dasrl bench vllm`
+write them; the simulator, whatif and the validations replay them.
 
 Columns: step (int64), problem_id (int64 >= 0 or string), sample (int64 >= 0), prompt_ids (list<int32>),
 response_ids (list<int32>), reward (float64, may be null), finish_reason (string), and optionally
 logprobs (list<float32>, one per response token). Schema metadata may carry `vocab_size`.
 
-A trace is one Parquet file or a directory of them (`step-000012.parquet`, ...), read in name order.
-`TraceWriter` writes the directory form, one file per RL step, each atomically (temporary file, then
-os.replace): appending a step costs that step only, and a crash leaves complete step files and no
-partial one. `write_trace` writes a single file atomically.
-
-`read_trace` validates everything a simulator or trainer relies on and names the bad row and column.
-Files are written with Parquet page checksums, and read with them verified, so a flipped bit in a data
-page is an error rather than a silently different token. Every file we write also carries a checksum of
-its content in the footer metadata, and a file without one is refused: a flipped bit in the footer can
-drop the metadata whole, and a reader that took such a file for another writer's would skip the check
-(a Parquet file from another writer reads with `require_checksum=False`, validated field by field).
+A trace is one Parquet file or a directory of them (`step-000012.parquet`, ...), read in name order;
+`TraceWriter` writes one file per RL step, each atomically, so a crash leaves no partial file.
+`read_trace` names the bad row and column. Parquet page checksums catch a flipped bit in a data page; a
+content checksum in the footer metadata catches the rest, and a file without one is refused (a damaged
+footer can drop the metadata whole; another writer's file reads with `require_checksum=False`).
 Paths may be str, bytes or os.PathLike, names need not be UTF-8.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +32,9 @@ from dasrl.atomic import atomic_write, open_regular
 FORMAT = "dasrl.trace/1"
 REQUIRED = ("step", "problem_id", "sample", "prompt_ids", "response_ids", "reward", "finish_reason")
 OPTIONAL = ("logprobs",)
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = 2**31 - 1  # token ids are stored as int32: a larger id would wrap (2**32 + 7 read back as 7)
 MAX_TRACE_FILE_BYTES = 2**33
 """Largest trace file read (8 GiB; a step file of a long run is tens of MB)."""
-"""Token ids are stored as int32: a larger id would wrap (2**32 + 7 read back as 7)."""
 
 
 class TraceError(ValueError):
@@ -51,22 +45,14 @@ class TraceError(ValueError):
 class Response:
     """One recorded response."""
 
-    step: int
-    """RL step (epoch) it was generated in."""
-    problem_id: int | str
-    """Key of its prompt (same for GRPO siblings)."""
-    sample: int
-    """Index among the samples of the problem in this step."""
-    prompt_ids: np.ndarray
-    """[n] int32 prompt token ids."""
-    response_ids: np.ndarray
-    """[m] int32 generated token ids."""
+    step: int  # RL step (epoch) it was generated in
+    problem_id: int | str  # key of its prompt (same for GRPO siblings)
+    sample: int  # index among the samples of the problem in this step
+    prompt_ids: np.ndarray  # [n] int32
+    response_ids: np.ndarray  # [m] int32
     reward: float | None = None
-    """Reward, if known."""
-    finish_reason: str = "stop"
-    """Why generation ended: stop (EOS) or length (hit the limit)."""
-    logprobs: np.ndarray | None = None
-    """[m] float32 logprob of each response token, if recorded."""
+    finish_reason: str = "stop"  # stop (EOS) or length (hit the limit)
+    logprobs: np.ndarray | None = None  # [m] float32, one per response token, if recorded
 
 
 def _schema(with_logprobs: bool, pid_type: pa.DataType, vocab_size: int | None) -> pa.Schema:
@@ -90,7 +76,6 @@ def _check_vocab_size(v, source: str) -> int | None:
 
 
 def _meta_vocab(meta: dict | None, source: str) -> int | None:
-    """vocab_size from a file's schema metadata (None when absent)."""
     raw = (meta or {}).get(b"vocab_size")
     if raw is None:
         return None
@@ -121,22 +106,17 @@ def _id_array(values, i: int, col: str) -> np.ndarray:
 
 
 def _pid_kind(responses: Sequence[Response]) -> pa.DataType:
-    """int64 or string: the one type of every problem id (mixing them would turn 3 and "3" into one key
-    or fail in Arrow, so it is refused)."""
-    kinds = set()
+    """int64 or string: one type for every problem id (mixing them would turn 3 and "3" into one key or fail
+    in Arrow, so it is refused)."""
+    first = responses[0].problem_id
     for i, r in enumerate(responses):
         pid = r.problem_id
-        if isinstance(pid, str):
-            kinds.add("str")
-        elif isinstance(pid, (int, np.integer)) and not isinstance(pid, bool):
-            kinds.add("int")
-        else:
+        if isinstance(pid, bool) or not isinstance(pid, (str, int, np.integer)):
             raise TraceError(f"response {i}: problem_id must be an int or a str, got {pid!r}")
-        if len(kinds) > 1:
-            first = next(r0.problem_id for r0 in responses if isinstance(r0.problem_id, str) != isinstance(pid, str))
+        if isinstance(pid, str) != isinstance(first, str):
             raise TraceError(f"problem ids mix int and str ({first!r} and {pid!r} at response {i}): "
                              "use one type for every problem id of a trace")
-    return pa.string() if kinds == {"str"} else pa.int64()
+    return pa.string() if isinstance(first, str) else pa.int64()
 
 
 def to_table(responses: Sequence[Response], *, vocab_size: int | None = None) -> pa.Table:
@@ -168,9 +148,8 @@ _CHECKSUM = b"dasrl.checksum"
 
 
 def _digest(table: pa.Table) -> bytes:
-    """blake2b of a table's column names, values, nulls and metadata (not of its Parquet bytes: the same
-    table reads back with other chunks and buffers). Page checksums catch flipped data; this also
-    catches a flipped column name or metadata value, which would otherwise read as a different file."""
+    """blake2b of a table's column names, values, nulls and metadata (not of its Parquet bytes, which differ
+    for the same table): it catches a flipped column name or metadata value, which page checksums miss."""
     h = hashlib.blake2b(digest_size=16)
     meta = table.schema.metadata or {}
     for k in sorted(meta):
@@ -244,20 +223,15 @@ def _files(path: Path) -> list[Path]:
 
 
 def read_parquet(fh) -> pa.Table:
-    """The table of the Parquet file open in `fh`, page checksums verified, read on this thread only.
-    pq.read_table goes through Arrow's dataset scanner, which starts Arrow's IO and CPU thread pools; their
-    threads outlive the read, and a process that exits while Arrow tears them down can abort with
-    "terminate called without an active exception" (rc 134; apache/arrow#34314, #39862): the likely cause of
-    the rc 134 the third reliability probe met after reading 55k damaged traces (not reproduced here in 29k
-    reads). ParquetFile.read without threads or pre-buffering starts none (a trace file is small: nothing
-    is lost)."""
+    """The table of the Parquet file open in `fh`, page checksums verified, read on this thread only:
+    pq.read_table starts Arrow's thread pools, whose teardown at exit can abort the process (rc 134;
+    apache/arrow#34314, #39862); a trace file is small, so no threads lose nothing."""
     return pq.ParquetFile(fh, page_checksum_verification=True, pre_buffer=False).read(use_threads=False)
 
 
 def _read_one(f: Path, require_checksum: bool) -> pa.Table:
     try:
-        # Opened by Python, not by Arrow: Arrow wants a UTF-8 path, and a file name need not be one; through
-        # open_regular: a FIFO would hang the open, a device never end.
+        # Opened by Python (Arrow wants a UTF-8 path) through open_regular (a FIFO would hang, a device never end).
         with open_regular(f, MAX_TRACE_FILE_BYTES, follow_symlinks=True) as fh:
             t = read_parquet(fh)
     except (pa.ArrowException, OSError, ValueError) as e:  # truncated, bit-flipped, not Parquet at all
@@ -320,7 +294,8 @@ def validate(table: pa.Table, *, source: str, vocab_size: int | None = None, row
         col = table.column(c)
         if col.null_count:
             raise _bad(source, row0 + int(np.flatnonzero(col.is_null().to_numpy())[0]), c, "null")
-    for c in ("step", "sample") + (("problem_id",) if pa.types.is_integer(table.schema.field("problem_id").type) else ()):
+    int_pid = pa.types.is_integer(table.schema.field("problem_id").type)
+    for c in ("step", "sample") + (("problem_id",) if int_pid else ()):
         v = table.column(c).to_numpy()
         if (v < 0).any():
             i = int(np.flatnonzero(v < 0)[0])
@@ -378,15 +353,8 @@ class Trace:
 
     def by_step(self) -> Iterator[tuple[int, list[Response]]]:
         """(step, its responses) in step order."""
-        cur, buf = None, []
-        for r in self.responses():
-            if cur is not None and r.step != cur:
-                yield cur, buf
-                buf = []
-            cur = r.step
-            buf.append(r)
-        if buf:
-            yield cur, buf
+        for step, rs in itertools.groupby(self.responses(), key=lambda r: r.step):
+            yield step, list(rs)
 
 
 def read_trace(path: str | bytes | os.PathLike, *, vocab_size: int | None = None,
@@ -408,12 +376,11 @@ def read_trace(path: str | bytes | os.PathLike, *, vocab_size: int | None = None
             raise TraceError(f"{f}: problem ids are {kind[is_str]}s but {pid_from[0]} has {kind[pid_from[1]]}s: "
                              "one type for every problem id of a trace")
         pid_from = pid_from or (f, is_str)
-        steps = t.column("step").to_numpy()
-        if last_step is not None and steps.size and steps[0] < last_step:
+        steps = t.column("step").to_numpy()  # not empty: _read_one refuses a file without rows
+        if last_step is not None and steps[0] < last_step:
             raise _bad(str(f), 0, "step", f"step {int(steps[0])} after step {last_step} of the previous file: "
                        "steps out of order")
-        if steps.size:
-            last_step = int(steps[-1])
+        last_step = int(steps[-1])
         tables.append(t)
     try:
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

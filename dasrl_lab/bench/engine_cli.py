@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dasrl.atomic import write_json
 from dasrl.drafter import MAX_DRAFT
-from dasrl_lab.bench import config_errors, write_json_out
+from dasrl_lab.bench import write_json_out
 from dasrl_lab.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
                                 rows_table, user_errors)
 from dasrl_lab.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
@@ -191,7 +191,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         overrides["batch_invariant"] = batch_invariant
         if temperature:
             overrides["temperatures"] = tuple(temperature)
-        with config_errors():
+        with user_errors():
             cfg = dataclasses.replace(cfg, **overrides)
         console = Console(width=max(Console().width, 150))
         with user_errors("--model"):

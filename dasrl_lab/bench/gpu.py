@@ -273,8 +273,7 @@ def run(cfg: GPUCheckConfig, json_path: Path | None, log: Callable[[str], None] 
 def register(app, bench) -> None:
     import typer
 
-    from dasrl_lab.bench import config_errors
-    from dasrl_lab.cli_args import between, max_threads, output_file
+    from dasrl_lab.cli_args import between, max_threads, output_file, user_errors
 
     @bench.command("gpu")
     def gpu_cmd(
@@ -291,7 +290,7 @@ def register(app, bench) -> None:
         shapes (bf16), the paper-math what-if with the measured latency (scripts/gpu-check.sh)."""
         import os
 
-        with config_errors():
+        with user_errors():
             cfg = GPUCheckConfig(device=device, tiny=tiny, threads=threads or None,
                                  parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
         path = json_out or (Path(os.environ["OUT"]) / "gpu-check.json" if os.environ.get("OUT") else None)

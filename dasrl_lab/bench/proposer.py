@@ -186,8 +186,8 @@ COLUMNS = [("batch", "B", "{}"), ("policy", "policy", "{}"), ("host_ms_per_step"
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from rich.console import Console
 
-    from dasrl_lab.bench import config_errors, write_json_out
-    from dasrl_lab.cli_args import json_option, rows_table
+    from dasrl_lab.bench import write_json_out
+    from dasrl_lab.cli_args import json_option, rows_table, user_errors
     from dasrl_lab.drafters.arctic import arctic_status
 
     @bench.command("proposer")
@@ -202,7 +202,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Host seconds per engine step of the vLLM proposer (no vLLM): fixed, das and vLLM's suffix, by batch
         size."""
-        with config_errors():
+        with user_errors():
             cfg = ProposerBenchConfig(batches=tuple(int(b) for b in batches.split(",")))
         rows, pols = [], policies(latency, suffix)
         console = Console()

@@ -8,8 +8,9 @@ from typing import Optional
 
 import typer
 
-from dasrl_lab.bench import config_errors, write_json_out
-from dasrl_lab.cli_args import MAX_COUNT, MAX_STEPS, between, model_source, output_file, output_folder
+from dasrl_lab.bench import write_json_out
+from dasrl_lab.cli_args import (MAX_COUNT, MAX_STEPS, between, model_source, output_file, output_folder,
+                                user_errors)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -63,7 +64,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from dasrl.atomic import write_json
         from dasrl_lab.bench.vllm_bench import VLLMBenchConfig, check_trace_free, run_bench
 
-        with config_errors():
+        with user_errors():
             cfg = VLLMBenchConfig(model=model, methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                                   tasks=tasks, prompts=prompts, samples=samples, steps=steps,
                                   max_tokens=max_tokens, repeats=repeats, kv_blocks=kv_blocks,

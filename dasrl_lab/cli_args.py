@@ -220,6 +220,15 @@ def device(value: str | None) -> str | None:
     return value
 
 
+def write_json_out(json_out: Path | None, doc: object, console) -> None:
+    """--json: write the results (when given) atomically and say where."""
+    from dasrl.atomic import write_json
+
+    if json_out is not None:
+        write_json(json_out, doc)
+        console.print(f"wrote {json_out}")
+
+
 @contextlib.contextmanager
 def user_errors(option: str | None = None) -> Iterator[None]:
     """Report a ValueError/OSError raised by the work on `option`'s value (None: the option being parsed) as a

@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from dasrl.drafter import MAX_DRAFT, DraftStore, StoreConfig
-from dasrl_lab.bench import write_json_out
 from dasrl_lab.bench import drafter as B
-from dasrl_lab.cli_args import between, json_option, rows_table, user_errors
+from dasrl_lab.cli_args import between, json_option, rows_table, user_errors, write_json_out
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 
 

@@ -12,9 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dasrl.atomic import write_json
 from dasrl.drafter import MAX_DRAFT
-from dasrl_lab.bench import write_json_out
 from dasrl_lab.cli_args import (MAX_COUNT, between, dtype_name, json_option, model_option, output_file, preset_name,
-                                rows_table, user_errors)
+                                rows_table, user_errors, write_json_out)
 from dasrl_lab.cli_args import device as device_opt, temperature as temperature_opt, threads as threads_opt
 
 ENGINE_COLUMNS = [("drafter", "drafter", "{}"), ("wall_s", "wall s", "{:.2f}"),

@@ -186,8 +186,7 @@ COLUMNS = [("batch", "B", "{}"), ("policy", "policy", "{}"), ("host_ms_per_step"
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     from rich.console import Console
 
-    from dasrl_lab.bench import write_json_out
-    from dasrl_lab.cli_args import json_option, rows_table, user_errors
+    from dasrl_lab.cli_args import json_option, rows_table, user_errors, write_json_out
     from dasrl_lab.drafters.arctic import arctic_status
 
     @bench.command("proposer")

@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl_lab.bench import write_json_out
 from dasrl_lab.cli_args import (ACTOR_BYTES, MAX_COUNT, MAX_STEPS, between, json_option, max_actors, model_option,
-                                user_errors)
+                                user_errors, write_json_out)
 
 console = Console()
 

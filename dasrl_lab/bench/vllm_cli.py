@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dasrl_lab.bench import write_json_out
 from dasrl_lab.cli_args import (MAX_COUNT, MAX_STEPS, between, model_source, output_file, output_folder,
-                                user_errors)
+                                user_errors, write_json_out)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -14,7 +14,7 @@ from rich import box
 from rich.table import Table
 
 from dasrl_lab.cli_args import (MAX_COUNT, MAX_STEPS, between, input_file, json_option, model_option, output_file,
-                             output_folder, preset_name)
+                             output_folder, preset_name, write_json_out)
 
 REPLAYS = ("acceptance", "scope", "window")
 """The experiments that replay recorded rollouts (Figs. 4, 6, 7): --source can stand in for the collection run."""
@@ -132,7 +132,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """The simulator's predicted rollout time against the engine's measured one, per step and variant, on
         a recorded run (docs/simulator.md, "Validation")."""
-        from dasrl.atomic import write_json
         from dasrl_lab.experiments.validate import StepOverhead, find_collection, scatter, summary, validate
         from dasrl.policy import CPU_LATENCY, LatencyModel
 
@@ -164,11 +163,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console.print(f"median |error| {summ['median_abs_error']:.1%}, worst {summ['max_abs_error']:.1%} over "
                       f"{summ['rows']} (variant, step) rows; replay exact on {summ['exact_rows']} of them "
                       f"(priced recorded forwards: median |error| {summ['median_abs_error_priced']:.1%})")
-        if json_out is not None:
-            write_json(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
+        write_json_out(json_out, {"run": str(folder), "latency": source, "latency_model": lat.to_dict(),
                                   "overhead": overhead.__dict__ if explicit else oh_source, "summary": summ,
-                                  "rows": [r.to_dict() for r in rows]})
-            console.print(f"wrote {json_out}")
+                                  "rows": [r.to_dict() for r in rows]}, console)
         if png is not None:
             scatter(rows, png, title=f"simulator vs engine ({summ['rows']} steps x variants)")
             console.print(f"wrote {png}")

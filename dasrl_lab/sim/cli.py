@@ -11,11 +11,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dasrl.atomic import write_json
 from dasrl.drafter import MAX_DRAFT, StoreConfig
 from dasrl.policy import LatencyModel
 from dasrl_lab.cli_args import (MAX_COUNT, MAX_SCALE, MAX_STEPS, MAX_WORKERS, MIN_SCALE, between, input_file,
-                                json_option, output_file)
+                                json_option, output_file, write_json_out)
 from dasrl_lab.policies import ALL_POLICIES as POLICIES
 from dasrl_lab.trace import Response, TraceError, read_trace, summarize, write_trace
 from dasrl_lab.sim.simulator import BATCH_MODES, DRAFTERS, SimConfig, SimResult, StepStats, group_steps, simulate
@@ -159,11 +158,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       f"the {workload} workload's assumption, not measured" if w else "SimConfig's default, assumed")
         console.print(f"latency: {lat_source}. Expected error: the simulator against the engine's measured rollout "
                       f"time on this CPU is in docs/simulator.md, \"Validation\" (dasrl validate-sim).")
-        if json_out:
-            write_json(json_out, {"source": source, "latency": lat.to_dict(), "latency_source": lat_source, "config": {
-                "batch_mode": batch_mode, "max_batch": max_batch, "window": window, "warmup": warmup},
-                "runs": {k2: r.to_dict() for k2, r in results.items()}})
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, {"source": source, "latency": lat.to_dict(), "latency_source": lat_source, "config": {
+            "batch_mode": batch_mode, "max_batch": max_batch, "window": window, "warmup": warmup},
+            "runs": {k2: r.to_dict() for k2, r in results.items()}}, console)
 
     @trace_app.command("info")
     def info_cmd(file: Path = typer.Argument(..., help="Trace file or directory.")) -> None:
@@ -208,11 +205,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         gain = 1 - results["das"].total.makespan / results["unbounded"].total.makespan
         console.print(f"distribution-aware vs unbounded: makespan {-gain:+.1%} (paper, Figure 12: "
                       f"{-PAPER_ABLATION:+.0%})")
-        if json_out:
-            write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter,
-                                   "das_vs_unbounded": gain, "paper": PAPER_ABLATION,
-                                   "runs": {k2: r.to_dict() for k2, r in results.items()}})
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter,
+                                  "das_vs_unbounded": gain, "paper": PAPER_ABLATION,
+                                  "runs": {k2: r.to_dict() for k2, r in results.items()}}, console)
 
     @bench.command("routing")
     def routing_cmd(workload: str = typer.Option("long-tail", help=f"One of: {', '.join(WORKLOADS)}."),
@@ -267,11 +262,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             t.add_row(str(n), *(f"{m[r]:.1f}" for r in ROUTERS), f"{1 - m['length'] / m['round_robin']:+.1%}",
                       f"{1 - m['length'] / m['random']:+.1%}", imb)
         console.print(t)
-        if json_out:
-            write_json(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter, "policy": policy,
-                                   "warmup": warmup, "workers": {str(n): {k2: r.to_dict() for k2, r in rs.items()}
-                                                                 for n, rs in results.items()}})
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, {"source": source, "latency": lat.to_dict(), "drafter": drafter, "policy": policy,
+                                  "warmup": warmup, "workers": {str(n): {k2: r.to_dict() for k2, r in rs.items()}
+                                                                for n, rs in results.items()}}, console)
         if plot:
             from dasrl_lab.plots import pyplot, save_figure
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dasrl_lab.cli_args import between, json_option, output_file
+from dasrl_lab.cli_args import between, json_option, output_file, write_json_out
 
 console = Console()
 
@@ -115,7 +115,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """What would speculative decoding, and which drafter, do to these recorded rollouts?"""
         from dasrl_lab import champ
-        from dasrl.atomic import write_json
         from dasrl_lab.sim import sources, whatif
 
         started = time.perf_counter()
@@ -162,9 +161,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                               tokenizer_name=str(tokenizer or "smollm2-135m (embedded)"),
                               extra={"jobs": jobs or whatif.default_jobs(), **champ_doc})
         console.print(table(doc))
-        if json_out is not None:
-            write_json(json_out, doc)
-            console.print(f"wrote {json_out}")
+        write_json_out(json_out, doc, console)
         if png is not None:
             plot(doc, png)
             console.print(f"wrote {png}")

@@ -137,15 +137,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         fitted, err = fit_latency(samples)
         shown = [{**s, "drafting": s.get("drafting_rows", s["batch"] if s["tokens_per_row"] > 1 else 0),
                   "ms": s["seconds"] * 1e3,
-                  "predicted_ms": fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"],
-                                                 s["n_tokens"] - s["batch"]) * 1e3}
+                  "predicted_ms": fitted.predict(s["n_tokens"], s["kv_tokens"], s["draft_kv_tokens"]) * 1e3}
                  for s in samples]
         console.print(rows_table(f"forward latency, {model}", shown, CALIBRATE_COLUMNS))
         console.print(f"c_base = {fitted.c_base * 1e3:.2f} ms, c_tok = {fitted.c_tok * 1e3:.3f} ms/token, "
                       f"c_other = {fitted.c_other * 1e6:.2f} µs per row-context token, c_draft_kv = "
                       f"{fitted.c_draft_kv * 1e6:.2f} µs per drafting-row context token, c_draft = "
-                      f"{fitted.c_draft * 1e3:.2f} ms per forward with any drafting row, c_draft_tok = "
-                      f"{fitted.c_draft_tok * 1e3:.3f} ms more per drafted token; mean relative error {err:.1%}")
+                      f"{fitted.c_draft * 1e3:.2f} ms per forward with any drafting row; "
+                      f"mean relative error {err:.1%}")
         fitted.save(out)
         console.print(f"wrote {out}")
         pv = packed_vs_padded(engine, fitted, repeats=grid.repeats)

@@ -194,7 +194,7 @@ def engine_profile(price: StepPrice) -> LatencyModel:
     no temperature): c_base + c_step, c_tok + c_sample_tok."""
     lat = price.latency
     return LatencyModel(price.c_step + lat.c_base, lat.c_tok + price.c_sample_tok, lat.c_other, lat.c_draft_kv,
-                        lat.c_draft, lat.c_draft_tok)
+                        lat.c_draft)
 
 
 def policy_latencies(doc: dict, profile: LatencyModel, folder: Path) -> dict:

@@ -237,11 +237,9 @@ class OnlineLatency:
                             p.c_draft_tok * k)
 
     def _solve(self, n, kv, dkv, dr, rows, s, drafts: bool) -> LatencyModel:
-        # A drafted token is priced apart from a row's only where the rows vary (min_samples // 2 forwards off
-        # the commonest row count): at one row count c_base and c_tok per row are one number, and the split
-        # would be the solver's choice, not the machine's.
-        varied = len(rows) - int(np.bincount(rows.astype(np.int64)).max()) >= self._min // 2
-        split = dr if varied else None
+        # A drafted token is priced apart from a row's only where the rows vary: at one row count c_base and
+        # c_tok per row are one number, and the split would be the solver's choice, not the machine's.
+        split = dr if np.ptp(rows) > 0 else None
         if drafts:
             return LatencyModel.fit(n, s, kv, dkv, split)
         own = np.maximum(s - self.prior.c_draft_kv * dkv - self.prior.c_draft * (dkv > 0), 1e-9)  # [samples]

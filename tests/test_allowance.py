@@ -101,16 +101,6 @@ def test_a_lone_row_carries_the_forward_and_alike_rows_do_not_draft():
     assert pol.budgets([_left(0, 50)] + [_left(i, 5) for i in range(1, 32)]) == [4] + [0] * 31
 
 
-def test_a_drafted_token_is_priced_at_its_own_seconds():
-    # A lone row at p = 0.6 (share 0.05, own token 0.0025): at 0.01 s a drafted token (c_tok + c_draft_tok),
-    # d = 0..3 cost 0.0525, 0.0391, 0.0370, 0.0379 per token -> 2, where at 0.0025 it drafts 4.
-    lat = LatencyModel(0.05, 0.0025, c_draft_tok=0.0075)
-    assert lat.draft_token_s == pytest.approx(0.01)
-    pol = ForwardAllowance(_caps(16), max_tokens=64, latency=lat)
-    assert pol.budgets([_left(0, 50)]) == priced_draft([0.6], [16], share=0.05, row=0.0025, kv=0.0,
-                                                       c_tok=0.01).tolist() == [2]
-
-
 def test_low_acceptance_stops_drafting_and_the_problem_is_probed_again():
     pol = ForwardAllowance(_caps(16), max_tokens=64, latency=LAT)
     s = _left(0, 50)

@@ -35,41 +35,6 @@ def test_fit_recovers_the_drafting_rows_kv_term():
     assert m.price((4, 17, 1200, 300)) == pytest.approx(0.05 + 0.034 + 0.0048 + 0.0045 + 0.012)
 
 
-def test_fit_recovers_the_drafted_token_term():
-    """A CPU's GEMM is convex in the tokens: at 8 rows the tokens past one per row cost 30 ms where a row's
-    own costs 12 ms. Given the rows, the fit prices them apart; price() reads the rows from the shape."""
-    rows = np.array([8, 8, 8, 8, 6, 4, 2, 8, 5, 3])
-    n = rows + np.array([0, 4, 9, 16, 0, 0, 0, 30, 7, 2])
-    kv = rows * np.array([300, 310, 320, 330, 340, 350, 360, 370, 380, 390])
-    s = 0.4 + 0.012 * n + 0.018 * (n - rows) + 2e-5 * kv
-    m = LatencyModel.fit(n, s, kv, drafted=n - rows)
-    assert (m.c_base, m.c_tok, m.c_other, m.c_draft_tok) == pytest.approx((0.4, 0.012, 2e-5, 0.018), rel=1e-6)
-    assert m.draft_token_s == pytest.approx(0.03)
-    assert m.mean_rel_error(n, s, kv, drafted=n - rows) < 1e-9
-    assert m.price((8, 12, 2400)) == pytest.approx(0.4 + 0.144 + 0.072 + 0.048)
-    assert LatencyModel.fit(n, s, kv).c_draft_tok == 0.0  # fitted only when given
-
-
-def test_online_fit_prices_a_drafted_token_apart_only_where_the_rows_vary():
-    true = LatencyModel(c_base=0.4, c_tok=0.012, c_other=2e-5, c_draft_tok=0.018)
-    rng = np.random.default_rng(0)
-    fit = OnlineLatency(LatencyModel(c_base=0.05, c_tok=2.5e-3), refit_every=1)
-    for i in range(64):
-        rows = 8 - (i // 8) % 4  # the tail: 8, 7, 6, 5 rows
-        dr = int(rng.integers(0, 12)) if i % 2 else 0
-        kv = rows * (300 + i)
-        fit.record(rows + dr, kv, 0, float(true.predict(rows + dr, kv, 0, dr)), rows=rows)
-    got = fit.model()
-    assert (got.c_base, got.c_tok, got.c_draft_tok) == pytest.approx((0.4, 0.012, 0.018), rel=1e-6)
-    # Always 8 rows: c_base and a row's c_tok are one number, so one token price (the drafting forwards').
-    fit = OnlineLatency(LatencyModel(c_base=0.05, c_tok=2.5e-3), refit_every=1)
-    for i in range(64):
-        dr = i % 12
-        fit.record(8 + dr, 8 * (300 + i), 0, float(true.predict(8 + dr, 8 * (300 + i), 0, dr)), rows=8)
-    got = fit.model()
-    assert got.c_draft_tok == 0.0 and got.c_tok == pytest.approx(0.03, rel=1e-6)
-
-
 def test_price_reads_three_and_four_field_shapes():
     m = LatencyModel(0.1, 0.01, 0.001, 0.002)
     assert m.price((4, 10, 100)) == pytest.approx(0.1 + 0.1 + 0.1)  # a shape recorded before draft_kv

@@ -28,11 +28,11 @@ def _latency(draw) -> LatencyModel | None:
         return None
     if kind == "h100":  # the 7B-H100 profile's shape: c_tok / c_base ~ 0.004, nothing per drafting forward
         return LatencyModel(0.00628, 2.38e-5, 2.14e-8)
-    if kind == "cpu":  # a drafted token dearer than a row's (the GEMM is convex in the tokens on a CPU)
-        return LatencyModel(0.06, 0.0025, 2e-6, 1e-6, 0.02, 0.002)
+    if kind == "cpu":
+        return LatencyModel(0.06, 0.0025, 2e-6, 1e-6, 0.02)
     c_base = draw(st.floats(1e-4, 0.1))
     return LatencyModel(c_base, c_base * draw(st.floats(1e-5, 0.3)), draw(st.floats(0, 1e-5)),
-                        draw(st.floats(0, 1e-5)), draw(st.floats(0, 0.05)), c_base * draw(st.floats(0, 0.3)))
+                        draw(st.floats(0, 1e-5)), draw(st.floats(0, 0.05)))
 
 
 class Twin:

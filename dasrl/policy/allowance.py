@@ -278,17 +278,16 @@ class ForwardAllowance:
         r.cls[ss] = r.c_code[ss]
 
     def nothing_pays(self, rows: RowBatch, caps: np.ndarray, p: np.ndarray, remaining: np.ndarray) -> bool:
-        """True only if `_priced` would give every row 0 (then it need not run). Draft d costs at least tok * d
-        more per forward (tok: a drafted token's seconds) and gains at most (share + own cost) * d * p, so a row
-        with p * (share + row) < tok drafts nothing; its share is c_base / B, or c_base / m in the critical
-        group, whose size at m = 1 bounds m from below (m0, from an upper bound of the critical path). Margins keep it true in floating point."""
+        """True only if `_priced` would give every row 0 (then it need not run). Draft d costs at least c_tok * d
+        more per forward and gains at most (share + own cost) * d * p, so a row with p * (share + row) < c_tok
+        drafts nothing; its share is c_base / B, or c_base / m in the critical group, whose size at m = 1 bounds
+        m from below (m0, from an upper bound of the critical path). Margins keep it true in floating point."""
         lat = self.latency
-        tok = lat.draft_token_s
         ctx = rows.prompt_len + rows.generated  # [B]
         every = bool(caps.all())
         # A quick no: some row pays even alone (its own cost is monotone in its context: the longest's is the most)
         if every and float(p.max()) * (lat.c_base / len(rows) + (lat.c_tok + lat.c_other * float(ctx.max()))) > \
-                tok * (1.0 - 1e-6):
+                lat.c_tok * (1.0 - 1e-6):
             return False
         row = lat.c_tok + lat.c_other * ctx  # [B] own cost per forward
         # Only the rows that may draft can pay (p, ctx_can, row_can, rem_can: theirs); every row counts in the group.
@@ -299,28 +298,28 @@ class ForwardAllowance:
                 return True
             p, ctx_can, row_can, rem_can = p[can], ctx[can], row[can], remaining[can]
         r_lo, r_hi = float(row_can.min()), float(row_can.max())
-        if tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
+        if lat.c_tok < 1e-6 * (lat.c_base + float(row.max())):  # degenerate prices: no margin is safe
             return False
         q_lo, q_hi = max(float(p.min()), 0.0), min(float(p.max()), 1.0)
-        if q_hi * (lat.c_base / len(rows) + r_hi) > tok * (1.0 - 1e-6):
+        if q_hi * (lat.c_base / len(rows) + r_hi) > lat.c_tok * (1.0 - 1e-6):
             return False  # some row might pay even off the critical group
         # The loose bound first (scalars): every row's first draft token surely pays alone at m = 1.
         r_max = float(remaining.max())
-        extra = tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
+        extra = lat.c_tok + lat.c_draft + lat.c_draft_kv * float(ctx.max())
         if every and (lat.c_base + r_lo) * q_lo > extra * (1 + 1e-6) + 1e-12 * (lat.c_base + r_hi):
             m0 = max(int(np.count_nonzero(remaining > r_max / ((1.0 + q_lo) * (1.0 - 1e-12)) * (1 + 1e-9))), 1)
-            if q_hi * (lat.c_base / m0 + r_hi) <= tok * (1.0 - 1e-6):
+            if q_hi * (lat.c_base / m0 + r_hi) <= lat.c_tok * (1.0 - 1e-6):
                 return True
         # Row by row (arrays): the horizon's bound from each row's own acceptance.
         q = _unit(p)  # [C]
-        pay1 = (lat.c_base + row_can) * q > (tok + lat.c_draft + lat.c_draft_kv * ctx_can) \
+        pay1 = (lat.c_base + row_can) * q > (lat.c_tok + lat.c_draft + lat.c_draft_kv * ctx_can) \
             * (1 + 1e-6) + 1e-12 * (lat.c_base + row_can)  # [C] d >= 1 at m = 1, surely
         # each row's forwards at m = 1, bounded above: the longest
         top = float(np.where(pay1, rem_can / ((1.0 + q) * (1.0 - 1e-12)), rem_can).max())
         if not every:  # a row that cannot draft takes its remaining length
             top = max(top, float(remaining[~can].max()))
         m0 = max(int(np.count_nonzero(remaining > top * (1 + 1e-9))), 1)
-        return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > tok * (1.0 - 1e-6))
+        return not np.count_nonzero(q * (lat.c_base / m0 + row_can) > lat.c_tok * (1.0 - 1e-6))
 
     def _priced(self, rows: RowBatch, caps, p, remaining) -> tuple[np.ndarray, np.ndarray]:
         """([B] each row's priced draft, [B] what it drafts): the critical group's split, row by row in the
@@ -336,8 +335,7 @@ class ForwardAllowance:
         d, d1 = _lengths(top + 1)
         e = _tokens_per_forward(d[None, :], pu[:, None], d1)  # [B, D] E(d) by numpy (its power), read by the core
         best, need, share, extra, _, _, _ = _core.price_split(
-            row, lat.draft_token_s, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base,
-            lat.c_draft)
+            row, lat.c_tok, e, None if int(most.min()) >= top else most, remaining, pu, kv, lat.c_base, lat.c_draft)
         self._prices = (rows.keys, share, row, extra)
         return best, need
 
@@ -450,7 +448,7 @@ class ForwardAllowance:
         share, row, kv = (v[at] for v in self._prices[1:])
         keep, expected = _core.cut_chains(np.ascontiguousarray(drafts.probs, np.float64), drafts.offsets,
                                           drafts.match_len, float(match_factor), priced.view(np.uint8), share, row, kv,
-                                          self.latency.draft_token_s, calib)
+                                          self.latency.c_tok, calib)
         cut = np.flatnonzero(priced & (keep > 0))
         for b, e in zip(cut.tolist(), expected[cut].tolist()):
             self._expected[keys[b]] = e

@@ -1,7 +1,6 @@
 """The cost model of one verification forward (docs/policy.md "Latency model"):
-`t = c_base + c_tok * n_tokens + c_draft_tok * drafted + c_other * kv_tokens + c_draft_kv * draft_kv_tokens
-+ c_draft * [any row drafts]` (drafted = n_tokens - rows), fitted from measured forwards (`dasrl calibrate`, or
-online by a session) and saved as JSON.
+`t = c_base + c_tok * n_tokens + c_other * kv_tokens + c_draft_kv * draft_kv_tokens + c_draft * [any row drafts]`,
+fitted from measured forwards (`dasrl calibrate`, or online by a session) and saved as JSON.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ class LatencyModel:
     """Seconds per context token of the rows that feed more than one token (their attention group)."""
     c_draft: float = 0.0
     """Seconds a forward pays once when any row feeds more than one token (the group's calls per layer)."""
-    c_draft_tok: float = 0.0
-    """Extra seconds per token past one per row (a drafted token): a CPU's GEMM is convex in the tokens."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,41 +48,33 @@ class LatencyModel:
                 raise ValueError(f"LatencyModel.{f.name} must be >= 0, got {v!r}")
             object.__setattr__(self, f.name, float(v))
 
-    @property
-    def draft_token_s(self) -> float:
-        """Seconds one drafted token adds to a forward (what the policy prices a draft's tokens at)."""
-        return self.c_tok + self.c_draft_tok
-
-    def predict(self, n_tokens, kv_tokens=0, draft_kv_tokens=0, drafted=0):
-        """Predicted seconds of a forward with n_tokens tokens, `drafted` of them past one per row (scalars or
-        arrays broadcast)."""
-        n, kv, dkv, dr = (np.asarray(x, dtype=np.float64) for x in (n_tokens, kv_tokens, draft_kv_tokens, drafted))
-        out = self.c_base + self.c_tok * n + self.c_draft_tok * dr + self.c_other * kv + self.c_draft_kv * dkv \
-            + self.c_draft * (dkv > 0)
+    def predict(self, n_tokens, kv_tokens=0, draft_kv_tokens=0):
+        """Predicted seconds of a forward with n_tokens tokens (scalars or arrays broadcast)."""
+        n, kv, dkv = (np.asarray(x, dtype=np.float64) for x in (n_tokens, kv_tokens, draft_kv_tokens))
+        out = self.c_base + self.c_tok * n + self.c_other * kv + self.c_draft_kv * dkv + self.c_draft * (dkv > 0)
         return float(out) if out.ndim == 0 else out
 
     def price(self, shape: Sequence[float]) -> float:
         """Seconds of a recorded forward shape (rows, tokens, kv_tokens[, draft_kv_tokens]): the engine's
-        StepInfo and the simulator record them; shapes recorded before draft_kv_tokens have three fields.
-        A prefill's shape (rows feeding their prompts) counts its tokens past one per row as drafted."""
-        return float(self.predict(shape[1], shape[2], shape[3] if len(shape) > 3 else 0, shape[1] - shape[0]))
+        StepInfo and the simulator record them; shapes recorded before draft_kv_tokens have three fields."""
+        return float(self.predict(shape[1], shape[2], shape[3] if len(shape) > 3 else 0))
 
     def mean_rel_error(self, n_tokens: Sequence[float], seconds: Sequence[float],
-                       kv_tokens: Sequence[float] | None = None, draft_kv_tokens: Sequence[float] | None = None,
-                       drafted: Sequence[float] | None = None) -> float:
+                       kv_tokens: Sequence[float] | None = None,
+                       draft_kv_tokens: Sequence[float] | None = None) -> float:
         """Mean of |predicted - measured| / measured over the samples."""
-        n, s, kv, dkv, dr = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens, drafted)
-        pred = self.predict(n, *(0 if a is None else a for a in (kv, dkv, dr)))
+        n, s, kv, dkv = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens)
+        pred = self.predict(n, 0 if kv is None else kv, 0 if dkv is None else dkv)
         return float(np.mean(np.abs(pred - s) / s))
 
     @classmethod
     def fit(cls, n_tokens: Sequence[float], seconds: Sequence[float], kv_tokens: Sequence[float] | None = None,
-            draft_kv_tokens: Sequence[float] | None = None, drafted: Sequence[float] | None = None) -> "LatencyModel":
+            draft_kv_tokens: Sequence[float] | None = None) -> "LatencyModel":
         """Least-squares fit (relative error weighted: each sample counts by 1/seconds), coefficients
-        clipped at 0; c_other, c_draft_kv and c_draft_tok are fitted only when their token counts are given,
-        c_draft with c_draft_kv."""
-        n, s, kv, dkv, dr = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens, drafted)
-        extra = [a for a in (kv, dkv, None if dkv is None else (dkv > 0).astype(np.float64), dr) if a is not None]
+        clipped at 0; c_other and c_draft_kv are fitted only when their token counts are given, c_draft
+        with c_draft_kv."""
+        n, s, kv, dkv = _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens)
+        extra = [a for a in (kv, dkv, None if dkv is None else (dkv > 0).astype(np.float64)) if a is not None]
         cols = [np.ones_like(n), n, *extra]
         if len(s) < len(cols):
             raise ValueError(f"need at least {len(cols)} samples to fit {len(cols)} coefficients, got {len(s)}")
@@ -93,8 +82,7 @@ class LatencyModel:
         c_base, c_tok = next(coef), next(coef)
         c_other = next(coef) if kv is not None else 0.0
         c_draft_kv, c_draft = (next(coef), next(coef)) if dkv is not None else (0.0, 0.0)
-        c_draft_tok = next(coef) if dr is not None else 0.0
-        return cls(c_base, c_tok, c_other, c_draft_kv, c_draft, c_draft_tok)
+        return cls(c_base, c_tok, c_other, c_draft_kv, c_draft)
 
     def to_dict(self) -> dict:
         return {"format": _FORMAT, **asdict(self)}
@@ -209,44 +197,38 @@ class OnlineLatency:
         if len(self._samples) < self._min:
             return None
         n, kv, dkv, s, rows = (np.array(x) for x in zip(*self._samples))  # [samples] each
-        dr = n - rows  # [samples] tokens past one per row: the drafted ones
-        verified = dr > 0  # [samples] forwards that verified drafts: they price a draft token
+        verified = n > rows  # [samples] forwards that verified drafts: they price a draft token
         if np.ptp(n) < 2 or np.count_nonzero(verified) < self._min // 2:  # no draft token's cost measured yet
-            return self._scaled(n, kv, dkv, dr, s)
+            return self._scaled(n, kv, dkv, s)
         drafts = int(np.count_nonzero(dkv)) >= self._min // 2
-        fit = self._solve(n, kv, dkv, dr, rows, s, drafts)
-        ratio = s / fit.predict(n, kv, dkv, dr)  # [samples]
+        fit = self._solve(n, kv, dkv, s, drafts)
+        ratio = s / fit.predict(n, kv, dkv)  # [samples]
         keep = (ratio < 1.5) & (ratio > 1 / 1.5)
         if keep.sum() >= self._min and not keep.all():
             if np.count_nonzero(verified[keep]) < self._min // 2:  # the drafting forwards were the outliers
-                return self._scaled(n, kv, dkv, dr, s)
+                return self._scaled(n, kv, dkv, s)
             drafts = drafts and int(np.count_nonzero(dkv[keep])) >= self._min // 2
-            fit = self._solve(n[keep], kv[keep], dkv[keep], dr[keep], rows[keep], s[keep], drafts)
+            fit = self._solve(n[keep], kv[keep], dkv[keep], s[keep], drafts)
         self.kept = int(keep.sum())
         if fit.c_base > 0 and fit.c_tok > 0:
             return fit
-        return self._scaled(n, kv, dkv, dr, s)  # noise left a term at 0 (a loaded machine): keep the prior's shape
+        return self._scaled(n, kv, dkv, s)  # noise left a term at 0 (a loaded machine): keep the prior's shape
 
-    def _scaled(self, n, kv, dkv, dr, s) -> LatencyModel:
+    def _scaled(self, n, kv, dkv, s) -> LatencyModel:
         """The prior scaled by the median of measured / predicted seconds: this machine's speed, the prior's
         shape (forwards that all fed the same tokens cannot tell c_base from c_tok)."""
-        k = float(np.median(s / self.prior.predict(n, kv, dkv, dr)))
+        k = float(np.median(s / self.prior.predict(n, kv, dkv)))
         self.kept = len(s)
         p = self.prior
-        return LatencyModel(p.c_base * k, p.c_tok * k, p.c_other * k, p.c_draft_kv * k, p.c_draft * k,
-                            p.c_draft_tok * k)
+        return LatencyModel(p.c_base * k, p.c_tok * k, p.c_other * k, p.c_draft_kv * k, p.c_draft * k)
 
-    def _solve(self, n, kv, dkv, dr, rows, s, drafts: bool) -> LatencyModel:
-        # A drafted token is priced apart from a row's only where the rows vary: at one row count c_base and
-        # c_tok per row are one number, and the split would be the solver's choice, not the machine's.
-        split = dr if np.ptp(rows) > 0 else None
+    def _solve(self, n, kv, dkv, s, drafts: bool) -> LatencyModel:
         if drafts:
-            return LatencyModel.fit(n, s, kv, dkv, split)
+            return LatencyModel.fit(n, s, kv, dkv)
         own = np.maximum(s - self.prior.c_draft_kv * dkv - self.prior.c_draft * (dkv > 0), 1e-9)  # [samples]
-        base = LatencyModel.fit(n, own, kv, drafted=split)
+        base = LatencyModel.fit(n, own, kv)
         k = base.c_base / self.prior.c_base if self.prior.c_base > 0 else 1.0  # the prior's terms at this speed
-        return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv * k, self.prior.c_draft * k,
-                            base.c_draft_tok)
+        return LatencyModel(base.c_base, base.c_tok, base.c_other, self.prior.c_draft_kv * k, self.prior.c_draft * k)
 
     def timer(self, policy) -> Callable[[object], None]:
         """An engine `on_step` callback: records each decoding forward (an engine StepInfo: step, tokens,
@@ -267,8 +249,8 @@ class OnlineLatency:
         """Median |predicted - measured| / measured of the current model over the window (None: empty)."""
         if not self._samples:
             return None
-        n, kv, dkv, s, rows = (np.array(x) for x in zip(*self._samples))
-        return float(np.median(np.abs(self.model().predict(n, kv, dkv, n - rows) - s) / s))
+        n, kv, dkv, s, _ = (np.array(x) for x in zip(*self._samples))
+        return float(np.median(np.abs(self.model().predict(n, kv, dkv) - s) / s))
 
     def report(self) -> dict:
         """What stats() shows: the model in use, whether it is fitted, its median error, the samples."""
@@ -277,24 +259,23 @@ class OnlineLatency:
                 "median_rel_error": self.error(), **asdict(lat)}
 
 
-def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None, drafted=None):
+def _arrays(n_tokens, seconds, kv_tokens, draft_kv_tokens=None):
     n, s = (np.asarray(x, dtype=np.float64).ravel() for x in (n_tokens, seconds))
-    kv, dkv, dr = (None if x is None else np.asarray(x, dtype=np.float64).ravel()
-                   for x in (kv_tokens, draft_kv_tokens, drafted))
-    named = (("kv_tokens", kv), ("draft_kv_tokens", dkv), ("drafted", dr))
-    if len(n) != len(s) or any(a is not None and len(a) != len(s) for _, a in named):
+    kv, dkv = (None if x is None else np.asarray(x, dtype=np.float64).ravel() for x in (kv_tokens, draft_kv_tokens))
+    if len(n) != len(s) or any(a is not None and len(a) != len(s) for a in (kv, dkv)):
         raise ValueError(f"sample arrays differ in length: n_tokens={len(n)}, seconds={len(s)}"
-                         + "".join(f", {name}={len(a)}" for name, a in named if a is not None))
+                         + ("" if kv is None else f", kv_tokens={len(kv)}")
+                         + ("" if dkv is None else f", draft_kv_tokens={len(dkv)}"))
     if len(s) == 0:
         raise ValueError("no samples")
-    for name, a in (("n_tokens", n), *named):
+    for name, a in (("n_tokens", n), ("kv_tokens", kv), ("draft_kv_tokens", dkv)):
         if a is not None and (not np.all(np.isfinite(a)) or np.any(a < 0)):
             i = int(np.flatnonzero(~np.isfinite(a) | (a < 0))[0])
             raise ValueError(f"{name}[{i}] = {a[i]!r} must be a finite number >= 0")
     if not np.all(np.isfinite(s)) or np.any(s <= 0):
         i = int(np.flatnonzero(~np.isfinite(s) | (s <= 0))[0])
         raise ValueError(f"seconds[{i}] = {s[i]!r} must be a finite number > 0")
-    return n, s, kv, dkv, dr
+    return n, s, kv, dkv
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

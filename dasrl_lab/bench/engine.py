@@ -278,11 +278,10 @@ def calibrate(engine: SpecEngine, grid: CalibrationGrid, *, tick: Callable[[], N
 
 
 def fit_latency(samples: list[dict]):
-    n, kv, secs, rows = (np.array([s[k] for s in samples], dtype=float)
-                         for k in ("n_tokens", "kv_tokens", "seconds", "batch"))
+    n, kv, secs = (np.array([s[k] for s in samples], dtype=float) for k in ("n_tokens", "kv_tokens", "seconds"))
     dkv = np.array([s.get("draft_kv_tokens", 0) for s in samples], dtype=float)
-    model = LatencyModel.fit(n, secs, kv, dkv, n - rows)  # the grid's batches vary: rows and drafts priced apart
-    return model, model.mean_rel_error(n, secs, kv, dkv, n - rows)
+    model = LatencyModel.fit(n, secs, kv, dkv)
+    return model, model.mean_rel_error(n, secs, kv, dkv)
 
 
 def packed_vs_padded(engine: SpecEngine, latency, *, rows: int = 32, draft: int = 16, context: int = 256,

@@ -281,7 +281,7 @@ class RowwiseAllowance:
         lat = self.latency
         ctx = np.array([s.prompt_len + s.generated for s in states], np.float64)  # [B] context lengths
         row, kv = lat.c_tok + lat.c_other * ctx, lat.c_draft_kv * ctx  # [B] own cost, extra cost of drafting
-        prices = _Prices(p, caps, row=row, kv=kv, c_tok=lat.draft_token_s)
+        prices = _Prices(p, caps, row=row, kv=kv, c_tok=lat.c_tok)
         spread = lat.c_base / len(states)
         solo = prices.best(spread, lat.c_draft)  # [B]
         at_solo = remaining / tokens_per_forward(solo, p)  # [B] forwards drafting for itself
@@ -380,7 +380,7 @@ class RowwiseAllowance:
         at = np.searchsorted(rows, node_row)  # [T] each node's place among the cut rows (where it is one)
         mine = priced[node_row]
         qs[at[mine], node_idx[mine] + 1] = q[mine]
-        cost = (share + row + self.latency.draft_token_s * n + kv * (n > 0)) / (1.0 + np.cumsum(qs, axis=1))  # [R, W+1]
+        cost = (share + row + self.latency.c_tok * n + kv * (n > 0)) / (1.0 + np.cumsum(qs, axis=1))  # [R, W+1]
         cost[n > keep[rows][:, None]] = np.inf  # past a row's draft
         keep[rows] = np.argmin(cost, axis=1)  # ties: the shorter prefix
         for b in rows[keep[rows] > 0].tolist():  # the raw path probabilities each kept draft expects accepted

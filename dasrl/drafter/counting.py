@@ -21,6 +21,10 @@ from dasrl import _core
 from dasrl.drafter.base import MAX_DRAFT, Draft, DraftBatch, offsets_of
 
 _NUM = -1  # the key of a number item (non-digit items are keyed by their token id)
+WINDOW = 256
+"""A request's last tokens a pattern is looked for in."""
+MAX_PERIOD = 32
+"""The most items a pattern's period may have."""
 
 
 def digit_tokens(tokenizer) -> np.ndarray:
@@ -84,7 +88,7 @@ def _format(value: int, seen: Sequence[str]) -> str | None:
     return str(value).zfill(len(seen[-1])) if padded else str(value)
 
 
-def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = 32,
+def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_period: int = MAX_PERIOD,
                     period: int | None = None) -> np.ndarray:
     """[<= min(budget, MAX_DRAFT)] int64: the tokens that continue the numbered pattern `tail` (the request's
     last tokens) ends in; empty when there is none. `period`: its `_periods` when the caller has it."""
@@ -125,6 +129,25 @@ def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_pe
     return np.asarray(out[:budget], np.int64)
 
 
+def counted(batch: DraftBatch, tails: Sequence[np.ndarray], budgets: Sequence[int], digits: np.ndarray,
+            max_period: int = MAX_PERIOD) -> tuple[DraftBatch, int]:
+    """(`batch` with the draft of each row whose tail, its request's last tokens, ends in a numbered pattern
+    replaced by the counting draft, how many were): one native call finds the few rows with a pattern."""
+    asked = [i for i, b in enumerate(budgets) if b > 0]
+    found = _periods([tails[i] for i in asked], digits, max_period)  # [len(asked)]
+    drafts: list[Draft] | None = None
+    n = 0
+    for i, p in zip(asked, found.tolist()):
+        if not p:  # its items do not repeat: the wrapped drafter's draft
+            continue
+        toks = _counting_draft(tails[i], digits=digits, budget=int(budgets[i]), max_period=max_period, period=p)
+        if toks.size:
+            drafts = batch.drafts() if drafts is None else drafts
+            drafts[i] = Draft.chain(toks, match_len=int(toks.size))
+            n += 1
+    return (batch if drafts is None else DraftBatch.from_drafts(drafts)), n
+
+
 def with_counting(inner, tokenizer):
     """`inner` wrapped in counting drafts, or `inner` itself (with a warning) when digits are not one token each."""
     try:
@@ -137,7 +160,7 @@ def with_counting(inner, tokenizer):
 class CountingDrafter:
     """Wraps a drafter: counting drafts where the output is a numbered pattern, the wrapped drafter's elsewhere."""
 
-    def __init__(self, inner, digits: np.ndarray, *, window: int = 256, max_period: int = 32) -> None:
+    def __init__(self, inner, digits: np.ndarray, *, window: int = WINDOW, max_period: int = MAX_PERIOD) -> None:
         digits = np.asarray(digits, np.int64)
         if digits.shape != (10,) or len(set(digits.tolist())) != 10 or digits.min() < 0:
             raise ValueError(f"digits must be 10 distinct token ids >= 0 (digit_tokens()), got {digits.tolist()}")
@@ -156,19 +179,9 @@ class CountingDrafter:
 
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
         batch = self.inner.propose_flat(req_ids, budgets)  # checks ids and budgets
-        drafts: list[Draft] | None = None
-        asked = [i for i, b in enumerate(budgets) if b > 0]
-        found = _periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)  # [len(asked)]
-        for i, p in zip(asked, found.tolist()):
-            if not p:  # its items do not repeat: the wrapped drafter's draft
-                continue
-            toks = _counting_draft(self._tail[req_ids[i]], digits=self.digits, budget=int(budgets[i]),
-                                   max_period=self.max_period, period=p)
-            if toks.size:
-                drafts = batch.drafts() if drafts is None else drafts
-                drafts[i] = Draft.chain(toks, match_len=int(toks.size))
-                self.counted += 1
-        return batch if drafts is None else DraftBatch.from_drafts(drafts)
+        batch, n = counted(batch, [self._tail[r] for r in req_ids], budgets, self.digits, self.max_period)
+        self.counted += n
+        return batch
 
     def observe(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         self.inner.observe(req_id, tokens)

@@ -104,7 +104,11 @@ class VLLMSuffixProposer:
 
 def das_proposer(policy: dict, k: int, width: int) -> DASProposer:
     """DASProposer as vLLM builds it (custom_class) on a GPU server, `policy` its additional_config["dasrl"]."""
-    model = SimpleNamespace(max_model_len=width, get_vocab_size=lambda: VOCAB)
+    from dasrl_lab.models import ensure_hf_folder
+
+    # the embedded model's tokenizer: its digits for counting drafts (the workload's random ids hold none)
+    model = SimpleNamespace(max_model_len=width, get_vocab_size=lambda: VOCAB, tokenizer=str(ensure_hf_folder()),
+                            tokenizer_revision=None, trust_remote_code=False, skip_tokenizer_init=False)
     return DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                                        additional_config={"dasrl": policy}, model_config=model,
                                        device_config=SimpleNamespace(device_type="cuda")))

@@ -57,6 +57,8 @@ class VLLMBenchConfig:
     """num_speculative_tokens of every speculative method."""
     window: int = 16
     """DAS: RL steps of history per problem."""
+    counting: bool = True
+    """DAS: counting drafts (VLLMDrafterConfig.counting; a bench document without the key ran without them)."""
     max_model_len: int = 1024
     """vLLM's context limit."""
     seed: int = 0

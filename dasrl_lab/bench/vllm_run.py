@@ -161,7 +161,7 @@ def build(cfg: dict, method: str):
 
     model = str(ensure_hf_folder(cfg["model"])) if not Path(cfg["model"]).exists() else cfg["model"]
     extra = {"dasrl": {"policy": "fixed" if method == "das-fixed" else "das", "window": cfg["window"],
-                       "latency_floor": method != "das-static",
+                       "latency_floor": method != "das-static", "counting": cfg.get("counting", False),
                        **cfg.get("dasrl", {})}} if method.startswith("das") else {}
     kw = {"num_gpu_blocks_override": cfg["kv_blocks"]} if cfg.get("kv_blocks") else {}
     if cfg.get("block_size"):

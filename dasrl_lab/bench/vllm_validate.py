@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dasrl.atomic import MAX_JSON_BYTES, read_json, write_json, write_target
+from dasrl.drafter import with_counting
 from dasrl_lab.bench.vllm_bench import trace_name
 from dasrl_lab.drafters.arctic import ArcticDrafter
 from dasrl.integrations.vllm import VLLMDrafterConfig, proposer_policy
@@ -57,9 +58,18 @@ def drafter_and_policy(method: str, cfg: dict, latency_path: Path):
         return None, FixedBudget(0)
     if method == "suffix":
         return ArcticDrafter(VLLM_SUFFIX), FixedBudget(cfg["k"])
-    if method == "das":
-        vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path)})  # as vllm_run.build
-        return ProposerStore(vc), WithinK(proposer_policy(vc, cfg["k"], "cpu"), cfg["k"])
+    if method == "das":  # as vllm_run.build (a run recorded before the bench's `counting` key drafted without)
+        vc = VLLMDrafterConfig.from_dict({"window": cfg["window"], "latency": str(latency_path),
+                                          "counting": cfg.get("counting", False)})
+        store, policy = ProposerStore(vc), WithinK(proposer_policy(vc, cfg["k"], "cpu"), cfg["k"])
+        if not vc.counting:
+            return store, policy
+        from transformers import AutoTokenizer
+
+        from dasrl_lab.models import ensure_hf_folder
+
+        model = cfg["model"] if Path(cfg["model"]).exists() else str(ensure_hf_folder(cfg["model"]))
+        return with_counting(store, AutoTokenizer.from_pretrained(model)), policy
     raise ValueError(f"no replay of bench method {method!r} (valid: none, suffix, das)")
 
 

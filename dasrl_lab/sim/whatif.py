@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.drafter import DraftStore, StoreConfig, with_counting
 from dasrl.integrations.vllm import VLLMDrafterConfig
 from dasrl.policy import FixedBudget, ForwardAllowance, make_policy
 from dasrl.rollout import SessionConfig, history_drafter
@@ -54,8 +54,9 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
     """The drafter of `method`, fresh (its history starts empty)."""
     if method == "das":  # the session's drafter: the DraftStore wrapped in counting drafts where the tokenizer allows
         return history_drafter(replace(SessionConfig(), store=cfg.store), tokenizer)
-    if method == "das-vllm":  # the vLLM proposer's store: no counting drafts, chains cut to its spec factor
-        return ProposerStore(VLLM_DAS)
+    if method == "das-vllm":  # the vLLM proposer's store: chains cut to its spec factor, counting where it would
+        store = ProposerStore(VLLM_DAS)
+        return with_counting(store, tokenizer) if VLLM_DAS.counting and tokenizer is not None else store
     if method == "das-suffix":
         return DraftStore(cfg.store)
     if method == "global":  # one ever-growing index of every problem's history, as vLLM's / arctic's suffix cache
@@ -172,7 +173,7 @@ class ModelResult:
 
 OWN_DEFAULTS = {
     "das": "session policy (DAS classes in the per-forward allowance of each profile), counting drafts",
-    "das-vllm": "the vLLM proposer's drafter and policy at its defaults (no counting drafts), K = {cap}",
+    "das-vllm": "the vLLM proposer's drafter and policy at its defaults (counting drafts), K = {cap}",
     "das-suffix": "per-problem suffix index, fixed cap {cap}",
     "global": "one unwindowed index over all problems, fixed cap {cap}",
     "suffix": f"vLLM suffix defaults (arctic-inference, depth 24, {VLLM_SUFFIX_TOKENS} tokens, factor 1.0, "

@@ -37,6 +37,8 @@ class VLLMDrafterConfig:
     """Engine steps the latency fit looks back over (it needs 32; refitted every 32)."""
     max_spec_factor: float = 1.0
     """A draft is at most this x its match length (0 = no such cap), as in vLLM's suffix method (1.0)."""
+    counting: bool = True
+    """Draft numbered patterns of a request's own output by counting (needs one token per digit in vLLM's tokenizer)."""
     step_requests: int = 0
     """Without the caller's dasrl_end_step a step ends: 0 = when the batch drains; N > 0 = every N finished requests."""
     explicit_steps: bool = False

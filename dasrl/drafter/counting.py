@@ -129,18 +129,15 @@ def _counting_draft(tail: np.ndarray, *, digits: np.ndarray, budget: int, max_pe
     return np.asarray(out[:budget], np.int64)
 
 
-def counted(batch: DraftBatch, tails: Sequence[np.ndarray], budgets: Sequence[int], digits: np.ndarray,
-            max_period: int = MAX_PERIOD) -> tuple[DraftBatch, int]:
-    """(`batch` with the draft of each row whose tail, its request's last tokens, ends in a numbered pattern
-    replaced by the counting draft, how many were): one native call finds the few rows with a pattern."""
-    asked = [i for i, b in enumerate(budgets) if b > 0]
-    found = _periods([tails[i] for i in asked], digits, max_period)  # [len(asked)]
+def counted(batch: DraftBatch, tail: Callable[[int], np.ndarray], periods: np.ndarray, budgets: Sequence[int],
+            digits: np.ndarray, max_period: int = MAX_PERIOD) -> tuple[DraftBatch, int]:
+    """(`batch` with the draft of each row whose tail, `tail(i)` = its request's last tokens, ends in a numbered
+    pattern of period periods[i] > 0 (`_periods`; 0: none) replaced by the counting draft, how many were)."""
     drafts: list[Draft] | None = None
     n = 0
-    for i, p in zip(asked, found.tolist()):
-        if not p:  # its items do not repeat: the wrapped drafter's draft
-            continue
-        toks = _counting_draft(tails[i], digits=digits, budget=int(budgets[i]), max_period=max_period, period=p)
+    for i in np.flatnonzero(periods).tolist():
+        toks = _counting_draft(tail(i), digits=digits, budget=int(budgets[i]), max_period=max_period,
+                               period=int(periods[i]))
         if toks.size:
             drafts = batch.drafts() if drafts is None else drafts
             drafts[i] = Draft.chain(toks, match_len=int(toks.size))
@@ -179,7 +176,10 @@ class CountingDrafter:
 
     def propose_flat(self, req_ids: Sequence[Hashable], budgets: Sequence[int]) -> DraftBatch:
         batch = self.inner.propose_flat(req_ids, budgets)  # checks ids and budgets
-        batch, n = counted(batch, [self._tail[r] for r in req_ids], budgets, self.digits, self.max_period)
+        asked = [i for i, b in enumerate(budgets) if b > 0]
+        periods = np.zeros(len(req_ids), np.int64)  # [B] 0: no pattern (or no budget)
+        periods[asked] = _periods([self._tail[req_ids[i]] for i in asked], self.digits, self.max_period)
+        batch, n = counted(batch, lambda i: self._tail[req_ids[i]], periods, budgets, self.digits, self.max_period)
         self.counted += n
         return batch
 

@@ -328,6 +328,25 @@ NB_MODULE(_core, m) {
         return to_numpy(std::move(out));
       }, nb::arg("tokens"), nb::arg("offsets"), nb::arg("digits"), nb::arg("max_period"));
 
+  // The periods of the tails tokens[rows[i], start[i] : start[i] + count[i]] of an int32/int64 [R, W] table (the
+  // vLLM proposer's token rows, read in place).
+  m.def("count_periods_rows", [](TokTable tokens, I64Array rows, I64Array start, I64Array count, I64Array digits,
+                                 int64_t max_period) {
+        size_t n = rows.shape(0);
+        check_runs(tokens, rows, start, count, n);
+        if (digits.shape(0) != 10 || max_period < 1)
+          throw nb::value_error("count_periods_rows: needs the 10 digit token ids and max_period >= 1");
+        std::vector<int64_t> out(n);
+        const int64_t W = int64_t(tokens.shape(1));
+        with_rows(tokens, [&](auto* t) {
+          count_periods_rows(t, W, rows.data(), start.data(), count.data(), int64_t(n), digits.data(), max_period,
+                             out.data());
+          return 0;
+        });
+        return to_numpy(std::move(out));
+      }, nb::arg("tokens"), nb::arg("rows"), nb::arg("start"), nb::arg("count"), nb::arg("digits"),
+      nb::arg("max_period"));
+
   // numpy's float64 sum of a contiguous array, computed here (tests: it must equal a.sum()).
   m.def("numpy_sum", [](F64Array a) { return numpy_sum(a.data(), int64_t(a.shape(0))); }, nb::arg("values"));
 

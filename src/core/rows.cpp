@@ -233,38 +233,55 @@ template void extend_rows<int32_t>(Cursor* const*, const int32_t*, int64_t, cons
 template void extend_rows<int64_t>(Cursor* const*, const int64_t*, int64_t, const int64_t*, const int64_t*,
                                    const int64_t*, int64_t);
 
+namespace {
+// The period of one tail t[0..len) (rows.hpp count_periods); `items` is scratch.
+template <class T>
+int64_t period_of(const T* t, int64_t len, const int64_t* digits, int64_t max_period, std::vector<int64_t>& items) {
+  constexpr int64_t kNum = -1;
+  const auto [lo, hi] = std::minmax_element(digits, digits + 10);  // most tokens are outside: one test
+  auto is_digit = [&](int64_t x) { return x >= *lo && x <= *hi && std::find(digits, digits + 10, x) != digits + 10; };
+  int64_t end = len;
+  while (end > 0 && is_digit(t[end - 1])) --end;  // the partial number is not an item
+  items.clear();  // the newest item first, at most 3 max_period
+  for (int64_t c = end - 1; c >= 0 && int64_t(items.size()) < 3 * max_period; --c) {
+    if (!is_digit(t[c])) {
+      items.push_back(int64_t(t[c]));
+      continue;
+    }
+    while (c > 0 && is_digit(t[c - 1])) --c;  // back to the run's first digit
+    if (c == 0) break;                        // a leading number: the window may have cut it
+    items.push_back(kNum);
+  }
+  const int64_t k = int64_t(items.size());
+  int64_t first_num = 0;  // the newest number item
+  while (first_num < k && items[first_num] != kNum) ++first_num;
+  for (int64_t p = first_num + 1; p <= max_period && 3 * p <= k; ++p) {
+    bool ok = true;
+    for (int64_t j = 0; j < 2 * p && ok; ++j) ok = items[j] == items[j + p];
+    if (ok) return p;
+  }
+  return 0;
+}
+}  // namespace
+
 void count_periods(const int64_t* tokens, const int64_t* offsets, int64_t n, const int64_t* digits, int64_t max_period,
                    int64_t* out) {
-  constexpr int64_t kNum = -1;
-  auto is_digit = [digits](int64_t t) { return std::find(digits, digits + 10, t) != digits + 10; };
-  std::vector<int64_t> items;  // the newest item first, at most 3 max_period
-  for (int64_t b = 0; b < n; ++b) {
-    out[b] = 0;
-    const int64_t* t = tokens + offsets[b];
-    int64_t end = offsets[b + 1] - offsets[b];
-    while (end > 0 && is_digit(t[end - 1])) --end;  // the partial number is not an item
-    items.clear();
-    for (int64_t c = end - 1; c >= 0 && int64_t(items.size()) < 3 * max_period; --c) {
-      if (!is_digit(t[c])) {
-        items.push_back(t[c]);
-        continue;
-      }
-      while (c > 0 && is_digit(t[c - 1])) --c;  // back to the run's first digit
-      if (c == 0) break;                        // a leading number: the window may have cut it
-      items.push_back(kNum);
-    }
-    const int64_t k = int64_t(items.size());
-    int64_t first_num = 0;  // the newest number item
-    while (first_num < k && items[first_num] != kNum) ++first_num;
-    for (int64_t p = first_num + 1; p <= max_period && 3 * p <= k; ++p) {
-      bool ok = true;
-      for (int64_t j = 0; j < 2 * p && ok; ++j) ok = items[j] == items[j + p];
-      if (ok) {
-        out[b] = p;
-        break;
-      }
-    }
-  }
+  std::vector<int64_t> items;
+  for (int64_t b = 0; b < n; ++b)
+    out[b] = period_of(tokens + offsets[b], offsets[b + 1] - offsets[b], digits, max_period, items);
 }
+
+template <class T>
+void count_periods_rows(const T* tokens, int64_t width, const int64_t* rows, const int64_t* start, const int64_t* count,
+                        int64_t n, const int64_t* digits, int64_t max_period, int64_t* out) {
+  std::vector<int64_t> items;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = period_of(tokens + rows[i] * width + start[i], count[i], digits, max_period, items);
+}
+
+template void count_periods_rows<int32_t>(const int32_t*, int64_t, const int64_t*, const int64_t*, const int64_t*,
+                                          int64_t, const int64_t*, int64_t, int64_t*);
+template void count_periods_rows<int64_t>(const int64_t*, int64_t, const int64_t*, const int64_t*, const int64_t*,
+                                          int64_t, const int64_t*, int64_t, int64_t*);
 
 }  // namespace dasrl

@@ -49,6 +49,10 @@ void cut_chains(const double* probs, const int64_t* offsets, const int64_t* matc
 // window may have cut it) is none. digits: the 10 digit token ids.
 void count_periods(const int64_t* tokens, const int64_t* offsets, int64_t n, const int64_t* digits, int64_t max_period,
                    int64_t* out);
+// The same for the tails tokens[rows[i], start[i] : start[i] + count[i]] of a [R, width] table.
+template <class T>
+void count_periods_rows(const T* tokens, int64_t width, const int64_t* rows, const int64_t* start, const int64_t* count,
+                        int64_t n, const int64_t* digits, int64_t max_period, int64_t* out);
 
 // Leading draft tokens (drafts[j, :dlen[j]], rows of width k) equal to the tokens emitted after them
 // (tokens[rows[j], start[j] : start[j] + count[j]], the last compared with nothing).

@@ -451,11 +451,18 @@ class BatchDrafter:
             on = np.flatnonzero(caps)
             ds, caps_on = rs[on], caps[on]
         out = self.store.propose_flat(r.rids[ds].tolist(), caps_on)
-        if self.digits is not None:  # each row's last tokens, read in vLLM's token rows
-            ends = (n if n_on == len(caps) else n[on]).tolist()
-            tails = [token_rows[i, max(e - WINDOW, 0):e] for i, e in zip(rows[on].tolist(), ends)]
-            out, c = counted(out, tails, caps_on, self.digits, MAX_PERIOD)
-            self.stats.counted += c
+        if self.digits is not None:  # counting drafts: each row's last tokens, read in vLLM's token rows
+            rr, ends = rows[on], n[on]  # [D] their batch rows and lengths
+            starts = np.maximum(ends - WINDOW, 0)  # [D]
+            try:
+                periods = _core.count_periods_rows(token_rows, rr, starts, ends - starts, self.digits, MAX_PERIOD)
+            except TypeError:  # a token table of another dtype or layout (the store reads any): read as a copy
+                periods = _core.count_periods_rows(np.ascontiguousarray(token_rows, np.int64), rr, starts,
+                                                   ends - starts, self.digits, MAX_PERIOD)
+            if periods.any():
+                out, c = counted(out, lambda j: np.asarray(token_rows[rr[j], starts[j]:ends[j]]), periods, caps_on,
+                                 self.digits, MAX_PERIOD)
+                self.stats.counted += c
         factor = self.config.max_spec_factor
         if not pol.trims:  # cut to max_spec_factor x the match (0: not cut)
             keep = out.lengths if factor <= 0 else _core.cut_chains(

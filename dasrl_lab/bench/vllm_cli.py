@@ -43,6 +43,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                    "temperature; docs/vllm.md)."),
         k: int = typer.Option(8, help="num_speculative_tokens."),
         window: int = typer.Option(16, help="DAS: steps of history per problem."),
+        counting: bool = typer.Option(True, "--counting/--no-counting",
+                                      help="DAS: counting drafts (VLLMDrafterConfig.counting)."),
         threads_bind: str = typer.Option("0-1", help="VLLM_CPU_OMP_THREADS_BIND ('' = vLLM's default)."),
         kv_space_gib: int = typer.Option(4, help="VLLM_CPU_KVCACHE_SPACE in GiB."),
         block_size: int = typer.Option(0, help="vLLM's KV (and prefix-cache) block in tokens (0 = vLLM's default, "
@@ -69,6 +71,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   max_tokens=max_tokens, repeats=repeats, kv_blocks=kv_blocks,
                                   temperatures=tuple(float(t) for t in temperatures.split(",") if t.strip()),
                                   seeded=seeded, fix_cpu_sampling=fix_cpu_sampling, k=k, window=window,
+                                  counting=counting,
                                   threads_bind=threads_bind, kv_space_gib=kv_space_gib, block_size=block_size)
             if trace is not None:
                 check_trace_free(cfg, trace)

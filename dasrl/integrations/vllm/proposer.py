@@ -51,8 +51,8 @@ def _digits(model_config: Any) -> np.ndarray | None:
             return digit_tokens(tokenizer)
         except (ImportError, OSError, ValueError) as e:  # no transformers, no files, not one token per digit
             why = f"{type(e).__name__}: {e}"
-    logger.warning("dasrl DASProposer: counting drafts are off (%s); set additional_config={'dasrl': "
-                   "{'counting': False}} to say so", why)
+    logger.warning("dasrl DASProposer: counting drafts are off (%s); additional_config={'dasrl': "
+                   "{'counting': False}} turns them off without this warning", why)
     return None
 
 

@@ -267,3 +267,17 @@ def test_fit_from_another_bench(tmp_path):
     code, err = _main([tmp_path / "bench.json", tmp_path / "tr", tmp_path / "lat.json", tmp_path / "out.json",
                        tmp_path / "fit.json", tmp_path / "nothere"])
     assert code == 2 and "nothere: not a folder" in err
+
+
+def test_das_replays_counting_drafts_as_the_run_recorded(tmp_path):
+    """A bench document records whether das drafted by counting (VLLMBenchConfig.counting); one written before
+    the key existed ran without. The replay's drafter follows it, with the run model's tokenizer."""
+    from dasrl.drafter import CountingDrafter
+
+    LAT.save(tmp_path / "lat.json")
+    cfg = {"k": 8, "window": 16, "model": "smollm2-135m"}
+    for counting in (True, False, None):
+        drafter, _ = vllm_validate.drafter_and_policy("das", cfg | ({} if counting is None else {"counting": counting}),
+                                                     tmp_path / "lat.json")
+        assert isinstance(drafter, CountingDrafter) == bool(counting), counting
+    assert VLLMBenchConfig().counting

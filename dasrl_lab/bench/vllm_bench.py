@@ -169,6 +169,7 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
     lengths = [len(o) for s in every for o in s["outputs"]]
     rewards = [x for s in every for x in s.get("rewards", []) if x is not None]
     row = {"method": runs[0]["method"], "temperature": runs[0]["temperature"], "repeats": len(runs),
+           "ms_per_token_by_step": ms_per_token_by_step(runs),
            "rollout_s_per_step": round(statistics.median(s_step), 3),
            "rollout_s_per_step_repeats": [round(x, 3) for x in s_step],
            "tokens_per_s": round(statistics.median(tps), 2),
@@ -202,6 +203,27 @@ def aggregate(runs: list[dict], base_runs: list[dict] | None) -> dict:
         row["outputs_compared"] = len(pairs)
         row["exact"] = all(a == b for a, b in pairs) if row["temperature"] == 0 else None
     return row
+
+
+def compare(rows: list[dict]) -> None:
+    """Each row of one temperature gets its ratios to `none` and `suffix` where they ran: the median rollout
+    seconds per step, and the ms per output token of every step."""
+    for row in rows:
+        for ref in ("none", "suffix"):
+            other = next((x for x in rows if x["method"] == ref), None)
+            if other is not None and row["method"] != ref:
+                row[f"time_ratio_vs_{ref}"] = round(row["rollout_s_per_step"] / other["rollout_s_per_step"], 3)
+                row[f"ms_per_token_ratio_vs_{ref}"] = [
+                    round(a / b, 3) for a, b in zip(row["ms_per_token_by_step"], other["ms_per_token_by_step"])]
+
+
+def ms_per_token_by_step(runs: list[dict]) -> list[float]:
+    """Per step (the first visit included), the median over repeats of the step's wall ms per output token: at
+    T > 0 each method samples other outputs, so time per token compares methods where a makespan, set by
+    whichever sample runs longest, does not."""
+    n = min(len(r["steps"]) for r in runs)
+    return [round(statistics.median(1e3 * r["steps"][k]["wall_s"] / max(r["steps"][k]["gen_tokens"], 1)
+                                    for r in runs), 3) for k in range(n)]
 
 
 def _prefill_part(step: dict) -> dict:
@@ -274,10 +296,7 @@ def run_bench(cfg: VLLMBenchConfig, *, progress=print, partial=None, trace: Path
                 new = [aggregate(runs[m], base if m != "none" else None) for m in cfg.methods]
                 for row in new:
                     row["load_avg"] = round(statistics.median(loads), 2)
-                    for ref in ("none", "suffix"):
-                        other = next((x for x in new if x["method"] == ref), None)
-                        if other is not None and row["method"] != ref:
-                            row[f"time_ratio_vs_{ref}"] = round(row["rollout_s_per_step"] / other["rollout_s_per_step"], 3)
+                compare(new)
                 rows.extend(new)
                 doc["uptime"] = _uptime()
                 if partial is not None:

@@ -81,8 +81,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "
                       f"{repeats} repeats, k={k}{', seeded' if seeded else ''}", box=box.SIMPLE_HEAD, padding=(0, 1),
                       collapse_padding=True, pad_edge=False)
-        for name in ("method", "T", "s/step", "/none", "/suffix", "tok/s", "acc", "acc/dr", "len", "reward",
-                     "exact"):
+        for name in ("method", "T", "s/step", "/none", "/suffix", "ms/tok by step", "/suffix", "acc", "acc/dr",
+                     "len", "reward", "exact"):
             table.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
         for r in doc["rows"]:
             table.add_row(*table_cells(r))
@@ -97,8 +97,13 @@ def table_cells(row: dict) -> list[str]:
         v = row.get(key)
         return "-" if v is None else format(v * scale, spec)
 
+    def steps(key: str, spec: str) -> str:  # one value per step, first visit first
+        v = row.get(key)
+        return "-" if not v else "/".join(format(x, spec) for x in v)
+
     exact = row.get("exact")
     return [row["method"], f"{row['temperature']:g}", f("rollout_s_per_step", ".1f"), f("time_ratio_vs_none", ".2f"),
-            f("time_ratio_vs_suffix", ".2f"), f("tokens_per_s", ".0f"), f("acceptance_rate", ".0%"),
+            f("time_ratio_vs_suffix", ".2f"), steps("ms_per_token_by_step", ".1f"),
+            steps("ms_per_token_ratio_vs_suffix", ".2f"), f("acceptance_rate", ".0%"),
             f("mean_accepted_length", ".2f"), f("mean_length", ".0f"), f("mean_reward", ".2f"),
             "-" if exact is None else ("yes" if exact else "NO")]

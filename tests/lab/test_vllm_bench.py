@@ -67,3 +67,30 @@ def test_aggregate_keeps_each_steps_drafts():
     row = aggregate([run], None)
     assert [(s["drafts"], s["drafted"], s["accepted"]) for s in row["per_step"][0]] == [(4, 12, 3), (5, 20, 9)]
     assert (row["drafts"], row["draft_tokens"], row["accepted_tokens"]) == (5, 20, 9)  # later steps only
+
+
+def test_ms_per_output_token_is_compared_step_by_step():
+    """Hand-worked: ms per output token per step is the median over repeats of wall / tokens, the first visit
+    included, and each method's ratio to none and suffix is taken step by step."""
+    from dasrl_lab.bench.vllm_bench import aggregate, compare
+
+    def run(method: str, steps: list[tuple[float, int]]) -> dict:
+        return {"method": method, "temperature": 1.0,
+                "steps": [{"wall_s": w, "gen_tokens": n, "drafts": 0, "draft_tokens": 0, "accepted": 0,
+                           "outputs": [[1] * n], "rewards": [None]} for w, n in steps]}
+
+    # none: 20 ms/token at both steps in every repeat; suffix: 10 then 16; das: repeats 8 / 12 / 30 at step 0
+    # (median 12) and 8 / 8 / 8 at step 1
+    none = [run("none", [(2.0, 100), (4.0, 200)]) for _ in range(3)]
+    suffix = [run("suffix", [(1.0, 100), (1.6, 100)]) for _ in range(3)]
+    das = [run("das", [(0.8, 100), (0.8, 100)]), run("das", [(1.2, 100), (1.6, 200)]),
+           run("das", [(3.0, 100), (0.4, 50)])]
+    rows = [aggregate(none, None), aggregate(suffix, none), aggregate(das, none)]
+    compare(rows)
+    by = {r["method"]: r for r in rows}
+    assert by["none"]["ms_per_token_by_step"] == [20.0, 20.0]
+    assert by["das"]["ms_per_token_by_step"] == [12.0, 8.0]
+    assert by["das"]["ms_per_token_ratio_vs_none"] == [0.6, 0.4]
+    assert by["das"]["ms_per_token_ratio_vs_suffix"] == [1.2, 0.5]
+    assert by["suffix"]["ms_per_token_ratio_vs_none"] == [0.5, 0.8] and "ms_per_token_ratio_vs_suffix" not in by["suffix"]
+    assert "time_ratio_vs_none" not in by["none"]

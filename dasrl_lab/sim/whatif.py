@@ -17,15 +17,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter import DraftStore, StoreConfig, with_counting
+from dasrl.drafter import DraftStore, StoreConfig
+from dasrl.drafter.counting import digit_tokens
 from dasrl.integrations.vllm import VLLMDrafterConfig
-from dasrl.policy import FixedBudget, ForwardAllowance, make_policy
+from dasrl.policy import FixedBudget, ForwardAllowance, LatencyModel, make_policy
 from dasrl.rollout import SessionConfig, history_drafter
 from dasrl_lab.trace import Response
 from dasrl_lab.sim.profiles import Profile
 from dasrl_lab.sim.oracle import HistoryOracle
 from dasrl_lab.sim.simulator import StepStats, group_steps, replay_step, request_ids
-from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, ProposerStore, VLLMNGramDrafter, WithinK
+from dasrl_lab.sim.proposer_replay import ProposerReplay
+from dasrl_lab.sim.vllm_baselines import VLLM_SUFFIX, VLLM_SUFFIX_TOKENS, VLLMNGramDrafter
 
 FORMAT = "dasrl.whatif/1"
 METHODS = ("das", "das-vllm", "das-suffix", "global", "suffix", "ngram", "oracle", "none")
@@ -50,13 +52,21 @@ class WhatifConfig:
                              f"valid: {', '.join(METHODS)}")
 
 
-def make_drafter(method: str, cfg: WhatifConfig, tokenizer):
-    """The drafter of `method`, fresh (its history starts empty)."""
+def make_drafter(method: str, cfg: WhatifConfig, tokenizer, *, latency: LatencyModel | None = None,
+                 lengths: tuple[int, int] = (0, 0)):
+    """The drafter of `method`, fresh (its history starts empty). das-vllm: the proposer priced by `latency`
+    (None: fixed K), for prompts and responses of at most `lengths` tokens."""
     if method == "das":  # the session's drafter: the DraftStore wrapped in counting drafts where the tokenizer allows
         return history_drafter(replace(SessionConfig(), store=cfg.store), tokenizer)
-    if method == "das-vllm":  # the vLLM proposer's store: chains cut to its spec factor, counting where it would
-        store = ProposerStore(VLLM_DAS)
-        return with_counting(store, tokenizer) if VLLM_DAS.counting and tokenizer is not None else store
+    if method == "das-vllm":  # the vLLM proposer itself, fed as vLLM's runner feeds it
+        digits = None
+        if VLLM_DAS.counting and tokenizer is not None:
+            try:  # as the proposer reads vLLM's tokenizer: no digit tokens, no counting
+                digits = digit_tokens(tokenizer)
+            except ValueError:
+                digits = None
+        return ProposerReplay(VLLM_DAS if latency is not None else replace(VLLM_DAS, policy="fixed"), k=cfg.cap,
+                              max_prompt=lengths[0], max_new=lengths[1], latency=latency, digits=digits)
     if method == "das-suffix":
         return DraftStore(cfg.store)
     if method == "global":  # one ever-growing index of every problem's history, as vLLM's / arctic's suffix cache
@@ -105,16 +115,20 @@ class Replay:
 
 
 def replay(steps: Sequence[tuple[int, list[Response]]], *, method: str, policy, cfg: WhatifConfig, tokenizer,
-           label: str, progress: Callable[[int], None] | None = None) -> Replay:
-    """`method`'s drafter under `policy` over the steps in order, every row in one packed forward."""
+           label: str, latency: LatencyModel | None = None, progress: Callable[[int], None] | None = None) -> Replay:
+    """`method`'s drafter under `policy` over the steps in order, every row in one packed forward (das-vllm:
+    priced by `latency`, under FixedBudget(K): the proposer sets its own budgets)."""
     t0, c0 = time.perf_counter(), time.process_time()
     max_new = max(len(r.response_ids) for _, rs in steps for r in rs)
-    drafter = make_drafter(method, cfg, tokenizer)
+    max_prompt = max(len(r.prompt_ids) for _, rs in steps for r in rs)
+    drafter = make_drafter(method, cfg, tokenizer, latency=latency, lengths=(max_prompt, max_new))
     out = []
     for i, (step, rs) in enumerate(steps):
         if isinstance(drafter, HistoryOracle):
             drafter.expect(dict(zip(request_ids(step, len(rs)), (r.response_ids for r in rs))))
         out.append(replay_step(drafter, policy, step, rs, max_new_tokens=max_new))
+        if isinstance(drafter, ProposerReplay):  # the proposer's calls alone, not the replay's token table
+            out[-1].host_s = drafter.take_host_s()
         if progress:
             progress(i)
     return Replay(method, label, out, [max(len(r.response_ids) for r in rs) for _, rs in steps],
@@ -195,9 +209,8 @@ def plan(cfg: WhatifConfig, profiles: Sequence[Profile]) -> list[tuple[str, str,
     for m in cfg.methods if profiles else ():
         if m == "das":
             out += [("own", m, p.name, session_policy(p.latency)) for p in profiles]
-        elif m == "das-vllm":  # the proposer's policy priced by the profile, its budgets clipped to K
-            out += [("own", m, p.name, WithinK(make_policy("das", latency=p.latency, caps=VLLM_DAS.caps), cfg.cap))
-                    for p in profiles]
+        elif m == "das-vllm":  # the proposer priced by the profile sets its budgets (within K)
+            out += [("own", m, p.name, FixedBudget(cfg.cap)) for p in profiles]
         elif m == "suffix" and cfg.cap != VLLM_SUFFIX_TOKENS:
             out.append(("own", m, "", FixedBudget(VLLM_SUFFIX_TOKENS)))
     return out
@@ -212,9 +225,14 @@ _TASKS: list = []
 """run_all's tasks, read by its forked workers (inherited, not sent: the steps hold millions of tokens)."""
 
 
+def _latency(method: str, profile: str, profiles: Sequence[Profile]) -> LatencyModel | None:
+    """What prices das-vllm's own-defaults replay under `profile` (None: its cap replay, and other methods)."""
+    return next((p.latency for p in profiles if p.name == profile), None) if method == "das-vllm" else None
+
+
 def _run_task(i: int) -> tuple[int, "Replay"]:
-    steps, kind, m, prof, policy, cfg, tokenizer, label = _TASKS[i]
-    return i, replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label)
+    steps, kind, m, prof, policy, cfg, tokenizer, label, latency = _TASKS[i]
+    return i, replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, latency=latency)
 
 
 def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequence[Profile], cfg: WhatifConfig,
@@ -241,13 +259,14 @@ def run_all(named: Sequence[tuple[str, Sequence[Response]]], *, profiles: Sequen
             name = named[src][0]
             tick = ((lambda k, name=name, label=label, n=len(steps): progress(name, label, k + 1, n))
                     if progress else None)
-            reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label, progress=tick)
+            reps[i] = replay(steps, method=m, policy=policy, cfg=cfg, tokenizer=tokenizer, label=label,
+                             latency=_latency(m, prof, profiles), progress=tick)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a forked child must not use the parent's pool
-        _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label)
+        _TASKS[:] = [(steps, kind, m, prof, policy, cfg, tokenizer, label, _latency(m, prof, profiles))
                      for _, steps, kind, m, prof, policy, label in tasks]
         # the policy-priced and arctic replays take longest: started first, the pool ends together
         order = sorted(range(len(tasks)),

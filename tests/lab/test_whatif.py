@@ -96,6 +96,35 @@ def test_the_vllm_proposers_replay_by_hand():
     assert [(s.forwards, s.proposed, s.accepted) for s in rep.steps] == [(6, 0, 0), (3, 3, 3)]
 
 
+def test_the_vllm_proposer_runs_in_the_replay_by_hand():
+    """das-vllm replays the proposer itself (BatchDrafter, fed token rows as vLLM's runner feeds it). Step 1 asks
+    another prompt of problem p (9 9 8, as CHAMP's variants do): after the prefill emits 1, the match in step 0's
+    rollout is 8 1 (2 tokens), so it drafts 2 3 (max_spec_factor 1.0), both accepted, 4 the target's own; then
+    the match 8 1 2 3 4 drafts 5 within the room (6 tokens at most, 4 out, one pending), 6 its own: 3 forwards.
+    The replay's host seconds are the proposer's calls alone, and an own-defaults replay is priced by the
+    profile (a proposer with a latency model and a fixed policy, or neither, is refused)."""
+    from dasrl.integrations.vllm import VLLMDrafterConfig
+    from dasrl_lab.sim.proposer_replay import ProposerReplay
+
+    steps = group_steps([_resp(0, "p", [7, 8], [1, 2, 3, 4, 5, 6]), _resp(1, "p", [9, 9, 8], [1, 2, 3, 4, 5, 6])])
+    cfg = whatif.WhatifConfig()
+    drafter = whatif.make_drafter("das-vllm", cfg, None, lengths=(3, 6))
+    stats = [replay_step(drafter, FixedBudget(16), s, rs, max_new_tokens=6) for s, rs in steps]
+    assert [(s.forwards, s.proposed, s.accepted) for s in stats] == [(6, 0, 0), (3, 3, 3)]
+    assert drafter.take_host_s() == drafter.tracker.stats.propose_s > 0 and drafter.take_host_s() == 0.0
+    assert drafter.tracker.stats.calls == 6 + 3  # after every forward
+    lat = profiles.shipped()[0].latency
+    rep = whatif.replay(steps, method="das-vllm", policy=FixedBudget(16), cfg=cfg, tokenizer=None, label="x",
+                        latency=lat)
+    assert all(s.host_s > 0 for s in rep.steps)
+    with pytest.raises(ValueError, match="'fixed' needs no latency"):
+        ProposerReplay(replace(VLLMDrafterConfig(), policy="fixed"), k=4, max_prompt=3, max_new=6, latency=lat,
+                       digits=None)
+    with pytest.raises(ValueError, match="'das' needs a latency"):
+        ProposerReplay(VLLMDrafterConfig(), k=4, max_prompt=3, max_new=6, latency=None,
+                       digits=None)
+
+
 def test_oracle_by_hand():
     """History of problem p: '1 2 3 4' twice and '1 2 9 9' once (as three samples of step 0). At step 1
     the response is 1 2 9 9 5: after the prefill emits 1, das-suffix drafts the frequent 2 3 4 (2
@@ -161,9 +190,12 @@ def test_whatif_replay_equals_the_simulator(method, branching, tok):
     cfg = whatif.WhatifConfig(store=replace(store, params=replace(store.params, branching=branching)))
     lat = profiles.shipped()[0].latency
     mx = max(len(r.response_ids) for r in rs)  # whatif's length limit: the longest recorded response
-    for make_policy in (lambda: FixedBudget(6), lambda: whatif.session_policy(lat)):
+    lengths = (max(len(r.prompt_ids) for r in rs), mx)  # das-vllm's token rows
+    # das-vllm sets its own budgets (the proposer's policy): the replay's policy only caps them
+    policies = (lambda: FixedBudget(6),) + (() if method == "das-vllm" else (lambda: whatif.session_policy(lat),))
+    for make_policy in policies:
         fast = whatif.replay(steps, method=method, policy=make_policy(), cfg=cfg, tokenizer=tok, label="f").steps
-        sim = Simulator(drafter=whatif.make_drafter(method, cfg, tok) or "none", policy=make_policy(),
+        sim = Simulator(drafter=whatif.make_drafter(method, cfg, tok, lengths=lengths) or "none", policy=make_policy(),
                         config=SimConfig(max_new_tokens=mx))
         ref = [sim.run_step(s, r, max_new_tokens=mx) for s, r in steps]
         for a, b in zip(fast, ref):

@@ -16,9 +16,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from dasrl.drafter.base import DraftBatch, budget_array
-from dasrl.integrations.vllm import VLLMDrafterConfig
-from dasrl.integrations.vllm.tracker import BatchDrafter
+from dasrl.drafter import DraftBatch, budget_array
+from dasrl.integrations.vllm import BatchDrafter, VLLMDrafterConfig
 from dasrl.policy import LatencyModel
 
 

@@ -17,8 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dasrl_lab.drafters.arctic import ArcticDrafter, arctic_status
-from dasrl.drafter import DraftStore, StoreConfig
-from dasrl.drafter.counting import digit_tokens
+from dasrl.drafter import DraftStore, StoreConfig, digit_tokens
 from dasrl.integrations.vllm import VLLMDrafterConfig
 from dasrl.policy import FixedBudget, ForwardAllowance, LatencyModel, make_policy
 from dasrl.rollout import SessionConfig, history_drafter

@@ -75,7 +75,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                   threads_bind=threads_bind, kv_space_gib=kv_space_gib, block_size=block_size)
             if trace is not None:
                 check_trace_free(cfg, trace)
-        console = Console()
+        console = Console(width=max(Console().width, 110))  # the table is 100 columns: a log keeps it whole
         doc = run_bench(cfg, progress=console.print, trace=trace,
                         partial=None if json_out is None else lambda doc: write_json(json_out, doc))
         table = Table(title=f"vLLM, {cfg.tasks} x{prompts} prompts x {samples} samples x {steps} steps, "

@@ -107,7 +107,7 @@ class ProposerReplay:
         self._drafts = dict(zip(self._order, drafts))
 
     def finish(self, req_id: Hashable) -> None:  # vLLM says nothing: the proposer finds the row gone
-        self._ids.pop(req_id)
+        self.tracker.problems.pop(self._ids.pop(req_id))
 
     abort = finish
 

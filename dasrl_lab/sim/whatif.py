@@ -63,7 +63,7 @@ def make_drafter(method: str, cfg: WhatifConfig, tokenizer, *, latency: LatencyM
             try:  # as the proposer reads vLLM's tokenizer: no digit tokens, no counting
                 digits = digit_tokens(tokenizer)
             except ValueError:
-                digits = None
+                pass
         return ProposerReplay(VLLM_DAS if latency is not None else replace(VLLM_DAS, policy="fixed"), k=cfg.cap,
                               max_prompt=lengths[0], max_new=lengths[1], latency=latency, digits=digits)
     if method == "das-suffix":

@@ -41,13 +41,13 @@ class ProposerReplay:
                  latency: LatencyModel | None, digits: np.ndarray | None) -> None:
         if (latency is None) != (config.policy == "fixed"):
             raise ValueError(f"policy {config.policy!r} needs {'no' if config.policy == 'fixed' else 'a'} latency model")
+        self.max_new, self.max_len = max_new, max_prompt + max_new + 1  # a row: prompt, response, pending token
         with tempfile.TemporaryDirectory(prefix="dasrl-replay-") as tmp:  # the config names a file: read at init
             path = None if latency is None else str(Path(tmp) / "latency.json")
             if path is not None:
                 latency.save(path)
             self.tracker = _Tracker(replace(config, latency=path, latency_floor=False), num_speculative_tokens=k,
-                                    max_model_len=max_prompt + max_new + 1, device="cuda", digits=digits)
-        self.max_new, self.max_len = max_new, max_prompt + max_new + 1
+                                    max_model_len=self.max_len, device="cuda", digits=digits)
         self._taken = 0.0  # propose_s at the last take_host_s()
         self._ids: dict[Hashable, str] = {}  # replay id -> vLLM-style string id
         self._prompts: dict[str, np.ndarray] = {}  # started, not yet in the table
